@@ -1,0 +1,114 @@
+// Shared pieces of the CPU kernels: half-precision storage types, fp32 conversion, dtype
+// dispatch and a vectorisable expf. Framework-neutral: no Paddle header.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "fastffn/c_api.h"
+
+namespace fastffn {
+namespace cpu {
+
+struct bfloat16_storage {
+  uint16_t bits;
+};
+using float16_storage = _Float16;  // GCC >= 12 and clang support _Float16 on x86-64 and arm64.
+
+inline float to_float(float v) { return v; }
+inline double to_float(double v) { return v; }  // float64 computes in double (gradient checks)
+inline float to_float(float16_storage v) { return static_cast<float>(v); }
+inline float to_float(bfloat16_storage v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+template <typename T>
+inline T from_float(float v);
+template <>
+inline float from_float<float>(float v) { return v; }
+template <>
+inline double from_float<double>(float v) { return v; }
+template <>
+inline float16_storage from_float<float16_storage>(float v) { return static_cast<float16_storage>(v); }
+template <>
+inline bfloat16_storage from_float<bfloat16_storage>(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16_storage{0x7fc0};  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                       // round to nearest even
+  return bfloat16_storage{static_cast<uint16_t>(u >> 16)};
+}
+
+
+// The type math is done in: fp32 for every storage dtype but float64, which exists for gradient
+// checks of the surrounding code and so computes in double.
+template <typename T>
+struct compute_type { using type = float; };
+template <>
+struct compute_type<double> { using type = double; };
+template <typename T>
+using compute_t = typename compute_type<T>::type;
+
+template <typename T>
+inline T store(compute_t<T> v) { return from_float<T>(v); }
+template <>
+inline double store<double>(double v) { return v; }
+
+// Rounds to the storage dtype and back: what a framework op produces when it writes an
+// intermediate tensor in that dtype (used where PaddleNLP's numerics round mid-way).
+template <typename T>
+inline compute_t<T> round_to_storage(compute_t<T> v) { return to_float(store<T>(v)); }
+
+// Calls fn(T{}) with T the storage type of `dtype`; float64 computes in fp64-stored, fp32-math
+// form as well (it exists for gradient checks of the surrounding Python code, not for speed).
+template <typename Fn>
+inline fastffn_status dispatch_dtype(fastffn_dtype dtype, Fn&& fn) {
+  switch (dtype) {
+    case FASTFFN_DTYPE_FLOAT32: fn(float{}); return FASTFFN_STATUS_OK;
+    case FASTFFN_DTYPE_FLOAT64: fn(double{}); return FASTFFN_STATUS_OK;
+    case FASTFFN_DTYPE_FLOAT16: fn(float16_storage{}); return FASTFFN_STATUS_OK;
+    case FASTFFN_DTYPE_BFLOAT16: fn(bfloat16_storage{}); return FASTFFN_STATUS_OK;
+    default: return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  }
+}
+
+// expf from the Cephes polynomial (max error ~1 ulp on the clamped range), written without
+// branches or errno so that `#pragma omp simd` loops vectorise; glibc's expf does not vectorise
+// without -ffast-math, which we avoid because it also drops NaN semantics.
+#pragma omp declare simd notinbranch
+inline float fast_expf(float x) {
+  const float clamped = std::fmin(std::fmax(x, -87.33654f), 88.72283f);
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  const float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  // Scale by 2^n in two steps so that n = 128 (x near 88.7) does not overflow the exponent field.
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t half = ni >> 1;
+  uint32_t b1 = static_cast<uint32_t>(half + 127) << 23;
+  uint32_t b2 = static_cast<uint32_t>(ni - half + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof(s1));
+  std::memcpy(&s2, &b2, sizeof(s2));
+  const float result = p * s1 * s2;
+  return x != x ? x : result;  // NaN in, NaN out
+}
+
+#pragma omp declare simd notinbranch
+inline float sigmoid(float x) { return 1.0f / (1.0f + fast_expf(-x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+}  // namespace cpu
+}  // namespace fastffn

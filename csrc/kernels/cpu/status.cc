@@ -1,0 +1,11 @@
+#include "fastffn/c_api.h"
+
+extern "C" const char* fastffn_status_string(fastffn_status status) {
+  switch (status) {
+    case FASTFFN_STATUS_OK: return "ok";
+    case FASTFFN_STATUS_INVALID_ARGUMENT: return "invalid argument";
+    case FASTFFN_STATUS_UNSUPPORTED_DTYPE: return "unsupported dtype";
+    case FASTFFN_STATUS_CUDA_ERROR: return "CUDA error";
+  }
+  return "unknown status";
+}

@@ -1,0 +1,140 @@
+// paddle_fastffn kernel C API.
+//
+// Every entry point takes raw pointers, sizes, strides (in elements), a dtype and, for CUDA, a
+// cudaStream_t passed as void*. No framework header is included here or in the kernels: the Paddle
+// bindings (csrc/paddle) and the standalone GPU harness (benchmarks/gpu, via ctypes) call the same
+// functions. All math is fp32 inside, whatever the storage dtype.
+#ifndef FASTFFN_C_API_H_
+#define FASTFFN_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Storage dtypes. FP8 values are reserved for the FP8 FFN roadmap (inputs with scale pointers);
+// no kernel accepts them yet and every entry point returns FASTFFN_STATUS_UNSUPPORTED_DTYPE for them.
+typedef enum {
+  FASTFFN_DTYPE_FLOAT32 = 0,
+  FASTFFN_DTYPE_FLOAT16 = 1,
+  FASTFFN_DTYPE_BFLOAT16 = 2,
+  FASTFFN_DTYPE_FLOAT64 = 3,
+  FASTFFN_DTYPE_FP8_E4M3 = 4,
+  FASTFFN_DTYPE_FP8_E5M2 = 5,
+} fastffn_dtype;
+
+typedef enum {
+  FASTFFN_STATUS_OK = 0,
+  FASTFFN_STATUS_INVALID_ARGUMENT = 1,
+  FASTFFN_STATUS_UNSUPPORTED_DTYPE = 2,
+  FASTFFN_STATUS_CUDA_ERROR = 3,
+} fastffn_status;
+
+const char* fastffn_status_string(fastffn_status status);
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU: out[r, c] = silu(gate[r, c]) * up[r, c] for r < rows, c < cols.
+// Row strides let one entry point serve both layouts: packed [gate | up] rows of width 2*cols
+// (gate = x, up = x + cols, both strides 2*cols) and two separate tensors.
+// Backward writes d_gate and d_up with their own row strides (packed: into one [rows, 2*cols]
+// buffer). If `recomputed_out` is not NULL the backward also writes silu(gate) * up there, so the
+// forward need not keep its output alive for the down projection's weight gradient (recompute).
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  const void* gate;
+  const void* up;
+  int64_t rows;
+  int64_t cols;
+  int64_t gate_row_stride;
+  int64_t up_row_stride;
+  fastffn_dtype dtype;
+} fastffn_swiglu_args;
+
+fastffn_status fastffn_swiglu_fwd_cpu(fastffn_swiglu_args args, void* out, int64_t out_row_stride);
+fastffn_status fastffn_swiglu_bwd_cpu(fastffn_swiglu_args args, const void* d_out,
+                                      int64_t d_out_row_stride, void* d_gate,
+                                      int64_t d_gate_row_stride, void* d_up,
+                                      int64_t d_up_row_stride, void* recomputed_out,
+                                      int64_t recomputed_out_row_stride);
+fastffn_status fastffn_swiglu_fwd_cuda(fastffn_swiglu_args args, void* out, int64_t out_row_stride,
+                                       void* stream);
+fastffn_status fastffn_swiglu_bwd_cuda(fastffn_swiglu_args args, const void* d_out,
+                                       int64_t d_out_row_stride, void* d_gate,
+                                       int64_t d_gate_row_stride, void* d_up,
+                                       int64_t d_up_row_stride, void* recomputed_out,
+                                       int64_t recomputed_out_row_stride, void* stream);
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm with optional fused residual add (rows x cols, contiguous rows).
+//   sum  = round_to_dtype(x + residual)          (only when residual != NULL; written to sum_out)
+//   n    = sum * rstd, rstd = 1 / sqrt(mean(sum^2) + epsilon)      fp32
+//   out  = round_to_dtype(round_to_dtype(n) * weight)
+// which is PaddleNLP's LlamaRMSNorm (fp32 statistics, cast back to the weight dtype before the
+// weight multiply). x, residual, weight, out and sum_out share one dtype; rstd is fp32 [rows].
+// Backward takes the normalised input (x, or sum for the fused add) and rstd, and writes
+//   d_x = rstd * (g - n * mean(g * n)) + d_sum     with g = d_out * weight (fp32)
+//   d_weight = sum over rows of d_out * round_to_dtype(n), accumulated in fp32 and written in dtype
+// d_sum (the gradient arriving at the residual output) may be NULL. `workspace` must hold
+// fastffn_rms_norm_bwd_workspace_bytes(...) bytes (per-block partial weight gradients).
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  int64_t rows;
+  int64_t cols;
+  float epsilon;
+  fastffn_dtype dtype;
+} fastffn_rms_norm_args;
+
+fastffn_status fastffn_rms_norm_fwd_cpu(fastffn_rms_norm_args args, const void* x,
+                                        const void* residual, const void* weight, void* out,
+                                        void* sum_out, float* rstd);
+fastffn_status fastffn_rms_norm_bwd_cpu(fastffn_rms_norm_args args, const void* x,
+                                        const void* weight, const float* rstd, const void* d_out,
+                                        const void* d_sum, void* d_x, void* d_weight);
+fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args args, const void* x,
+                                         const void* residual, const void* weight, void* out,
+                                         void* sum_out, float* rstd, void* stream);
+int64_t fastffn_rms_norm_bwd_workspace_bytes_cuda(fastffn_rms_norm_args args);
+fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args args, const void* x,
+                                         const void* weight, const float* rstd, const void* d_out,
+                                         const void* d_sum, void* d_x, void* d_weight,
+                                         void* workspace, void* stream);
+
+// ---------------------------------------------------------------------------------------------
+// Rotary position embedding on q [batch, seq, q_heads, head_dim] and k [batch, seq, k_heads,
+// head_dim] (grouped-query attention: k_heads divides q_heads), the math of PaddleNLP's
+// apply_rotary_pos_emb:  out = x * cos[p] + rotate_half(x) * sin[p],
+// rotate_half(x) = [-x[h:], x[:h]], h = head_dim / 2, p = position_ids[b, s] or s when NULL.
+// cos/sin are fp32 tables [table_rows, head_dim]. Inputs may have a token stride larger than
+// heads * head_dim (q and k read straight out of a fused QKV projection); heads are contiguous
+// inside a token. Outputs are contiguous. With inverse != 0 the transposed rotation is applied
+// (the backward: d_x = d_out * cos[p] + rotate_half^T(d_out * sin[p])).
+// Position ids outside [0, table_rows) make the entry point return INVALID_ARGUMENT on CPU; on
+// CUDA they are clamped, since checking them would need a device-to-host sync (the binding checks).
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  int64_t batch;
+  int64_t seq;
+  int64_t q_heads;
+  int64_t k_heads;
+  int64_t head_dim;
+  int64_t q_token_stride;
+  int64_t k_token_stride;
+  int64_t table_rows;
+  int inverse;
+  fastffn_dtype dtype;
+} fastffn_rotary_args;
+
+fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const void* q, const void* k,
+                                  const float* cos, const float* sin, const int64_t* position_ids,
+                                  void* q_out, void* k_out);
+fastffn_status fastffn_rotary_cuda(fastffn_rotary_args args, const void* q, const void* k,
+                                   const float* cos, const float* sin,
+                                   const int64_t* position_ids, void* q_out, void* k_out,
+                                   void* stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // FASTFFN_C_API_H_
