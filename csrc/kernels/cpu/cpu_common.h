@@ -77,13 +77,25 @@ inline fastffn_status dispatch_dtype(fastffn_dtype dtype, Fn&& fn) {
   }
 }
 
+inline float bit_cast_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 // expf from the Cephes polynomial (max error ~1 ulp on the clamped range), written without
 // branches or errno so that `#pragma omp simd` loops vectorise; glibc's expf does not vectorise
 // without -ffast-math, which we avoid because it also drops NaN semantics.
 #pragma omp declare simd notinbranch
 inline float fast_expf(float x) {
-  const float clamped = std::fmin(std::fmax(x, -87.33654f), 88.72283f);
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  // Ternaries rather than std::fmin/std::floor, which need SSE4.1 or NaN-exact semantics; with
+  // -fno-trapping-math (set by the build) GCC 12 if-converts these into vector blends.
+  float clamped = x < -87.33654f ? -87.33654f : x;
+  clamped = clamped > 88.72283f ? 88.72283f : clamped;
+  const float y = clamped * 1.44269504088896341f + 0.5f;
+  int32_t ni = static_cast<int32_t>(y);           // truncation, then floor for negative y
+  ni -= (y < static_cast<float>(ni)) ? 1 : 0;
+  const float n = static_cast<float>(ni);
   float r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   const float r2 = r * r;
@@ -95,15 +107,11 @@ inline float fast_expf(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r2 + r + 1.0f;
   // Scale by 2^n in two steps so that n = 128 (x near 88.7) does not overflow the exponent field.
-  const int32_t ni = static_cast<int32_t>(n);
   const int32_t half = ni >> 1;
-  uint32_t b1 = static_cast<uint32_t>(half + 127) << 23;
-  uint32_t b2 = static_cast<uint32_t>(ni - half + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, sizeof(s1));
-  std::memcpy(&s2, &b2, sizeof(s2));
-  const float result = p * s1 * s2;
-  return x != x ? x : result;  // NaN in, NaN out
+  const float s1 = bit_cast_float(static_cast<uint32_t>(half + 127) << 23);
+  const float s2 = bit_cast_float(static_cast<uint32_t>(ni - half + 127) << 23);
+  // NaN in, NaN out without a select: NaN survives the clamps and the polynomial.
+  return p * s1 * s2;
 }
 
 #pragma omp declare simd notinbranch

@@ -23,8 +23,9 @@ void swiglu_fwd(const fastffn_swiglu_args& a, T* out, int64_t out_stride) {
   }
 }
 
-// d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
-template <typename T>
+// d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))). One pass, so that the C API's in-place
+// use (d_gate over gate, d_up over up, recomputed over d_out) is safe.
+template <typename T, bool kRecompute>
 void swiglu_bwd(const fastffn_swiglu_args& a, const T* d_out, int64_t d_out_stride, T* d_gate,
                 int64_t d_gate_stride, T* d_up, int64_t d_up_stride, T* recomputed,
                 int64_t recomputed_stride) {
@@ -37,7 +38,7 @@ void swiglu_bwd(const fastffn_swiglu_args& a, const T* d_out, int64_t d_out_stri
     const T* dy = d_out + r * d_out_stride;
     T* dg = d_gate + r * d_gate_stride;
     T* du = d_up + r * d_up_stride;
-    T* h = recomputed ? recomputed + r * recomputed_stride : nullptr;
+    T* h = kRecompute ? recomputed + r * recomputed_stride : nullptr;
 #pragma omp simd
     for (int64_t c = 0; c < a.cols; ++c) {
       const auto gv = to_float(g[c]);
@@ -47,13 +48,7 @@ void swiglu_bwd(const fastffn_swiglu_args& a, const T* d_out, int64_t d_out_stri
       const auto silu = gv * sig;
       dg[c] = store<T>(dyv * uv * sig * (1.0f + gv * (1.0f - sig)));
       du[c] = store<T>(dyv * silu);
-    }
-    if (h != nullptr) {
-#pragma omp simd
-      for (int64_t c = 0; c < a.cols; ++c) {
-        const auto gv = to_float(g[c]);
-        h[c] = store<T>(gv * sigmoid(gv) * to_float(u[c]));
-      }
+      if constexpr (kRecompute) h[c] = store<T>(silu * uv);
     }
   }
 }
@@ -88,8 +83,9 @@ extern "C" fastffn_status fastffn_swiglu_bwd_cpu(fastffn_swiglu_args args, const
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_bwd<T>(args, static_cast<const T*>(d_out), d_out_row_stride, static_cast<T*>(d_gate),
-                  d_gate_row_stride, static_cast<T*>(d_up), d_up_row_stride,
-                  static_cast<T*>(recomputed_out), recomputed_out_row_stride);
+    auto run = recomputed_out != nullptr ? swiglu_bwd<T, true> : swiglu_bwd<T, false>;
+    run(args, static_cast<const T*>(d_out), d_out_row_stride, static_cast<T*>(d_gate),
+        d_gate_row_stride, static_cast<T*>(d_up), d_up_row_stride, static_cast<T*>(recomputed_out),
+        recomputed_out_row_stride);
   });
 }

@@ -40,6 +40,8 @@ const char* fastffn_status_string(fastffn_status status);
 // Backward writes d_gate and d_up with their own row strides (packed: into one [rows, 2*cols]
 // buffer). If `recomputed_out` is not NULL the backward also writes silu(gate) * up there, so the
 // forward need not keep its output alive for the down projection's weight gradient (recompute).
+// The backward may run in place: d_gate may alias gate, d_up up, and recomputed_out d_out (each
+// element is read before it is written), so the FFN backward needs no buffer beyond its inputs.
 // ---------------------------------------------------------------------------------------------
 typedef struct {
   const void* gate;
@@ -75,8 +77,9 @@ fastffn_status fastffn_swiglu_bwd_cuda(fastffn_swiglu_args args, const void* d_o
 // Backward takes the normalised input (x, or sum for the fused add) and rstd, and writes
 //   d_x = rstd * (g - n * mean(g * n)) + d_sum     with g = d_out * weight (fp32)
 //   d_weight = sum over rows of d_out * round_to_dtype(n), accumulated in fp32 and written in dtype
-// d_sum (the gradient arriving at the residual output) may be NULL. `workspace` must hold
-// fastffn_rms_norm_bwd_workspace_bytes(...) bytes (per-block partial weight gradients).
+// d_sum (the gradient arriving at the residual output) may be NULL. The CUDA backward needs a
+// `workspace` of fastffn_rms_norm_bwd_workspace_bytes_cuda(args) bytes (per-block fp32 partial
+// weight gradients) and supports up to 51200 columns; the CPU one allocates its own.
 // ---------------------------------------------------------------------------------------------
 typedef struct {
   int64_t rows;

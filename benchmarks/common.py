@@ -1,0 +1,52 @@
+"""Shared benchmark plumbing: environment record, percentiles, results file."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    return {"p20_ms": at(0.2), "p50_ms": at(0.5), "p80_ms": at(0.8), "repeats": len(ordered)}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def write_results(name: str, payload: dict) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "git_commit": git_commit(),
+        **payload,
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

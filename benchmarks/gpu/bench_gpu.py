@@ -1,0 +1,497 @@
+"""GPU benchmark through the standalone harness, every baseline in the same run:
+
+    python3 -m benchmarks.gpu.bench_gpu --out results.json [--quick]
+
+1. ceilings: device copy bandwidth and bf16 GEMM rate, measured now;
+2. kernels (bf16, 8192 tokens, LLaMA-2 7B/13B/70B widths): ours vs PyTorch eager vs Liger-Kernel,
+   GB/s and fraction of the copy bandwidth (bytes = each input read once + each output written once);
+3. FFN forward+backward (7B/13B/70B x 2048/8192/16384 tokens): the six GEMMs of our composition
+   alone, eager unfused, eager fused gate_up, Liger SwiGLU, ours (recompute on/off), and
+   torch.compile at 8192 tokens; time and peak memory;
+4. decoder layer forward+backward at 7B, batch 4 x 2048: ours vs Hugging Face LlamaDecoderLayer
+   eager and patched by Liger; time, model TFLOP/s, peak memory, kernel-time breakdown.
+
+Our kernels are the csrc/kernels CUDA sources that the Paddle bindings call; torch's cuBLAS and
+SDPA stand in for Paddle's GEMMs and flash attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.gpu import harness
+
+DT = torch.bfloat16
+MODELS = {"7B": (4096, 11008, 32, 32), "13B": (5120, 13824, 40, 40), "70B": (8192, 28672, 64, 8)}
+_L2_FLUSH: torch.Tensor | None = None
+
+
+def _flush_l2():
+    global _L2_FLUSH
+    if _L2_FLUSH is None:
+        _L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    _L2_FLUSH.zero_()
+
+
+def timeit(fn, reps=20, warmup=3, flush=True):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        if flush:
+            _flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
+    return {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps}
+
+
+def peak_bytes(fn):
+    fn()  # gradients exist afterwards: measure the steady state of a training step
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def environment():
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception as error:  # noqa: BLE001
+            return f"unavailable: {error}"
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": torch.cuda.get_device_name(0), "sm_count": props.multi_processor_count,
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+        "nvcc": run(["nvcc", "--version"]).splitlines()[-1] if run(["nvcc", "--version"]) else "",
+        "liger_kernel": _liger_version(),
+        "transformers": _version("transformers"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _version(name):
+    try:
+        return __import__(name).__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _liger_version():
+    try:
+        from importlib.metadata import version
+        return version("liger-kernel")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def ceilings():
+    n = 1 << 30  # 1 GiB each way
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    src.random_(0, 255)
+    copy = timeit(lambda: dst.copy_(src), reps=20, flush=False)
+    copy_bw = 2 * n / (copy["p50_ms"] * 1e-3)
+    a, b = torch.randn(8192, 8192, device="cuda", dtype=DT), torch.randn(8192, 8192, device="cuda", dtype=DT)
+    gemm = timeit(lambda: a @ b, reps=20, flush=False)
+    return {"copy_bytes_per_s": copy_bw, "copy_ms": copy,
+            "bf16_gemm_tflops": 2 * 8192**3 / (gemm["p50_ms"] * 1e-3) / 1e12}
+
+
+def leaf(shape, scale=1.0):
+    return (torch.randn(shape, device="cuda") * scale).to(DT).requires_grad_()
+
+
+def fwd_bwd(fn, inputs, upstream):
+    def run():
+        for t in inputs:
+            t.grad = None
+        outs = fn(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        torch.autograd.backward(outs, upstream)
+    return run
+
+
+def fwd_only(fn, inputs):
+    def run():
+        with torch.no_grad():
+            fn(*inputs)
+    return run
+
+
+def kernel_section(copy_bw, tokens, liger):
+    rows = []
+
+    def record(op, model, pass_name, nbytes, impls):
+        for name, fn in impls.items():
+            if fn is None:
+                continue
+            try:
+                t = timeit(fn)
+            except Exception as error:  # noqa: BLE001
+                rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "error": repr(error)})
+                continue
+            gbps = nbytes / (t["p50_ms"] * 1e-3)
+            rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
+                         **t, "GB_per_s": gbps / 1e9, "fraction_of_copy": gbps / copy_bw})
+
+    for model, (hidden, inter, heads, kv_heads) in MODELS.items():
+        e = 2  # bf16 bytes
+        # SwiGLU, separate gate and up (HF / Liger layout) and packed (Paddle's gate_up_fused_proj).
+        gate, up = leaf((tokens, inter), 2.0), leaf((tokens, inter))
+        packed = leaf((tokens, 2 * inter), 2.0)
+        d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
+        eager = lambda g, u: F.silu(g) * u  # noqa: E731
+        ours_pair = lambda g, u: harness_pair(g, u)  # noqa: E731
+        impls_fwd = {"eager": fwd_only(eager, [gate, up]), "ours": fwd_only(ours_pair, [gate, up]),
+                     "ours_packed": fwd_only(harness.SwiGLU.apply, [packed])}
+        impls_fb = {"eager": fwd_bwd(eager, [gate, up], [d_h]), "ours": fwd_bwd(ours_pair, [gate, up], [d_h]),
+                    "ours_packed": fwd_bwd(harness.SwiGLU.apply, [packed], [d_h])}
+        if liger:
+            from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction, LigerSiLUMulFunction
+            impls_fwd["liger"] = fwd_only(LigerSiLUMulFunction.apply, [gate, up])
+            impls_fb["liger"] = fwd_bwd(LigerSiLUMulFunction.apply, [gate, up], [d_h])
+            impls_fwd["liger_packed"] = fwd_only(LigerFusedGateUpSiLUMulFunction.apply, [packed])
+            impls_fb["liger_packed"] = fwd_bwd(LigerFusedGateUpSiLUMulFunction.apply, [packed], [d_h])
+        record("swiglu", model, "fwd", 3 * tokens * inter * e, impls_fwd)
+        record("swiglu", model, "fwd+bwd", 8 * tokens * inter * e, impls_fb)
+        del gate, up, packed, d_h
+
+        # RMSNorm and residual-add + RMSNorm.
+        x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
+        dy, ds = torch.randn_like(x), torch.randn_like(x)
+        eps = 1e-6
+
+        def eager_norm(x, w):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return w * (x.float() * torch.rsqrt(v + eps)).to(x.dtype)
+
+        ours_norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
+        impls_fwd = {"eager": fwd_only(eager_norm, [x, w]), "ours": fwd_only(ours_norm, [x, w])}
+        impls_fb = {"eager": fwd_bwd(eager_norm, [x, w], [dy]), "ours": fwd_bwd(ours_norm, [x, w], [dy])}
+        if liger:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            lig = lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)  # noqa: E731
+            impls_fwd["liger"] = fwd_only(lig, [x, w])
+            impls_fb["liger"] = fwd_bwd(lig, [x, w], [dy])
+        record("rms_norm", model, "fwd", 2 * tokens * hidden * e, impls_fwd)
+        record("rms_norm", model, "fwd+bwd", 5 * tokens * hidden * e, impls_fb)
+
+        def eager_add(x, r, w):
+            s = x + r
+            return eager_norm(s, w), s
+
+        ours_add = lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
+        impls_fwd = {"eager": fwd_only(eager_add, [x, r, w]), "ours": fwd_only(ours_add, [x, r, w])}
+        impls_fb = {"eager": fwd_bwd(eager_add, [x, r, w], [dy, ds]),
+                    "ours": fwd_bwd(ours_add, [x, r, w], [dy, ds])}
+        if liger:
+            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+            lig_add = lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)  # noqa: E731
+            impls_fwd["liger"] = fwd_only(lig_add, [x, r, w])
+            impls_fb["liger"] = fwd_bwd(lig_add, [x, r, w], [dy, ds])
+        # fwd: read x, r; write out, sum. bwd: read sum, d_out, d_sum; write d_x.
+        record("fused_add_rms_norm", model, "fwd", 4 * tokens * hidden * e, impls_fwd)
+        record("fused_add_rms_norm", model, "fwd+bwd", 8 * tokens * hidden * e, impls_fb)
+        del x, r, w, dy, ds
+
+        # Rotary on q and k (grouped-query for 70B); each impl in its own natural layout.
+        batch, seq, d = tokens // 2048, 2048, hidden // heads
+        q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
+        q_bhsd, k_bhsd = leaf((batch, heads, seq, d)), leaf((batch, kv_heads, seq, d))
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+        emb = torch.cat([torch.outer(torch.arange(seq, device="cuda").float(), inv)] * 2, -1)
+        cos32, sin32 = emb.cos().contiguous(), emb.sin().contiguous()
+        cos_hf, sin_hf = cos32.to(DT)[None], sin32.to(DT)[None]
+        du_q, du_k = torch.randn_like(q_bshd), torch.randn_like(k_bshd)
+        du_qh, du_kh = torch.randn_like(q_bhsd), torch.randn_like(k_bhsd)
+
+        def eager_rope(q, k):
+            c, s = cos_hf.unsqueeze(1), sin_hf.unsqueeze(1)
+            rot = lambda x: torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)  # noqa: E731
+            return q * c + rot(q) * s, k * c + rot(k) * s
+
+        ours_rope = lambda q, k: harness.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
+        impls_fwd = {"eager": fwd_only(eager_rope, [q_bhsd, k_bhsd]), "ours": fwd_only(ours_rope, [q_bshd, k_bshd])}
+        impls_fb = {"eager": fwd_bwd(eager_rope, [q_bhsd, k_bhsd], [du_qh, du_kh]),
+                    "ours": fwd_bwd(ours_rope, [q_bshd, k_bshd], [du_q, du_k])}
+        if liger:
+            from liger_kernel.ops.rope import LigerRopeFunction
+            lig_rope = lambda q, k: LigerRopeFunction.apply(q, k, cos_hf, sin_hf)  # noqa: E731
+            impls_fwd["liger"] = fwd_only(lig_rope, [q_bhsd, k_bhsd])
+            impls_fb["liger"] = fwd_bwd(lig_rope, [q_bhsd, k_bhsd], [du_qh, du_kh])
+        qk_bytes = (q_bshd.numel() + k_bshd.numel()) * e
+        record("rotary", model, "fwd", 2 * qk_bytes, impls_fwd)
+        record("rotary", model, "fwd+bwd", 4 * qk_bytes, impls_fb)
+        del q_bshd, k_bshd, q_bhsd, k_bhsd
+        torch.cuda.empty_cache()
+    return rows
+
+
+def harness_pair(g, u):
+    return _PairSwiGLU.apply(g, u)
+
+
+class _PairSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return harness.kernels().swiglu_fwd(g, u)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        g, u = ctx.saved_tensors
+        (d_g, d_u), _ = harness.kernels().swiglu_bwd(g, d_out.contiguous(), up=u)
+        return d_g, d_u
+
+
+def ffn_section(token_list, liger, compile_tokens):
+    rows = []
+    for model, (hidden, inter, _, _) in MODELS.items():
+        w_gu = (torch.randn(2 * inter, hidden, device="cuda") * 0.02).to(DT).requires_grad_()
+        w_g, w_u = [t.detach().clone().requires_grad_() for t in w_gu.chunk(2, 0)]
+        w_d = (torch.randn(hidden, inter, device="cuda") * 0.02).to(DT).requires_grad_()
+        for tokens in token_list:
+            x = leaf((tokens, hidden))
+            dy = torch.randn(tokens, hidden, device="cuda", dtype=DT)
+
+            def unfused(x, w_g, w_u, w_d):
+                return (F.silu(x @ w_g.t()) * (x @ w_u.t())) @ w_d.t()
+
+            def fused_gate_up(x, w_gu, w_d):
+                g, u = (x @ w_gu.t()).chunk(2, -1)
+                return (F.silu(g) * u) @ w_d.t()
+
+            variants = {
+                "eager_unfused": (unfused, [x, w_g, w_u, w_d]),
+                "eager_fused_gate_up": (fused_gate_up, [x, w_gu, w_d]),
+                "ours_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gu, w_d]),
+                "ours_no_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, False), [x, w_gu, w_d]),
+            }
+            if liger:
+                from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+                variants["liger_swiglu"] = (
+                    lambda x, w_g, w_u, w_d: LigerSiLUMulFunction.apply(x @ w_g.t(), x @ w_u.t()) @ w_d.t(),
+                    [x, w_g, w_u, w_d])
+            if tokens == compile_tokens:
+                try:
+                    variants["torch_compile_unfused"] = (torch.compile(unfused), [x, w_g, w_u, w_d])
+                except Exception as error:  # noqa: BLE001
+                    rows.append({"model": model, "tokens": tokens, "impl": "torch_compile_unfused", "error": repr(error)})
+            for name, (fn, inputs) in variants.items():
+                try:
+                    run = fwd_bwd(fn, inputs, [dy])
+                    t = timeit(run, reps=10 if tokens >= 16384 else 15)
+                    mem = peak_bytes(run)
+                    rows.append({"model": model, "tokens": tokens, "impl": name, **t, "peak_bytes": mem})
+                except Exception as error:  # noqa: BLE001
+                    rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
+            # The floor of this design: our composition's six GEMMs alone, same shapes and layouts.
+            with torch.no_grad():
+                gu = x @ w_gu.t()
+                h = gu[:, :inter].contiguous()
+
+                def gemms():
+                    torch.mm(x, w_gu.t(), out=gu)
+                    out = h @ w_d.t()
+                    d_h = dy @ w_d
+                    dwd = dy.t() @ h
+                    d_x = gu @ w_gu
+                    dwgu = gu.t() @ x
+                    return out, d_h, dwd, d_x, dwgu
+
+                t = timeit(gemms, reps=10 if tokens >= 16384 else 15)
+                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone", **t})
+            flops = 3 * 2 * tokens * hidden * 3 * inter
+            for row in rows:
+                if row.get("model") == model and row.get("tokens") == tokens and "p50_ms" in row:
+                    row["tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
+            torch.cuda.empty_cache()
+    return rows
+
+
+# --- decoder layer ------------------------------------------------------------------------------
+
+class FastDecoderLayer(torch.nn.Module):
+    """The decoder layer of the Paddle fast path: fused add+RMSNorm, one QKV GEMM, our rotary on
+    strided q/k views of the QKV output, SDPA, output GEMM, fused add+RMSNorm, fused FFN. Takes
+    and returns (hidden, residual): the final residual add is fused into the next layer's norm."""
+
+    def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True):
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
+        cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
+        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
+        self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
+        self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
+        self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
+        self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
+
+    def forward(self, hidden, residual, cos, sin):
+        b, s, h = hidden.shape
+        d = h // self.heads
+        normed, residual = harness.AddRMSNorm.apply(hidden, residual, self.w_in, self.eps)
+        qkv = normed @ self.w_qkv.t()
+        q = qkv[..., : self.heads * d].view(b, s, self.heads, d)
+        k = qkv[..., self.heads * d: (self.heads + self.kv_heads) * d].view(b, s, self.kv_heads, d)
+        v = qkv[..., (self.heads + self.kv_heads) * d:].view(b, s, self.kv_heads, d)
+        q, k = harness.Rotary.apply(q, k, cos, sin, None)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True, enable_gqa=self.heads != self.kv_heads)
+        attn = attn.transpose(1, 2).reshape(b, s, h)
+        normed, residual = harness.AddRMSNorm.apply(attn @ self.w_o.t(), residual, self.w_post, self.eps)
+        return harness.fused_ffn(normed, self.w_gate_up, self.w_down, self.recompute), residual
+
+
+def kernel_breakdown(run, reps=3):
+    """GPU kernel time per category from torch.profiler over `reps` runs (ms per run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    cats = {"gemm": 0.0, "attention": 0.0, "fastffn": 0.0, "other": 0.0}
+    top_other = {}
+    for evt in prof.key_averages():
+        name = evt.key.lower()
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if getattr(evt, "device_type", None) is not None and "cuda" not in str(evt.device_type).lower():
+            continue
+        if any(s in name for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul")):
+            cats["gemm"] += t
+        elif any(s in name for s in ("flash", "fmha", "attention", "cudnn", "sdpa")):
+            cats["attention"] += t
+        elif any(s in name for s in ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials")):
+            cats["fastffn"] += t
+        else:
+            cats["other"] += t
+            top_other[evt.key[:80]] = top_other.get(evt.key[:80], 0.0) + t
+    per_run = {k: v / reps / 1e3 for k, v in cats.items()}
+    per_run["top_other_ms"] = {k: v / reps / 1e3 for k, v in sorted(top_other.items(), key=lambda kv: -kv[1])[:6]}
+    return per_run
+
+
+def decoder_section(liger):
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama
+
+    batch, seq = 4, 2048
+    hidden, inter, heads, kv_heads = MODELS["7B"]
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, rms_norm_eps=1e-5, max_position_embeddings=4096)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02)
+    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
+    x = leaf((batch, seq, hidden))
+    residual = leaf((batch, seq, hidden))
+    position_ids = torch.arange(seq, device="cuda").expand(batch, seq)
+    cos_hf, sin_hf = rope(x, position_ids)
+    cos32 = cos_hf[0].float().contiguous()
+    sin32 = sin_hf[0].float().contiguous()
+    dy = torch.randn_like(x)
+
+    def hf_call(layer):
+        def run(x):
+            out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos_hf, sin_hf))
+            return out[0] if isinstance(out, tuple) else out
+        return run
+
+    results = {}
+    flops = 3 * (2 * batch * seq * (2 * hidden * hidden + 2 * hidden * (kv_heads * hidden // heads) + 3 * hidden * inter)
+                 + 2 * 2 * batch * seq * seq * hidden * 0.5)
+    layers = {"hf_eager": (hf_call(hf), [x])}
+    fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps).to("cuda")
+    layers["ours"] = (lambda x, r: fast(x, r, cos32, sin32), [x, residual])
+    if liger:
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                        fused_linear_cross_entropy=False)
+            torch.manual_seed(0)
+            lig = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
+            lig.load_state_dict(hf.state_dict())
+            layers["hf_liger"] = (hf_call(lig), [x])
+        except Exception as error:  # noqa: BLE001
+            results["hf_liger"] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
+    for name, (fn, inputs) in layers.items():
+        try:
+            params = list(fast.parameters()) if name == "ours" else []
+            upstream = [dy, torch.zeros_like(dy)] if name == "ours" else [dy]
+
+            def run(fn=fn, inputs=inputs, upstream=upstream, params=params):
+                for t in inputs + params:
+                    t.grad = None
+                outs = fn(*inputs)
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                torch.autograd.backward(outs, upstream)
+
+            t = timeit(run, reps=15)
+            results[name] = {**t, "peak_bytes": peak_bytes(run), "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
+                             "kernel_ms": kernel_breakdown(run)}
+        except Exception as error:  # noqa: BLE001
+            results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
+    results["shape"] = {"batch": batch, "seq": seq, "hidden": hidden, "intermediate": inter,
+                        "heads": heads, "kv_heads": kv_heads, "flops_convention": "3x forward; causal attention at half"}
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    parser.add_argument("--sections", default="kernels,ffn,decoder")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    liger = _liger_version() is not None
+    report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.bench_gpu " + " ".join(
+        f"--{k} {v}" if not isinstance(v, bool) else (f"--{k}" if v else "") for k, v in vars(args).items()).strip(),
+        "note": "Our kernels are the framework-neutral csrc/kernels CUDA sources (the ones the Paddle "
+                "bindings call), driven through ctypes; torch's cuBLAS and SDPA stand in for Paddle's."}
+    started = time.time()
+    report["ceilings"] = ceilings()
+    print("ceilings", json.dumps(report["ceilings"]), flush=True)
+    sections = args.sections.split(",")
+    if "kernels" in sections:
+        report["kernels"] = kernel_section(report["ceilings"]["copy_bytes_per_s"], 8192, liger)
+        print(f"kernels done at {time.time() - started:.0f}s", flush=True)
+    if "ffn" in sections:
+        tokens = [8192] if args.quick else [2048, 8192, 16384]
+        report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)
+        print(f"ffn done at {time.time() - started:.0f}s", flush=True)
+    if "decoder" in sections:
+        report["decoder_layer"] = decoder_section(liger)
+        print(f"decoder done at {time.time() - started:.0f}s", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Standalone GPU harness: builds csrc/kernels (the same sources the Paddle CUDA bindings call)
+with nvcc into a shared library and drives it through ctypes. PyTorch only allocates memory,
+supplies the stream, runs the GEMMs and attention around our kernels, and computes references.
+
+The compositions here (FFN, decoder layer) are the ones the Paddle fast path uses, with torch's
+cuBLAS and SDPA standing in for Paddle's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = REPO / "csrc" / "kernels"
+ARCHS = ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo"]
+
+# Tests set this: every output buffer starts as NaN, so an element a kernel fails to write shows.
+POISON_OUTPUTS = False
+
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+
+
+class SwigluArgs(ctypes.Structure):
+    _fields_ = [("gate", ctypes.c_void_p), ("up", ctypes.c_void_p), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("gate_row_stride", ctypes.c_int64),
+                ("up_row_stride", ctypes.c_int64), ("dtype", ctypes.c_int)]
+
+
+class RmsNormArgs(ctypes.Structure):
+    _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("epsilon", ctypes.c_float),
+                ("dtype", ctypes.c_int)]
+
+
+class RotaryArgs(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
+                ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("q_token_stride", ctypes.c_int64), ("k_token_stride", ctypes.c_int64),
+                ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int)]
+
+
+def build(out_dir: Path | None = None, verbose: bool = False) -> Path:
+    """nvcc-compiles the CUDA kernels into lib/fastffn_kernels.so (cached by source hash)."""
+    sources = sorted((KERNELS / "cuda").glob("*.cu")) + [KERNELS / "status.cc"]
+    digest = hashlib.sha256()
+    for path in sources + sorted(KERNELS.rglob("*.h")) + sorted(KERNELS.rglob("*.cuh")):
+        digest.update(path.read_bytes())
+    digest.update(" ".join(ARCHS + NVCC_FLAGS).encode())
+    out_dir = out_dir or Path(os.environ.get("FASTFFN_GPU_BUILD", REPO / "build" / "gpu"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / f"fastffn_kernels_{digest.hexdigest()[:12]}.so"
+    if not library.exists():
+        cmd = ["nvcc", *NVCC_FLAGS, *ARCHS, "-I", str(KERNELS / "include"), "-x", "cu",
+               *map(str, sources), "-o", str(library)]
+        if verbose:
+            cmd.insert(1, "-Xptxas=-v")
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"nvcc failed:\n{result.stderr}")
+        if verbose:
+            print(result.stderr)
+    return library
+
+
+class Kernels:
+    """ctypes view of the C API; every call checks the returned status."""
+
+    def __init__(self, library: Path | None = None):
+        self.lib = ctypes.CDLL(str(library or build()))
+        self.lib.fastffn_status_string.restype = ctypes.c_char_p
+        self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.restype = ctypes.c_int64
+        self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.argtypes = [RmsNormArgs]
+        for name in ("fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
+                     "fastffn_rms_norm_bwd_cuda", "fastffn_rotary_cuda"):
+            getattr(self.lib, name).restype = ctypes.c_int
+
+    def _check(self, status: int, op: str):
+        if status != 0:
+            raise RuntimeError(f"{op}: {self.lib.fastffn_status_string(status).decode()}")
+
+    @staticmethod
+    def _stream():
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    @staticmethod
+    def _ptr(t):
+        return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+    @staticmethod
+    def empty(shape, dtype, device):
+        if POISON_OUTPUTS:
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    # --- SwiGLU -----------------------------------------------------------------------------
+    def _swiglu_args(self, gate_up, up=None):
+        rows = gate_up.numel() // gate_up.shape[-1]
+        if up is None:
+            cols = gate_up.shape[-1] // 2
+            base = gate_up.data_ptr()
+            return SwigluArgs(base, base + cols * gate_up.element_size(), rows, cols, 2 * cols,
+                              2 * cols, _DTYPES[gate_up.dtype])
+        cols = gate_up.shape[-1]
+        return SwigluArgs(gate_up.data_ptr(), up.data_ptr(), rows, cols, cols, cols,
+                          _DTYPES[gate_up.dtype])
+
+    def swiglu_fwd(self, gate_up, up=None):
+        args = self._swiglu_args(gate_up, up)
+        out = self.empty((*gate_up.shape[:-1], args.cols), gate_up.dtype, gate_up.device)
+        self._check(self.lib.fastffn_swiglu_fwd_cuda(args, self._ptr(out), ctypes.c_int64(args.cols),
+                                                     self._stream()), "swiglu_fwd")
+        return out
+
+    def swiglu_bwd(self, gate_up, d_out, up=None, recompute=False, in_place=False):
+        """Returns (d_gate_up or (d_gate, d_up), recomputed output or None). With in_place the
+        gradient overwrites gate_up (and the recomputed output overwrites d_out)."""
+        args = self._swiglu_args(gate_up, up)
+        cols, esize = args.cols, gate_up.element_size()
+        if up is None:
+            d_x = gate_up if in_place else self.empty(gate_up.shape, gate_up.dtype, gate_up.device)
+            d_gate, d_up, d_stride = d_x.data_ptr(), d_x.data_ptr() + cols * esize, 2 * cols
+        else:
+            d_x = gate_up if in_place else self.empty(gate_up.shape, gate_up.dtype, gate_up.device)
+            d_y = up if in_place else self.empty(up.shape, up.dtype, up.device)
+            d_gate, d_up, d_stride = d_x.data_ptr(), d_y.data_ptr(), cols
+        hidden = None
+        if recompute:
+            hidden = d_out if in_place else self.empty(d_out.shape, d_out.dtype, d_out.device)
+        status = self.lib.fastffn_swiglu_bwd_cuda(
+            args, self._ptr(d_out), ctypes.c_int64(cols), ctypes.c_void_p(d_gate),
+            ctypes.c_int64(d_stride), ctypes.c_void_p(d_up), ctypes.c_int64(d_stride),
+            self._ptr(hidden), ctypes.c_int64(cols), self._stream())
+        self._check(status, "swiglu_bwd")
+        return (d_x if up is None else (d_x, d_y)), hidden
+
+    # --- RMSNorm ----------------------------------------------------------------------------
+    def rms_norm_fwd(self, x, weight, eps, residual=None):
+        rows, cols = x.numel() // x.shape[-1], x.shape[-1]
+        args = RmsNormArgs(rows, cols, eps, _DTYPES[x.dtype])
+        out = self.empty(x.shape, x.dtype, x.device)
+        total = self.empty(x.shape, x.dtype, x.device) if residual is not None else None
+        rstd = self.empty((rows,), torch.float32, x.device)
+        self._check(self.lib.fastffn_rms_norm_fwd_cuda(
+            args, self._ptr(x), self._ptr(residual), self._ptr(weight), self._ptr(out),
+            self._ptr(total), self._ptr(rstd), self._stream()), "rms_norm_fwd")
+        return out, total, rstd
+
+    def rms_norm_bwd(self, x, weight, rstd, d_out, eps, d_sum=None):
+        rows, cols = x.numel() // x.shape[-1], x.shape[-1]
+        args = RmsNormArgs(rows, cols, eps, _DTYPES[x.dtype])
+        workspace = torch.empty(self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda(args),
+                                dtype=torch.uint8, device=x.device)
+        d_x = self.empty(x.shape, x.dtype, x.device)
+        d_w = self.empty(weight.shape, weight.dtype, weight.device)
+        self._check(self.lib.fastffn_rms_norm_bwd_cuda(
+            args, self._ptr(x), self._ptr(weight), self._ptr(rstd), self._ptr(d_out),
+            self._ptr(d_sum), self._ptr(d_x), self._ptr(d_w), self._ptr(workspace),
+            self._stream()), "rms_norm_bwd")
+        return d_x, d_w
+
+    # --- Rotary -----------------------------------------------------------------------------
+    def rotary(self, q, k, cos, sin, position_ids=None, inverse=False):
+        """q [b, s, hq, d], k [b, s, hk, d] (token-strided views allowed); cos/sin fp32 [rows, d]."""
+        b, s, hq, d = q.shape
+        hk = k.shape[2]
+        for t in (q, k):
+            assert t.stride(3) == 1 and t.stride(2) == d and t.stride(0) == t.stride(1) * s
+        args = RotaryArgs(b, s, hq, hk, d, q.stride(1), k.stride(1), cos.shape[0], int(inverse),
+                          _DTYPES[q.dtype])
+        q_out = self.empty((b, s, hq, d), q.dtype, q.device)
+        k_out = self.empty((b, s, hk, d), k.dtype, k.device)
+        self._check(self.lib.fastffn_rotary_cuda(
+            args, self._ptr(q), self._ptr(k), self._ptr(cos), self._ptr(sin), self._ptr(position_ids),
+            self._ptr(q_out), self._ptr(k_out), self._stream()), "rotary")
+        return q_out, k_out
+
+
+_KERNELS: Kernels | None = None
+
+
+def kernels() -> Kernels:
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = Kernels()
+    return _KERNELS
+
+
+# --- autograd wrappers (what the Paddle PyLayers do, in torch) ---------------------------------
+
+class SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        return kernels().swiglu_fwd(gate_up)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (gate_up,) = ctx.saved_tensors
+        return kernels().swiglu_bwd(gate_up, d_out.contiguous())[0]
+
+
+class RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        out, _, rstd = kernels().rms_norm_fwd(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, weight, rstd = ctx.saved_tensors
+        d_x, d_w = kernels().rms_norm_bwd(x, weight, rstd, d_out.contiguous(), ctx.eps)
+        return d_x, d_w, None
+
+
+class AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        out, total, rstd = kernels().rms_norm_fwd(x, weight, eps, residual=residual)
+        ctx.save_for_backward(total, weight, rstd)
+        ctx.eps = eps
+        return out, total
+
+    @staticmethod
+    def backward(ctx, d_out, d_total):
+        total, weight, rstd = ctx.saved_tensors
+        d_sum = None if d_total is None else d_total.contiguous()
+        d_x, d_w = kernels().rms_norm_bwd(total, weight, rstd, d_out.contiguous(), ctx.eps, d_sum)
+        return d_x, d_x, d_w, None
+
+
+class Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, position_ids):
+        ctx.save_for_backward(cos, sin, position_ids)
+        return kernels().rotary(q, k, cos, sin, position_ids)
+
+    @staticmethod
+    def backward(ctx, d_q, d_k):
+        cos, sin, position_ids = ctx.saved_tensors
+        d_q, d_k = kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, position_ids,
+                                    inverse=True)
+        return d_q, d_k, None, None, None
+
+
+class FusedFFN(torch.autograd.Function):
+    """y = swiglu(x @ W_gu^T) @ W_d^T with the layouts of Paddle's fused path (torch Linear
+    layout here: W_gu [2I, H], W_d [H, I]). With recompute the SwiGLU output is not stored: the
+    backward kernel rewrites it in place over d_hidden, and d_gate_up overwrites gate_up."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, recompute):
+        gate_up = x @ w_gate_up.t()
+        hidden = kernels().swiglu_fwd(gate_up)
+        out = hidden @ w_down.t()
+        ctx.recompute = recompute
+        ctx.save_for_backward(x, w_gate_up, w_down, gate_up, None if recompute else hidden)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, w_gate_up, w_down, gate_up, hidden = ctx.saved_tensors
+        d_out = d_out.reshape(-1, d_out.shape[-1])
+        d_hidden = d_out @ w_down
+        if ctx.recompute:
+            d_gate_up, hidden = kernels().swiglu_bwd(gate_up, d_hidden, recompute=True, in_place=True)
+        else:
+            d_gate_up, _ = kernels().swiglu_bwd(gate_up, d_hidden, in_place=True)
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        d_w_down = d_out.t() @ hidden
+        d_gate_up = d_gate_up.reshape(-1, d_gate_up.shape[-1])
+        d_x = (d_gate_up @ w_gate_up).reshape(x.shape)
+        d_w_gate_up = d_gate_up.t() @ x.reshape(-1, x.shape[-1])
+        return d_x, d_w_gate_up, d_w_down, None
+
+
+def fused_ffn(x, w_gate_up, w_down, recompute=True):
+    return FusedFFN.apply(x, w_gate_up, w_down, recompute)

@@ -1,0 +1,228 @@
+// RMSNorm (+ fused residual add) forward and backward on CUDA, PaddleNLP LlamaRMSNorm numerics.
+// One block per row (grid-stride over rows). Rows are read twice: the second read of a row of a
+// few KiB hits L1/L2, so DRAM traffic stays one read per input, while any width works without
+// holding the row in registers. The backward keeps each block's weight-gradient partial sums in
+// shared memory (each thread owns its columns: no atomics) and a second small kernel reduces the
+// per-block partials in fp32.
+#include "cuda_common.cuh"
+
+namespace fastffn {
+namespace cuda {
+namespace {
+
+// Backward blocks: 4 per SM on a 132-SM H200; the workspace is kBwdBlocks x cols fp32.
+constexpr int64_t kBwdBlocks = 528;
+constexpr int64_t kMaxRowBlocks = int64_t(1) << 30;
+// Shared memory for the backward's weight-gradient partials: cols fp32 values. 48 KiB needs no
+// opt-in; wider rows opt in up to 200 KiB (sm_80+), i.e. up to 51200 columns.
+constexpr int64_t kMaxBwdSharedBytes = 200 * 1024;
+
+int threads_for(int64_t vecs) {
+  int64_t t = (vecs + 1) / 2;  // about two vectors per thread
+  t = (t + 31) / 32 * 32;
+  return static_cast<int>(t < 64 ? 64 : (t > 512 ? 512 : t));
+}
+
+template <typename T, int V, bool kResidual>
+__global__ void rms_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                    const T* __restrict__ weight, T* __restrict__ out,
+                                    T* __restrict__ sum_out, float* __restrict__ rstd,
+                                    int64_t rows, int64_t cols, float epsilon) {
+  __shared__ float scratch[32];
+  const int64_t vecs = cols / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    T* sr = kResidual ? sum_out + row * cols : nullptr;
+    float sq = 0.f;
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+      Vec<T, V> xv = load_vec<V>(xr + i * V);
+      if constexpr (kResidual) {
+        const Vec<T, V> rv = load_vec<V>(residual + row * cols + i * V);
+#pragma unroll
+        for (int k = 0; k < V; ++k) xv.v[k] = from_float<T>(to_float(xv.v[k]) + to_float(rv.v[k]));
+        store_vec<V>(sr + i * V, xv);
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float f = to_float(xv.v[k]);
+        sq += f * f;
+      }
+    }
+    const float inv = rsqrtf(block_sum(sq, scratch) / static_cast<float>(cols) + epsilon);
+    if (threadIdx.x == 0) rstd[row] = inv;
+    // Each thread re-reads exactly the elements it wrote to sum_out: no barrier needed.
+    const T* src = kResidual ? sr : xr;
+    T* o = out + row * cols;
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+      const Vec<T, V> xv = load_vec<V>(src + i * V);
+      const Vec<T, V> wv = load_vec<V>(weight + i * V);
+      Vec<T, V> ov;
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv.v[k]) * inv) * to_float(wv.v[k]));
+      store_vec<V>(o + i * V, ov);
+    }
+  }
+}
+
+// d_x = rstd * (g - n * mean(g * n)) + d_sum with n = x * rstd, g = d_out * weight;
+// d_weight partial (this block's rows) = sum d_out * round(n).
+template <typename T, int V, bool kDSum>
+__global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict__ weight,
+                                    const float* __restrict__ rstd, const T* __restrict__ d_out,
+                                    const T* __restrict__ d_sum, T* __restrict__ d_x,
+                                    float* __restrict__ d_weight_partial, int64_t rows,
+                                    int64_t cols) {
+  extern __shared__ float d_weight_acc[];  // [V][vecs]: consecutive threads, consecutive banks
+  __shared__ float scratch[32];
+  const int64_t vecs = cols / V;
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < V; ++k) d_weight_acc[k * vecs + i] = 0.f;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    const T* dyr = d_out + row * cols;
+    const float inv = rstd[row];
+    float dot = 0.f;
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+      const Vec<T, V> xv = load_vec<V>(xr + i * V);
+      const Vec<T, V> dv = load_vec<V>(dyr + i * V);
+      const Vec<T, V> wv = load_vec<V>(weight + i * V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float n = to_float(xv.v[k]) * inv;
+        const float dy = to_float(dv.v[k]);
+        dot += dy * to_float(wv.v[k]) * n;
+        d_weight_acc[k * vecs + i] += dy * round_to_storage<T>(n);
+      }
+    }
+    const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+      const Vec<T, V> xv = load_vec<V>(xr + i * V);
+      const Vec<T, V> dv = load_vec<V>(dyr + i * V);
+      const Vec<T, V> wv = load_vec<V>(weight + i * V);
+      Vec<T, V> sv;
+      if constexpr (kDSum) sv = load_vec<V>(d_sum + row * cols + i * V);
+      Vec<T, V> dxv;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float n = to_float(xv.v[k]) * inv;
+        float g = inv * (to_float(dv.v[k]) * to_float(wv.v[k]) - n * mean_dot);
+        if constexpr (kDSum) g += to_float(sv.v[k]);
+        dxv.v[k] = from_float<T>(g);
+      }
+      store_vec<V>(d_x + row * cols + i * V, dxv);
+    }
+  }
+  float* partial = d_weight_partial + blockIdx.x * cols;
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc[k * vecs + i];
+}
+
+// d_weight[c] = sum over blocks of partial[b][c]: 32 columns x 8 block-lanes per CUDA block.
+template <typename T>
+__global__ void reduce_partials_kernel(const float* __restrict__ partial, T* __restrict__ d_weight,
+                                       int64_t blocks, int64_t cols) {
+  __shared__ float tile[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  float acc = 0.f;
+  if (c < cols)
+    for (int64_t b = threadIdx.y; b < blocks; b += 8) acc += partial[b * cols + c];
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int j = 1; j < 8; ++j) acc += tile[j][threadIdx.x];
+    d_weight[c] = from_float<T>(acc);
+  }
+}
+
+template <typename T>
+bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
+  if (cols % kVecWidth<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
+
+int64_t bwd_blocks(int64_t rows) { return rows < kBwdBlocks ? (rows > 0 ? rows : 1) : kBwdBlocks; }
+
+}  // namespace
+}  // namespace cuda
+}  // namespace fastffn
+
+using namespace fastffn::cuda;
+
+extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, const void* x,
+                                                    const void* residual, const void* weight,
+                                                    void* out, void* sum_out, float* rstd,
+                                                    void* stream) {
+  if (x == nullptr || weight == nullptr || out == nullptr || rstd == nullptr || a.rows < 0 ||
+      a.cols <= 0 || (residual != nullptr && sum_out == nullptr))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (a.rows == 0) return FASTFFN_STATUS_OK;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = can_vectorize<T>(a.cols, {x, residual, weight, out, sum_out});
+    return FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
+      return FASTFFN_BOOL_SWITCH(residual != nullptr, kResidual, [&] {
+        constexpr int V = kVector ? kVecWidth<T> : 1;
+        const unsigned int grid = static_cast<unsigned int>(a.rows < kMaxRowBlocks ? a.rows : kMaxRowBlocks);
+        rms_norm_fwd_kernel<T, V, kResidual><<<grid, threads_for(a.cols / V), 0, s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(residual),
+            static_cast<const T*>(weight), static_cast<T*>(out), static_cast<T*>(sum_out), rstd,
+            a.rows, a.cols, a.epsilon);
+        return launch_status();
+      });
+    });
+  });
+}
+
+extern "C" int64_t fastffn_rms_norm_bwd_workspace_bytes_cuda(fastffn_rms_norm_args a) {
+  return bwd_blocks(a.rows) * (a.cols > 0 ? a.cols : 0) * static_cast<int64_t>(sizeof(float));
+}
+
+extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, const void* x,
+                                                    const void* weight, const float* rstd,
+                                                    const void* d_out, const void* d_sum,
+                                                    void* d_x, void* d_weight, void* workspace,
+                                                    void* stream) {
+  if (x == nullptr || weight == nullptr || rstd == nullptr || d_out == nullptr ||
+      d_x == nullptr || d_weight == nullptr || workspace == nullptr || a.rows < 0 || a.cols <= 0)
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const int64_t shared_bytes = a.cols * static_cast<int64_t>(sizeof(float));
+  if (shared_bytes > kMaxBwdSharedBytes) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t blocks = bwd_blocks(a.rows);
+  return dispatch_dtype(a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = can_vectorize<T>(a.cols, {x, weight, d_out, d_sum, d_x});
+    float* partial = static_cast<float*>(workspace);
+    const fastffn_status status = FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
+      return FASTFFN_BOOL_SWITCH(d_sum != nullptr, kDSum, [&] {
+        constexpr int V = kVector ? kVecWidth<T> : 1;
+        auto kernel = rms_norm_bwd_kernel<T, V, kDSum>;
+        if (shared_bytes > 48 * 1024 &&
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(shared_bytes)) != cudaSuccess)
+          return FASTFFN_STATUS_CUDA_ERROR;
+        if (a.rows > 0)
+          kernel<<<static_cast<unsigned int>(blocks), threads_for(a.cols / V), shared_bytes, s>>>(
+              static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
+              static_cast<const T*>(d_out), static_cast<const T*>(d_sum), static_cast<T*>(d_x),
+              partial, a.rows, a.cols);
+        return launch_status();
+      });
+    });
+    if (status != FASTFFN_STATUS_OK) return status;
+    if (a.rows == 0) {  // no rows: the weight gradient is zero
+      return cudaMemsetAsync(d_weight, 0, a.cols * sizeof(T), s) == cudaSuccess
+                 ? FASTFFN_STATUS_OK : FASTFFN_STATUS_CUDA_ERROR;
+    }
+    reduce_partials_kernel<T><<<static_cast<unsigned int>((a.cols + 31) / 32), dim3(32, 8), 0, s>>>(
+        partial, static_cast<T*>(d_weight), blocks, a.cols);
+    return launch_status();
+  });
+}

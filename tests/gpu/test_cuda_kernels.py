@@ -1,0 +1,189 @@
+"""CUDA kernels against float64 references, through the standalone harness (no Paddle on the GPU
+machine). Outputs are poisoned with NaN before each run so an unwritten element fails the test.
+Tolerances: the same table as the CPU tests (tests/tolerances.py), keyed by dtype name."""
+
+import math
+
+import pytest
+import torch
+
+from benchmarks.gpu import harness
+
+# (atol, rtol) per dtype: mirrors tests/tolerances.py (see its comments). CUDA uses __expf
+# (2 ulp) and rsqrtf (2 ulp) in fp32, well inside the fp32 row.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+IDS = ["fp32", "fp16", "bf16"]
+
+
+@pytest.fixture(autouse=True)
+def _poison_and_seed():
+    harness.POISON_OUTPUTS = True
+    torch.manual_seed(0)
+    yield
+    harness.POISON_OUTPUTS = False
+
+
+def close(actual, expected, dtype, what, reduced_rows=1):
+    atol, rtol = TOL[dtype]
+    atol *= math.sqrt(reduced_rows)
+    a, e = actual.double(), expected.double()
+    assert torch.isfinite(a).all(), f"{what}: non-finite (unwritten?) at {torch.nonzero(~torch.isfinite(a))[:5].tolist()}"
+    excess = (a - e).abs() - (atol + rtol * e.abs())
+    if excess.numel() and excess.max() > 0:
+        idx = tuple(int(i) for i in torch.nonzero(excess == excess.max())[0])
+        raise AssertionError(f"{what} [{dtype}]: {(excess > 0).sum().item()}/{a.numel()} out of tolerance, "
+                             f"worst at {idx}: got {a[idx].item()}, expected {e[idx].item()}")
+
+
+def rand(shape, dtype, scale=1.0):
+    return (torch.randn(shape, device="cuda") * scale).to(dtype)
+
+
+SWIGLU_SHAPES = [(1, 1), (1, 8), (7, 13), (3, 5, 123), (65, 11008), (2, 28672), (4097, 24)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", SWIGLU_SHAPES, ids=str)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "pair"])
+def test_swiglu(shape, dtype, packed):
+    k = harness.kernels()
+    if packed:
+        x = rand((*shape[:-1], 2 * shape[-1]), dtype, 2.0)
+        gate, up, y = x[..., : shape[-1]], x[..., shape[-1]:], None
+    else:
+        x, y = rand(shape, dtype, 2.0), rand(shape, dtype)
+        gate, up = x, y
+    out = k.swiglu_fwd(x, y)
+    g64, u64 = gate.double().requires_grad_(), up.double().requires_grad_()
+    ref = torch.nn.functional.silu(g64) * u64
+    close(out, ref, dtype, "swiglu fwd")
+    d_out = rand(shape, dtype)
+    ref.backward(d_out.double())
+    for recompute in (False, True):
+        grads, hidden = k.swiglu_bwd(x, d_out, up=y, recompute=recompute)
+        d_gate, d_up = (grads[..., : shape[-1]], grads[..., shape[-1]:]) if packed else grads
+        close(d_gate, g64.grad, dtype, "swiglu d_gate")
+        close(d_up, u64.grad, dtype, "swiglu d_up")
+        if recompute:
+            close(hidden, ref.detach(), dtype, "swiglu recomputed output")
+
+
+def test_swiglu_backward_in_place_matches_out_of_place():
+    k = harness.kernels()
+    x = rand((33, 2 * 1000), torch.bfloat16, 2.0)
+    d_out = rand((33, 1000), torch.bfloat16)
+    expected, hidden = k.swiglu_bwd(x, d_out, recompute=True)
+    x2, d2 = x.clone(), d_out.clone()
+    got, hidden2 = k.swiglu_bwd(x2, d2, recompute=True, in_place=True)
+    assert got.data_ptr() == x2.data_ptr() and hidden2.data_ptr() == d2.data_ptr()
+    assert torch.equal(got, expected) and torch.equal(hidden2, hidden)
+
+
+def test_swiglu_unaligned_views_take_the_scalar_path():
+    k = harness.kernels()
+    base = rand((5, 2 * 64 + 1), torch.float16)
+    x = base[:, 1:]  # row stride 129 elements: not 16-byte aligned
+    gate, up = x[:, :64].contiguous(), x[:, 64:].contiguous()
+    out = k.swiglu_fwd(gate, up)
+    close(out, torch.nn.functional.silu(gate.double()) * up.double(), torch.float16, "unaligned")
+
+
+NORM_SHAPES = [(1, 8), (7, 13), (5, 3, 127), (8192, 4096), (33, 5120), (2, 8192), (3, 50000)]
+
+
+def _norm_reference(x64, w64, dtype, eps):
+    n = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps)
+    if dtype != torch.float32:
+        n = n + (n.to(dtype).double() - n).detach()  # PaddleNLP's cast before the weight multiply
+    return n * w64
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
+def test_rms_norm(shape, dtype, with_residual):
+    k = harness.kernels()
+    eps = 1e-6
+    x, w = rand(shape, dtype, 3.0), rand(shape[-1:], dtype)
+    residual = rand(shape, dtype) if with_residual else None
+    out, total, rstd = k.rms_norm_fwd(x, w, eps, residual=residual)
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    src = x64
+    if with_residual:
+        r64 = residual.double().requires_grad_()
+        src = x64 + r64
+        src = src + (src.to(dtype).double() - src).detach()
+        close(total, src.detach(), dtype, "x + residual")
+    ref = _norm_reference(src, w64, dtype, eps)
+    close(out, ref, dtype, "rms_norm fwd")
+    d_out = rand(shape, dtype)
+    d_sum = rand(shape, dtype) if with_residual else None
+    loss = (ref * d_out.double()).sum() + ((src * d_sum.double()).sum() if with_residual else 0)
+    loss.backward()
+    saved = total if with_residual else x
+    d_x, d_w = k.rms_norm_bwd(saved, w, rstd, d_out, eps, d_sum=d_sum)
+    rows = math.prod(shape[:-1])
+    close(d_x, x64.grad, dtype, "rms_norm d_x")
+    if with_residual:
+        close(d_x, r64.grad, dtype, "rms_norm d_residual")
+    close(d_w, w64.grad, dtype, "rms_norm d_weight", reduced_rows=rows)
+
+
+ROPE_SHAPES = [(1, 1, 1, 1, 2), (2, 7, 4, 2, 6), (3, 5, 8, 8, 64), (2, 9, 8, 2, 128), (4, 2048, 32, 8, 128)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
+@pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "position_ids"])
+@pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv_views"])
+def test_rotary(shape, dtype, positions, fused_qkv):
+    k = harness.kernels()
+    b, s, hq, hk, d = shape
+    rows = s + 5
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    freqs = torch.outer(torch.arange(rows, device="cuda").float(), inv_freq)
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    if fused_qkv:
+        qkv = rand((b, s, (hq + 2 * hk) * d), dtype)
+        q = qkv[..., : hq * d].view(b, s, hq, d)
+        kk = qkv[..., hq * d: (hq + hk) * d].view(b, s, hk, d)
+    else:
+        q, kk = rand((b, s, hq, d), dtype), rand((b, s, hk, d), dtype)
+    pos = torch.randint(0, rows, (b, s), device="cuda") if positions else None
+    q_out, k_out = k.rotary(q, kk, cos, sin, pos)
+    p = pos if positions else torch.arange(s, device="cuda").expand(b, s)
+    c, sn = cos.double()[p].unsqueeze(2), sin.double()[p].unsqueeze(2)
+
+    def rot(x):
+        x = x.double()
+        return x * c + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sn
+
+    close(q_out, rot(q), dtype, "rope q")
+    close(k_out, rot(kk), dtype, "rope k")
+    # Backward = transpose: <R q, u> == <q, R^T u> checked elementwise against autograd.
+    q64, k64 = q.double().requires_grad_(), kk.double().requires_grad_()
+    u_q, u_k = rand(q_out.shape, dtype), rand(k_out.shape, dtype)
+    ((rot(q64) * u_q.double()).sum() + (rot(k64) * u_k.double()).sum()).backward()
+    d_q, d_k = k.rotary(u_q, u_k, cos, sin, pos, inverse=True)
+    close(d_q, q64.grad, dtype, "rope d_q")
+    close(d_k, k64.grad, dtype, "rope d_k")
+
+
+def test_fused_ffn_matches_eager_in_fp32():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = rand((2, 17, 64), torch.float32).requires_grad_()
+    w_gu = (rand((2 * 96, 64), torch.float32) * 0.1).requires_grad_()
+    w_d = (rand((64, 96), torch.float32) * 0.1).requires_grad_()
+    d_y = rand((2, 17, 64), torch.float32)
+    for recompute in (False, True):
+        y = harness.fused_ffn(x, w_gu, w_d, recompute)
+        grads = torch.autograd.grad(y, [x, w_gu, w_d], d_y)
+        g, u = (x @ w_gu.t()).chunk(2, -1)
+        ref = (torch.nn.functional.silu(g) * u) @ w_d.t()
+        ref_grads = torch.autograd.grad(ref, [x, w_gu, w_d], d_y)
+        close(y, ref, torch.float32, "ffn out")
+        for got, want, name in zip(grads, ref_grads, ["d_x", "d_w_gate_up", "d_w_down"]):
+            close(got, want, torch.float32, f"ffn {name} (recompute={recompute})", reduced_rows=34)

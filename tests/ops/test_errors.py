@@ -1,0 +1,82 @@
+"""Bad input gets a clear error naming the argument and the expectation."""
+
+import paddle
+import pytest
+
+from conftest import random_tensor
+from paddle_fastffn import ops
+from paddlenlp.transformers.llama.modeling import LlamaRotaryEmbedding
+
+
+def test_packed_swiglu_rejects_odd_last_axis():
+    with pytest.raises(ValueError, match=r"`x` packs \[gate \| up\].*even"):
+        ops.swiglu(random_tensor((3, 7), "float32"))
+
+
+def test_swiglu_rejects_integer_input():
+    with pytest.raises(TypeError, match="`x` must be float32, float16, bfloat16 or float64"):
+        ops.swiglu(paddle.ones([2, 4], dtype="int32"))
+
+
+def test_swiglu_rejects_mismatched_pair():
+    with pytest.raises(ValueError, match="`y` must have the shape of `x`"):
+        ops.swiglu(random_tensor((2, 4), "float32"), random_tensor((2, 5), "float32"))
+    with pytest.raises(TypeError, match="`y` must have the dtype of `x`"):
+        ops.swiglu(random_tensor((2, 4), "float32"), random_tensor((2, 4), "float16"))
+
+
+def test_swiglu_rejects_non_tensor():
+    with pytest.raises(TypeError, match="`x` must be a paddle.Tensor"):
+        ops.swiglu([[1.0, 2.0]])
+
+
+def test_rms_norm_rejects_wrong_weight():
+    x = random_tensor((2, 8), "float32")
+    with pytest.raises(ValueError, match="`weight` must be 1-D of size x.shape\\[-1\\]"):
+        ops.rms_norm(x, random_tensor((7,), "float32"))
+    with pytest.raises(TypeError, match="`weight` .* must have the dtype of `x`"):
+        ops.rms_norm(x, random_tensor((8,), "bfloat16"))
+    with pytest.raises(ValueError, match="`residual` must have the shape of `x`"):
+        ops.fused_add_rms_norm(x, random_tensor((3, 8), "float32"), random_tensor((8,), "float32"))
+
+
+def test_rms_norm_rejects_negative_epsilon():
+    with pytest.raises(ValueError, match="`epsilon` must be a non-negative float"):
+        ops.rms_norm(random_tensor((2, 8), "float32"), random_tensor((8,), "float32"), -1.0)
+
+
+def _cos_sin(d=6, rows=8):
+    q = random_tensor((1, rows, 1, d), "float32")
+    return LlamaRotaryEmbedding(d, rows)(q, seq_len=rows)
+
+
+def test_rotary_rejects_odd_head_dim():
+    q, k = random_tensor((1, 2, 2, 5), "float32"), random_tensor((1, 2, 2, 5), "float32")
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        ops.rotary_embedding(q, k, *_cos_sin(5))
+
+
+def test_rotary_rejects_mismatched_batch_and_heads():
+    cos, sin = _cos_sin()
+    with pytest.raises(ValueError, match="must share batch, seq and head_dim"):
+        ops.rotary_embedding(random_tensor((2, 3, 2, 6), "float32"), random_tensor((1, 3, 2, 6), "float32"), cos, sin)
+    with pytest.raises(ValueError, match=r"k heads \(3\) must divide q heads \(4\)"):
+        ops.rotary_embedding(random_tensor((1, 3, 4, 6), "float32"), random_tensor((1, 3, 3, 6), "float32"), cos, sin)
+
+
+def test_rotary_rejects_positions_outside_the_table():
+    cos, sin = _cos_sin(rows=8)
+    q, k = random_tensor((1, 3, 2, 6), "float32"), random_tensor((1, 3, 2, 6), "float32")
+    with pytest.raises(Exception, match="position_ids.*outside the cos/sin table"):
+        ops.rotary_embedding(q, k, cos, sin, paddle.to_tensor([[0, 1, 8]], dtype="int64"))
+    with pytest.raises(ValueError, match=r"seq \(9\) exceeds the cos/sin table"):
+        ops.rotary_embedding(random_tensor((1, 9, 2, 6), "float32"), random_tensor((1, 9, 2, 6), "float32"), cos, sin)
+
+
+def test_rotary_rejects_float_position_ids_and_bad_tables():
+    cos, sin = _cos_sin()
+    q, k = random_tensor((1, 3, 2, 6), "float32"), random_tensor((1, 3, 2, 6), "float32")
+    with pytest.raises(TypeError, match="`position_ids` must be int64 or int32"):
+        ops.rotary_embedding(q, k, cos, sin, paddle.zeros([1, 3], dtype="float32"))
+    with pytest.raises(ValueError, match="`cos` must be \\[1, seq, 1, head_dim\\]"):
+        ops.rotary_embedding(q, k, cos.reshape([8, 1, 6]), sin)

@@ -1,0 +1,93 @@
+import numpy as np
+import paddle
+import pytest
+
+from conftest import DTYPE_IDS, DTYPES, as_float64_leaf, grads_of, random_tensor
+from paddle_fastffn import ops
+from tolerances import assert_close
+
+# Not powers of two, one row, odd widths, a 3-D batch, a long row (LLaMA-2 7B intermediate).
+SHAPES = [(1, 1), (1, 7), (7, 13), (3, 5, 123), (2, 11008), (65, 431)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "pair"])
+def test_swiglu_matches_reference_forward_and_backward(shape, dtype, packed):
+    if packed:
+        inputs = [random_tensor(shape[:-1] + (2 * shape[-1],), dtype, scale=2.0)]
+    else:
+        inputs = [random_tensor(shape, dtype, scale=2.0), random_tensor(shape, dtype)]
+    out = ops.swiglu(*inputs)
+    assert out.dtype == dtype and list(out.shape) == list(shape)
+
+    ref_inputs = [as_float64_leaf(t) for t in inputs]
+    ref = ops.swiglu_ref(*ref_inputs)
+    assert_close(out, ref, dtype, "swiglu output")
+
+    upstream = random_tensor(shape, dtype, requires_grad=False)
+    grads = grads_of([out], [upstream.astype(paddle.float32)], inputs)
+    ref_grads = grads_of([ref], [upstream.astype(paddle.float64)], ref_inputs)
+    for name, g, rg in zip(["d_x", "d_y"], grads, ref_grads):
+        assert g.dtype == dtype
+        assert_close(g, rg, dtype, f"swiglu {name}")
+
+
+def test_swiglu_saturates_without_nan():
+    x = paddle.to_tensor([[-1e4, -100.0, -88.0, 0.0, 88.0, 100.0, 1e4, 3.0]], dtype="float32")
+    x.stop_gradient = False
+    out = ops.swiglu(x)
+    assert_close(out, ops.swiglu_ref(as_float64_leaf(x)), paddle.float32, "saturated swiglu")
+    (d_x,) = paddle.grad(out.sum(), [x])
+    assert np.isfinite(d_x.numpy()).all()
+
+
+def test_swiglu_non_contiguous_input_is_correct():
+    base = random_tensor((12, 10), paddle.float32, requires_grad=False)
+    view = base.transpose([1, 0])
+    assert_close(ops.swiglu(view), ops.swiglu_ref(view.astype("float64")), paddle.float32,
+                 "swiglu on a transposed view")
+
+
+def test_swiglu_nan_propagates():
+    x = paddle.to_tensor([[float("nan"), 1.0]], dtype="float32")
+    assert np.isnan(ops.swiglu(x).numpy()).all()
+
+
+def test_swiglu_float64_gradient_against_finite_differences():
+    x = random_tensor((3, 10), paddle.float64)
+    (analytic,) = paddle.grad(ops.swiglu(x).sum(), [x])
+    base = x.numpy()
+    numeric = np.zeros_like(base)
+    step = 1e-6
+    for idx in np.ndindex(base.shape):
+        plus, minus = base.copy(), base.copy()
+        plus[idx] += step
+        minus[idx] -= step
+        f = lambda v: float(ops.swiglu(paddle.to_tensor(v)).sum())  # noqa: E731
+        numeric[idx] = (f(plus) - f(minus)) / (2 * step)
+    np.testing.assert_allclose(analytic.numpy(), numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_swiglu_down_proj_recompute_matches_stored_path(dtype):
+    if dtype != paddle.float32:
+        pytest.skip("Paddle CPU has no half-precision matmul; the recompute GEMMs run in fp32 here")
+    gate_up = random_tensor((2, 9, 2 * 37), dtype)
+    weight = random_tensor((37, 21), dtype, scale=0.2)
+    out = ops.swiglu_down_proj(gate_up, weight)
+    ref_in, ref_w = as_float64_leaf(gate_up), as_float64_leaf(weight)
+    ref = paddle.matmul(ops.swiglu_ref(ref_in), ref_w)
+    assert_close(out, ref, dtype, "swiglu_down_proj output")
+    upstream = random_tensor((2, 9, 21), dtype, requires_grad=False)
+    grads = grads_of([out], [upstream], [gate_up, weight])
+    ref_grads = grads_of([ref], [upstream.astype("float64")], [ref_in, ref_w])
+    assert_close(grads[0], ref_grads[0], dtype, "d_gate_up")
+    assert_close(grads[1], ref_grads[1], dtype, "d_weight", reduced_rows=18)
+
+
+def test_swiglu_down_proj_frozen_weight_gets_no_gradient():
+    gate_up = random_tensor((4, 10), paddle.float32)
+    weight = random_tensor((5, 3), paddle.float32, requires_grad=False)
+    ops.swiglu_down_proj(gate_up, weight).sum().backward()
+    assert gate_up.grad is not None and weight.grad is None
