@@ -475,21 +475,28 @@ def main():
         "note": "Our kernels are the framework-neutral csrc/kernels CUDA sources (the ones the Paddle "
                 "bindings call), driven through ctypes; torch's cuBLAS and SDPA stand in for Paddle's."}
     started = time.time()
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+
     report["ceilings"] = ceilings()
+    save()
     print("ceilings", json.dumps(report["ceilings"]), flush=True)
     sections = args.sections.split(",")
     if "kernels" in sections:
         report["kernels"] = kernel_section(report["ceilings"]["copy_bytes_per_s"], 8192, liger)
+        save()
         print(f"kernels done at {time.time() - started:.0f}s", flush=True)
     if "ffn" in sections:
         tokens = [8192] if args.quick else [2048, 8192, 16384]
         report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)
+        save()
         print(f"ffn done at {time.time() - started:.0f}s", flush=True)
     if "decoder" in sections:
         report["decoder_layer"] = decoder_section(liger)
         print(f"decoder done at {time.time() - started:.0f}s", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    save()
     print("wrote", args.out)
 
 

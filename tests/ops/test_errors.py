@@ -3,7 +3,7 @@
 import paddle
 import pytest
 
-from conftest import random_tensor
+from helpers import random_tensor
 from paddle_fastffn import ops
 from paddlenlp.transformers.llama.modeling import LlamaRotaryEmbedding
 

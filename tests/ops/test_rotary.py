@@ -8,7 +8,7 @@ from paddlenlp.transformers.llama.modeling import (
     apply_rotary_pos_emb,
 )
 
-from conftest import DTYPE_IDS, DTYPES, as_float64_leaf, grads_of, random_tensor
+from helpers import DTYPE_IDS, DTYPES, as_float64_leaf, grads_of, random_tensor
 from paddle_fastffn import ops
 from tolerances import assert_close
 

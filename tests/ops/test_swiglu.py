@@ -2,7 +2,7 @@ import numpy as np
 import paddle
 import pytest
 
-from conftest import DTYPE_IDS, DTYPES, as_float64_leaf, grads_of, random_tensor
+from helpers import DTYPE_IDS, DTYPES, as_float64_leaf, grads_of, random_tensor
 from paddle_fastffn import ops
 from tolerances import assert_close
 
