@@ -59,6 +59,21 @@ def timeit(fn, reps=20, warmup=3, flush=True):
     return {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps}
 
 
+def graphed(fn):
+    """Captures fn (a forward or forward+backward) in a CUDA graph and returns its replay, so the
+    timing is the GPU's and not Python's launch overhead (applied to every implementation)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def peak_bytes(fn):
     fn()  # gradients exist afterwards: measure the steady state of a training step
     torch.cuda.synchronize()
@@ -141,16 +156,16 @@ def kernel_section(copy_bw, tokens, liger):
 
     def record(op, model, pass_name, nbytes, impls):
         for name, fn in impls.items():
-            if fn is None:
-                continue
+            row = {"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes}
             try:
-                t = timeit(fn)
+                row["eager_launch"] = timeit(fn)
+                t = timeit(graphed(fn))
             except Exception as error:  # noqa: BLE001
-                rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "error": repr(error)})
+                rows.append({**row, "error": repr(error)})
                 continue
             gbps = nbytes / (t["p50_ms"] * 1e-3)
-            rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
-                         **t, "GB_per_s": gbps / 1e9, "fraction_of_copy": gbps / copy_bw})
+            rows.append({**row, **t, "timing": "cuda_graph", "GB_per_s": gbps / 1e9,
+                         "fraction_of_copy": gbps / copy_bw})
 
     for model, (hidden, inter, heads, kv_heads) in MODELS.items():
         e = 2  # bf16 bytes
@@ -284,6 +299,8 @@ def ffn_section(token_list, liger, compile_tokens):
                 "eager_fused_gate_up": (fused_gate_up, [x, w_gu, w_d]),
                 "ours_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gu, w_d]),
                 "ours_no_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, False), [x, w_gu, w_d]),
+                "ours_fused_gemm_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True, False), [x, w_gu, w_d]),
+                "ours_split_gemm_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True, True), [x, w_gu, w_d]),
             }
             if liger:
                 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -303,12 +320,16 @@ def ffn_section(token_list, liger, compile_tokens):
                     rows.append({"model": model, "tokens": tokens, "impl": name, **t, "peak_bytes": mem})
                 except Exception as error:  # noqa: BLE001
                     rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
-            # The floor of this design: our composition's six GEMMs alone, same shapes and layouts.
+            # The floor of this design: our composition's GEMMs alone, same shapes and layouts,
+            # for the fused [T, 2I] layout and the split layout; "gemms_alone" is the one
+            # fused_ffn picks at this token count.
             with torch.no_grad():
                 gu = x @ w_gu.t()
                 h = gu[:, :inter].contiguous()
+                g2, u2 = h.clone(), h.clone()
+                d_wgu = torch.empty_like(w_gu)
 
-                def gemms():
+                def gemms_fused():
                     torch.mm(x, w_gu.t(), out=gu)
                     out = h @ w_d.t()
                     d_h = dy @ w_d
@@ -317,8 +338,24 @@ def ffn_section(token_list, liger, compile_tokens):
                     dwgu = gu.t() @ x
                     return out, d_h, dwd, d_x, dwgu
 
-                t = timeit(gemms, reps=10 if tokens >= 16384 else 15)
-                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone", **t})
+                def gemms_split():
+                    torch.mm(x, w_gu[:inter].t(), out=g2)
+                    torch.mm(x, w_gu[inter:].t(), out=u2)
+                    out = h @ w_d.t()
+                    d_h = dy @ w_d
+                    dwd = dy.t() @ h
+                    d_x = g2 @ w_gu[:inter]
+                    d_x.addmm_(u2, w_gu[inter:])
+                    torch.mm(g2.t(), x, out=d_wgu[:inter])
+                    torch.mm(u2.t(), x, out=d_wgu[inter:])
+                    return out, d_h, dwd, d_x
+
+                reps = 10 if tokens >= 16384 else 15
+                t_fused, t_split = timeit(gemms_fused, reps=reps), timeit(gemms_split, reps=reps)
+                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_fused_layout", **t_fused})
+                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_split_layout", **t_split})
+                chosen = t_split if harness.ffn_split_gemms(tokens) else t_fused
+                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone", **chosen})
             flops = 3 * 2 * tokens * hidden * 3 * inter
             for row in rows:
                 if row.get("model") == model and row.get("tokens") == tokens and "p50_ms" in row:
@@ -348,13 +385,8 @@ class FastDecoderLayer(torch.nn.Module):
 
     def forward(self, hidden, residual, cos, sin):
         b, s, h = hidden.shape
-        d = h // self.heads
         normed, residual = harness.AddRMSNorm.apply(hidden, residual, self.w_in, self.eps)
-        qkv = normed @ self.w_qkv.t()
-        q = qkv[..., : self.heads * d].view(b, s, self.heads, d)
-        k = qkv[..., self.heads * d: (self.heads + self.kv_heads) * d].view(b, s, self.kv_heads, d)
-        v = qkv[..., (self.heads + self.kv_heads) * d:].view(b, s, self.kv_heads, d)
-        q, k = harness.Rotary.apply(q, k, cos, sin, None)
+        q, k, v = harness.QKVRotary.apply(normed @ self.w_qkv.t(), self.heads, self.kv_heads, cos, sin)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                               is_causal=True, enable_gqa=self.heads != self.kv_heads)
         attn = attn.transpose(1, 2).reshape(b, s, h)

@@ -42,6 +42,7 @@ class RotaryArgs(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
                 ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("q_token_stride", ctypes.c_int64), ("k_token_stride", ctypes.c_int64),
+                ("q_out_token_stride", ctypes.c_int64), ("k_out_token_stride", ctypes.c_int64),
                 ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int)]
 
 
@@ -165,16 +166,17 @@ class Kernels:
         return d_x, d_w
 
     # --- Rotary -----------------------------------------------------------------------------
-    def rotary(self, q, k, cos, sin, position_ids=None, inverse=False):
-        """q [b, s, hq, d], k [b, s, hk, d] (token-strided views allowed); cos/sin fp32 [rows, d]."""
+    def rotary(self, q, k, cos, sin, position_ids=None, inverse=False, q_out=None, k_out=None):
+        """q [b, s, hq, d], k [b, s, hk, d] (token-strided views allowed); cos/sin fp32 [rows, d].
+        q_out/k_out may be given as token-strided views (e.g. slices of a d_qkv buffer)."""
         b, s, hq, d = q.shape
         hk = k.shape[2]
-        for t in (q, k):
+        q_out = self.empty((b, s, hq, d), q.dtype, q.device) if q_out is None else q_out
+        k_out = self.empty((b, s, hk, d), k.dtype, k.device) if k_out is None else k_out
+        for t in (q, k, q_out, k_out):
             assert t.stride(3) == 1 and t.stride(2) == d and t.stride(0) == t.stride(1) * s
-        args = RotaryArgs(b, s, hq, hk, d, q.stride(1), k.stride(1), cos.shape[0], int(inverse),
-                          _DTYPES[q.dtype])
-        q_out = self.empty((b, s, hq, d), q.dtype, q.device)
-        k_out = self.empty((b, s, hk, d), k.dtype, k.device)
+        args = RotaryArgs(b, s, hq, hk, d, q.stride(1), k.stride(1), q_out.stride(1), k_out.stride(1),
+                          cos.shape[0], int(inverse), _DTYPES[q.dtype])
         self._check(self.lib.fastffn_rotary_cuda(
             args, self._ptr(q), self._ptr(k), self._ptr(cos), self._ptr(sin), self._ptr(position_ids),
             self._ptr(q_out), self._ptr(k_out), self._stream()), "rotary")
@@ -250,36 +252,95 @@ class Rotary(torch.autograd.Function):
         return d_q, d_k, None, None, None
 
 
-class FusedFFN(torch.autograd.Function):
-    """y = swiglu(x @ W_gu^T) @ W_d^T with the layouts of Paddle's fused path (torch Linear
-    layout here: W_gu [2I, H], W_d [H, I]). With recompute the SwiGLU output is not stored: the
-    backward kernel rewrites it in place over d_hidden, and d_gate_up overwrites gate_up."""
+class QKVRotary(torch.autograd.Function):
+    """Splits a fused QKV projection output [b, s, (hq + 2 hk) d] into rotated q, rotated k and v.
+    The rotary kernel reads q and k straight from the strided slices; the backward writes d_q and
+    d_k straight into one d_qkv buffer (no zero-fill, slice copies or gradient adds)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, recompute):
-        gate_up = x @ w_gate_up.t()
-        hidden = kernels().swiglu_fwd(gate_up)
+    def forward(ctx, qkv, heads, kv_heads, cos, sin):
+        b, s, width = qkv.shape
+        d = width // (heads + 2 * kv_heads)
+        q = qkv[..., : heads * d].view(b, s, heads, d)
+        k = qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d)
+        v = qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d)
+        q_rot, k_rot = kernels().rotary(q, k, cos, sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.dims = (heads, kv_heads, d)
+        return q_rot, k_rot, v
+
+    @staticmethod
+    def backward(ctx, d_q, d_k, d_v):
+        cos, sin = ctx.saved_tensors
+        heads, kv_heads, d = ctx.dims
+        b, s = d_q.shape[:2]
+        d_qkv = torch.empty(b, s, (heads + 2 * kv_heads) * d, dtype=d_q.dtype, device=d_q.device)
+        kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, inverse=True,
+                         q_out=d_qkv[..., : heads * d].view(b, s, heads, d),
+                         k_out=d_qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d))
+        d_qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).copy_(d_v)
+        return d_qkv, None, None, None, None
+
+
+class FusedFFN(torch.autograd.Function):
+    """y = swiglu(x @ W_gu^T) @ W_d^T on PaddleNLP's fused gate_up weight (torch Linear layout
+    here: W_gu [2I, H] = [W_gate; W_up], W_d [H, I]).
+
+    split_gemms=False: one [T, 2I] GEMM (packed SwiGLU); True: two [T, I] GEMMs on the row halves
+    of W_gu (free views) and the two-input SwiGLU. Which is faster depends on T (measured in
+    benchmarks/results/gpu_h200.json); `ffn_split_gemms(tokens)` holds that choice.
+    With recompute the SwiGLU output is not stored: the backward kernel rewrites it in place over
+    d_hidden. The gate/up gradients overwrite gate/up, and the SwiGLU output is released before
+    the input-gradient GEMMs, so the backward's peak holds [T, 3I] activations, not [T, 6I]."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, recompute, split_gemms):
+        x2 = x.reshape(-1, x.shape[-1])
+        inter = w_down.shape[1]
+        if split_gemms:
+            gate, up = x2 @ w_gate_up[:inter].t(), x2 @ w_gate_up[inter:].t()
+            hidden = kernels().swiglu_fwd(gate, up)
+            saved = (gate, up)
+        else:
+            gate_up = x2 @ w_gate_up.t()
+            hidden = kernels().swiglu_fwd(gate_up)
+            saved = (gate_up, None)
         out = hidden @ w_down.t()
-        ctx.recompute = recompute
-        ctx.save_for_backward(x, w_gate_up, w_down, gate_up, None if recompute else hidden)
-        return out
+        ctx.recompute, ctx.split, ctx.x_shape = recompute, split_gemms, x.shape
+        ctx.save_for_backward(x2, w_gate_up, w_down, *saved, None if recompute else hidden)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx, d_out):
-        x, w_gate_up, w_down, gate_up, hidden = ctx.saved_tensors
+        x2, w_gate_up, w_down, first, up, hidden = ctx.saved_tensors
+        inter = w_down.shape[1]
         d_out = d_out.reshape(-1, d_out.shape[-1])
         d_hidden = d_out @ w_down
-        if ctx.recompute:
-            d_gate_up, hidden = kernels().swiglu_bwd(gate_up, d_hidden, recompute=True, in_place=True)
-        else:
-            d_gate_up, _ = kernels().swiglu_bwd(gate_up, d_hidden, in_place=True)
-        hidden = hidden.reshape(-1, hidden.shape[-1])
+        grads, recomputed = kernels().swiglu_bwd(first, d_hidden, up=up, recompute=ctx.recompute,
+                                                 in_place=True)
+        hidden = recomputed if ctx.recompute else hidden
         d_w_down = d_out.t() @ hidden
-        d_gate_up = d_gate_up.reshape(-1, d_gate_up.shape[-1])
-        d_x = (d_gate_up @ w_gate_up).reshape(x.shape)
-        d_w_gate_up = d_gate_up.t() @ x.reshape(-1, x.shape[-1])
-        return d_x, d_w_gate_up, d_w_down, None
+        del hidden, recomputed, d_hidden  # release [T, I] before the [T, H] / [2I, H] outputs
+        if ctx.split:
+            d_gate, d_up = grads
+            d_x = d_gate @ w_gate_up[:inter]
+            d_x.addmm_(d_up, w_gate_up[inter:])
+            d_w_gate_up = torch.empty_like(w_gate_up)
+            torch.mm(d_gate.t(), x2, out=d_w_gate_up[:inter])
+            torch.mm(d_up.t(), x2, out=d_w_gate_up[inter:])
+        else:
+            d_x = grads @ w_gate_up
+            d_w_gate_up = grads.t() @ x2
+        return d_x.reshape(ctx.x_shape), d_w_gate_up, d_w_down, None, None
 
 
-def fused_ffn(x, w_gate_up, w_down, recompute=True):
-    return FusedFFN.apply(x, w_gate_up, w_down, recompute)
+def ffn_split_gemms(tokens: int) -> bool:
+    """Two [T, I] GEMMs beat one [T, 2I] GEMM at small T on the H200 (first run, 2026-12-02:
+    eager's split layout 2.44 ms vs our fused 2.54 ms at 7B, 2048 tokens; fused ahead at 8192)."""
+    return tokens <= 4096
+
+
+def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=None):
+    tokens = x.numel() // x.shape[-1]
+    split = ffn_split_gemms(tokens) if split_gemms is None else split_gemms
+    return FusedFFN.apply(x, w_gate_up, w_down, recompute, split)

@@ -49,6 +49,8 @@ std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor
   args.head_dim = qs[3];
   args.q_token_stride = token_stride(q, "q");
   args.k_token_stride = token_stride(k, "k");
+  args.q_out_token_stride = 0;  // dense outputs
+  args.k_out_token_stride = 0;
   args.table_rows = cos.shape()[0];
   args.inverse = inverse ? 1 : 0;
   args.dtype = kernel_dtype(q, kOp, "q");

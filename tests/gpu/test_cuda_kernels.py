@@ -89,7 +89,7 @@ def test_swiglu_unaligned_views_take_the_scalar_path():
     close(out, torch.nn.functional.silu(gate.double()) * up.double(), torch.float16, "unaligned")
 
 
-NORM_SHAPES = [(1, 8), (7, 13), (5, 3, 127), (8192, 4096), (33, 5120), (2, 8192), (3, 50000)]
+NORM_SHAPES = [(1, 8), (7, 13), (5, 3, 127), (8192, 4096), (33, 5120), (2, 8192), (3, 20000), (3, 50000)]
 
 
 def _norm_reference(x64, w64, dtype, eps):
@@ -172,14 +172,15 @@ def test_rotary(shape, dtype, positions, fused_qkv):
     close(d_k, k64.grad, dtype, "rope d_k")
 
 
-def test_fused_ffn_matches_eager_in_fp32():
+@pytest.mark.parametrize("split_gemms", [False, True], ids=["fused_gemm", "split_gemm"])
+def test_fused_ffn_matches_eager_in_fp32(split_gemms):
     torch.backends.cuda.matmul.allow_tf32 = False
     x = rand((2, 17, 64), torch.float32).requires_grad_()
     w_gu = (rand((2 * 96, 64), torch.float32) * 0.1).requires_grad_()
     w_d = (rand((64, 96), torch.float32) * 0.1).requires_grad_()
     d_y = rand((2, 17, 64), torch.float32)
     for recompute in (False, True):
-        y = harness.fused_ffn(x, w_gu, w_d, recompute)
+        y = harness.fused_ffn(x, w_gu, w_d, recompute, split_gemms)
         grads = torch.autograd.grad(y, [x, w_gu, w_d], d_y)
         g, u = (x @ w_gu.t()).chunk(2, -1)
         ref = (torch.nn.functional.silu(g) * u) @ w_d.t()
@@ -187,3 +188,28 @@ def test_fused_ffn_matches_eager_in_fp32():
         close(y, ref, torch.float32, "ffn out")
         for got, want, name in zip(grads, ref_grads, ["d_x", "d_w_gate_up", "d_w_down"]):
             close(got, want, torch.float32, f"ffn {name} (recompute={recompute})", reduced_rows=34)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_qkv_rotary_gradient_lands_in_one_buffer(dtype, heads):
+    hq, hk = heads
+    b, s, d = 2, 33, 64
+    qkv = rand((b, s, (hq + 2 * hk) * d), dtype).requires_grad_()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    emb = torch.cat([torch.outer(torch.arange(s, device="cuda").float(), inv_freq)] * 2, -1)
+    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    q, k, v = harness.QKVRotary.apply(qkv, hq, hk, cos, sin)
+    u = [rand(t.shape, dtype) for t in (q, k, v)]
+    (d_qkv,) = torch.autograd.grad((q, k, v), [qkv], u)
+    ref_in = qkv.detach().double().requires_grad_()
+    rq = ref_in[..., : hq * d].view(b, s, hq, d)
+    rk = ref_in[..., hq * d: (hq + hk) * d].view(b, s, hk, d)
+    rv = ref_in[..., (hq + hk) * d:].view(b, s, hk, d)
+    c, sn = cos.double()[None, :, None], sin.double()[None, :, None]
+    rot = lambda x: x * c + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sn  # noqa: E731
+    outs = (rot(rq), rot(rk), rv)
+    for got, want, name in zip((q, k, v), outs, "qkv"):
+        close(got, want, dtype, f"qkv-rotary {name}")
+    (ref_grad,) = torch.autograd.grad(outs, [ref_in], [t.double() for t in u])
+    close(d_qkv, ref_grad, dtype, "d_qkv")

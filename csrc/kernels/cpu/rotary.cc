@@ -37,14 +37,16 @@ void rotary(const fastffn_rotary_args& a, const T* q, const T* k, const float* c
             const float* sin, const int64_t* position_ids, T* q_out, T* k_out) {
   const int64_t tokens = a.batch * a.seq;
   const int64_t d = a.head_dim;
+  const int64_t q_out_stride = a.q_out_token_stride ? a.q_out_token_stride : a.q_heads * d;
+  const int64_t k_out_stride = a.k_out_token_stride ? a.k_out_token_stride : a.k_heads * d;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = position_ids ? position_ids[t] : t % a.seq;
     const float* c = cos + p * d;
     const float* s = sin + p * d;
-    rotate_token(q + t * a.q_token_stride, q_out + t * a.q_heads * d, a.q_heads, d, c, s,
+    rotate_token(q + t * a.q_token_stride, q_out + t * q_out_stride, a.q_heads, d, c, s,
                  a.inverse != 0);
-    rotate_token(k + t * a.k_token_stride, k_out + t * a.k_heads * d, a.k_heads, d, c, s,
+    rotate_token(k + t * a.k_token_stride, k_out + t * k_out_stride, a.k_heads, d, c, s,
                  a.inverse != 0);
   }
 }
@@ -62,7 +64,9 @@ extern "C" fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const voi
   if (q == nullptr || k == nullptr || cos == nullptr || sin == nullptr || q_out == nullptr ||
       k_out == nullptr || args.head_dim <= 0 || args.head_dim % 2 != 0 || args.k_heads <= 0 ||
       args.q_heads % args.k_heads != 0 || args.q_token_stride < args.q_heads * args.head_dim ||
-      args.k_token_stride < args.k_heads * args.head_dim)
+      args.k_token_stride < args.k_heads * args.head_dim ||
+      (args.q_out_token_stride != 0 && args.q_out_token_stride < args.q_heads * args.head_dim) ||
+      (args.k_out_token_stride != 0 && args.k_out_token_stride < args.k_heads * args.head_dim))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t tokens = args.batch * args.seq;
   if (position_ids != nullptr) {

@@ -4,6 +4,8 @@
 // holding the row in registers. The backward keeps each block's weight-gradient partial sums in
 // shared memory (each thread owns its columns: no atomics) and a second small kernel reduces the
 // per-block partials in fp32.
+#include <type_traits>
+
 #include "cuda_common.cuh"
 
 namespace fastffn {
@@ -21,6 +23,74 @@ int threads_for(int64_t vecs) {
   int64_t t = (vecs + 1) / 2;  // about two vectors per thread
   t = (t + 31) / 32 * 32;
   return static_cast<int>(t < 64 ? 64 : (t > 512 ? 512 : t));
+}
+
+// Fast path: the row lives in registers (kItems vectors per thread), so all its loads are in
+// flight at once and it is read from memory exactly once. Used when the row fits in
+// kMaxCachedItems vectors x kMaxCachedThreads threads; wider rows take the loop kernel below.
+constexpr int kMaxCachedThreads = 512;
+constexpr int kMaxCachedItems = 8;
+
+template <typename T, int V, int kItems, bool kResidual>
+__global__ void __launch_bounds__(kMaxCachedThreads)
+rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                           const T* __restrict__ weight, T* __restrict__ out,
+                           T* __restrict__ sum_out, float* __restrict__ rstd, int64_t rows,
+                           int64_t cols, float epsilon) {
+  __shared__ float scratch[32];
+  const int64_t vecs = cols / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec<T, V> xv[kItems];
+    float sq = 0.f;
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
+      if (i < vecs) {
+        xv[it] = load_vec<V>(x + row * cols + i * V);
+        if constexpr (kResidual) {
+          const Vec<T, V> rv = load_vec<V>(residual + row * cols + i * V);
+#pragma unroll
+          for (int k = 0; k < V; ++k)
+            xv[it].v[k] = from_float<T>(to_float(xv[it].v[k]) + to_float(rv.v[k]));
+          store_vec<V>(sum_out + row * cols + i * V, xv[it]);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float f = to_float(xv[it].v[k]);
+          sq += f * f;
+        }
+      }
+    }
+    const float inv = rsqrtf(block_sum(sq, scratch) / static_cast<float>(cols) + epsilon);
+    if (threadIdx.x == 0) rstd[row] = inv;
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
+      if (i < vecs) {
+        const Vec<T, V> wv = load_vec<V>(weight + i * V);
+        Vec<T, V> ov;
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv[it].v[k]) * inv) * to_float(wv.v[k]));
+        store_vec<V>(out + row * cols + i * V, ov);
+      }
+    }
+  }
+}
+
+// Threads for the cached kernel: about 4 vectors per thread, 32..512 threads.
+int cached_threads(int64_t vecs) {
+  int64_t t = (vecs + 3) / 4;
+  t = (t + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : (t > kMaxCachedThreads ? kMaxCachedThreads : t));
+}
+
+template <typename Fn>
+fastffn_status items_switch(int64_t items, Fn&& fn) {
+  if (items <= 1) return fn(std::integral_constant<int, 1>{});
+  if (items <= 2) return fn(std::integral_constant<int, 2>{});
+  if (items <= 4) return fn(std::integral_constant<int, 4>{});
+  return fn(std::integral_constant<int, 8>{});
 }
 
 template <typename T, int V, bool kResidual>
@@ -84,6 +154,7 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
     const T* dyr = d_out + row * cols;
     const float inv = rstd[row];
     float dot = 0.f;
+#pragma unroll 4
     for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
       const Vec<T, V> xv = load_vec<V>(xr + i * V);
       const Vec<T, V> dv = load_vec<V>(dyr + i * V);
@@ -97,6 +168,7 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
       }
     }
     const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
+#pragma unroll 4
     for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
       const Vec<T, V> xv = load_vec<V>(xr + i * V);
       const Vec<T, V> dv = load_vec<V>(dyr + i * V);
@@ -170,6 +242,19 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
       return FASTFFN_BOOL_SWITCH(residual != nullptr, kResidual, [&] {
         constexpr int V = kVector ? kVecWidth<T> : 1;
         const unsigned int grid = static_cast<unsigned int>(a.rows < kMaxRowBlocks ? a.rows : kMaxRowBlocks);
+        const int64_t vecs = a.cols / V;
+        const int threads = cached_threads(vecs);
+        const int64_t items = (vecs + threads - 1) / threads;
+        if (items <= kMaxCachedItems) {
+          return items_switch(items, [&](auto items_tag) {
+            constexpr int kItems = decltype(items_tag)::value;
+            rms_norm_fwd_cached_kernel<T, V, kItems, kResidual><<<grid, threads, 0, s>>>(
+                static_cast<const T*>(x), static_cast<const T*>(residual),
+                static_cast<const T*>(weight), static_cast<T*>(out), static_cast<T*>(sum_out),
+                rstd, a.rows, a.cols, a.epsilon);
+            return launch_status();
+          });
+        }
         rms_norm_fwd_kernel<T, V, kResidual><<<grid, threads_for(a.cols / V), 0, s>>>(
             static_cast<const T*>(x), static_cast<const T*>(residual),
             static_cast<const T*>(weight), static_cast<T*>(out), static_cast<T*>(sum_out), rstd,

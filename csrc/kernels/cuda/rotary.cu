@@ -16,7 +16,7 @@ rotary_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __r
               const float* __restrict__ sin, const int64_t* __restrict__ position_ids,
               T* __restrict__ q_out, T* __restrict__ k_out, int64_t tokens, int seq, int q_heads,
               int k_heads, int head_dim, int64_t q_token_stride, int64_t k_token_stride,
-              int64_t table_rows) {
+              int64_t q_out_token_stride, int64_t k_out_token_stride, int64_t table_rows) {
   const int half = head_dim / 2;
   const int vecs_per_half = half / V;
   const int work = (q_heads + k_heads) * vecs_per_half;
@@ -25,14 +25,17 @@ rotary_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __r
     p = p < 0 ? 0 : (p >= table_rows ? table_rows - 1 : p);  // the binding validates; never read OOB
     const float* c = cos + p * head_dim;
     const float* s = sin + p * head_dim;
+    // Unrolled so that each thread issues the loads of several (head, vector) items before it
+    // stores: one item per iteration left the memory system idle between dependent steps.
+#pragma unroll 4
     for (int w = threadIdx.x; w < work; w += blockDim.x) {
       const int head = w / vecs_per_half;
       const int j = (w - head * vecs_per_half) * V;
       const bool is_q = head < q_heads;
       const T* src = is_q ? q + t * q_token_stride + static_cast<int64_t>(head) * head_dim
                           : k + t * k_token_stride + static_cast<int64_t>(head - q_heads) * head_dim;
-      T* dst = is_q ? q_out + (t * q_heads + head) * head_dim
-                    : k_out + (t * k_heads + head - q_heads) * head_dim;
+      T* dst = is_q ? q_out + t * q_out_token_stride + static_cast<int64_t>(head) * head_dim
+                    : k_out + t * k_out_token_stride + static_cast<int64_t>(head - q_heads) * head_dim;
       const Vec<T, V> lo = load_vec<V>(src + j);
       const Vec<T, V> hi = load_vec<V>(src + half + j);
       float c_lo[V], c_hi[V], s_lo[V], s_hi[V];
@@ -73,11 +76,15 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
       k_out == nullptr || a.head_dim <= 0 || a.head_dim % 2 != 0 || a.k_heads <= 0 ||
       a.q_heads % a.k_heads != 0 || a.q_token_stride < a.q_heads * a.head_dim ||
       a.k_token_stride < a.k_heads * a.head_dim || a.table_rows <= 0 || a.seq <= 0 ||
+      (a.q_out_token_stride != 0 && a.q_out_token_stride < a.q_heads * a.head_dim) ||
+      (a.k_out_token_stride != 0 && a.k_out_token_stride < a.k_heads * a.head_dim) ||
       (position_ids == nullptr && a.seq > a.table_rows))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t tokens = a.batch * a.seq;
   if (tokens == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int64_t q_out_stride = a.q_out_token_stride ? a.q_out_token_stride : a.q_heads * a.head_dim;
+  const int64_t k_out_stride = a.k_out_token_stride ? a.k_out_token_stride : a.k_heads * a.head_dim;
   return dispatch_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int W = kVecWidth<T>;
@@ -86,6 +93,7 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
     const bool vec = half % W == 0 && aligned16(q) && aligned16(k) && aligned16(q_out) &&
                      aligned16(k_out) && aligned16(cos) && aligned16(sin) &&
                      stride_aligned16<T>(a.q_token_stride) && stride_aligned16<T>(a.k_token_stride) &&
+                     stride_aligned16<T>(q_out_stride) && stride_aligned16<T>(k_out_stride) &&
                      stride_aligned16<T>(a.head_dim) && a.head_dim % 4 == 0;
     const unsigned int grid = static_cast<unsigned int>(tokens < kMaxTokenBlocks ? tokens : kMaxTokenBlocks);
     return FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
@@ -95,7 +103,7 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
             static_cast<const T*>(q), static_cast<const T*>(k), cos, sin, position_ids,
             static_cast<T*>(q_out), static_cast<T*>(k_out), tokens, static_cast<int>(a.seq),
             static_cast<int>(a.q_heads), static_cast<int>(a.k_heads), static_cast<int>(a.head_dim),
-            a.q_token_stride, a.k_token_stride, a.table_rows);
+            a.q_token_stride, a.k_token_stride, q_out_stride, k_out_stride, a.table_rows);
         return launch_status();
       });
     });

@@ -110,7 +110,9 @@ fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args args, const void*
 // rotate_half(x) = [-x[h:], x[:h]], h = head_dim / 2, p = position_ids[b, s] or s when NULL.
 // cos/sin are fp32 tables [table_rows, head_dim]. Inputs may have a token stride larger than
 // heads * head_dim (q and k read straight out of a fused QKV projection); heads are contiguous
-// inside a token. Outputs are contiguous. With inverse != 0 the transposed rotation is applied
+// inside a token. Outputs have their own token strides (0 = dense, heads * head_dim), so the
+// backward can write d_q and d_k straight into a fused d_qkv buffer. With inverse != 0 the
+// transposed rotation is applied
 // (the backward: d_x = d_out * cos[p] + rotate_half^T(d_out * sin[p])).
 // Position ids outside [0, table_rows) make the entry point return INVALID_ARGUMENT on CPU; on
 // CUDA they are clamped, since checking them would need a device-to-host sync (the binding checks).
@@ -123,6 +125,8 @@ typedef struct {
   int64_t head_dim;
   int64_t q_token_stride;
   int64_t k_token_stride;
+  int64_t q_out_token_stride;
+  int64_t k_out_token_stride;
   int64_t table_rows;
   int inverse;
   fastffn_dtype dtype;
