@@ -59,6 +59,42 @@ def timeit(fn, reps=20, warmup=3, flush=True):
     return {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps}
 
 
+def timeit_interleaved(fns: dict, reps=20, warmup=2):
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            _flush_l2()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    out = {}
+    for name, values in samples.items():
+        values.sort()
+        pick = lambda q: values[min(len(values) - 1, round(q * (len(values) - 1)))]  # noqa: E731
+        out[name] = {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps,
+                     "timing": "interleaved"}
+    return out
+
+
+def saved_activation_bytes(fn, inputs):
+    """Memory held between forward and backward: what the FFN keeps for its backward."""
+    for t in inputs:
+        t.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = fn(*inputs)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before - out.numel() * out.element_size()
+    del out
+    return held
+
+
 def graphed(fn):
     """Captures fn (a forward or forward+backward) in a CUDA graph and returns its replay, so the
     timing is the GPU's and not Python's launch overhead (applied to every implementation)."""
@@ -277,6 +313,25 @@ class _PairSwiGLU(torch.autograd.Function):
         return d_g, d_u
 
 
+def rms_sweep_section(copy_bw, tokens=8192):
+    """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel."""
+    rows = []
+    default = harness._KERNELS
+    for per_thread in (1, 2, 4, 8):
+        harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
+        for model, (hidden, *_rest) in MODELS.items():
+            x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
+            for op, fn, nbytes in (
+                    ("rms_norm", fwd_only(lambda x, w: harness.RMSNorm.apply(x, w, 1e-6), [x, w]), 2 * tokens * hidden * 2),
+                    ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
+                     4 * tokens * hidden * 2)):
+                t = timeit(graphed(fn))
+                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
+                             "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+    harness._KERNELS = default
+    return rows
+
+
 def ffn_section(token_list, liger, compile_tokens):
     rows = []
     for model, (hidden, inter, _, _) in MODELS.items():
@@ -312,14 +367,19 @@ def ffn_section(token_list, liger, compile_tokens):
                     variants["torch_compile_unfused"] = (torch.compile(unfused), [x, w_g, w_u, w_d])
                 except Exception as error:  # noqa: BLE001
                     rows.append({"model": model, "tokens": tokens, "impl": "torch_compile_unfused", "error": repr(error)})
+            runs = {}
             for name, (fn, inputs) in variants.items():
                 try:
                     run = fwd_bwd(fn, inputs, [dy])
-                    t = timeit(run, reps=10 if tokens >= 16384 else 15)
-                    mem = peak_bytes(run)
-                    rows.append({"model": model, "tokens": tokens, "impl": name, **t, "peak_bytes": mem})
+                    runs[name] = (run, peak_bytes(run), saved_activation_bytes(fn, inputs))
                 except Exception as error:  # noqa: BLE001
                     rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
+            # Round-robin: every repeat times each variant once, so clock or neighbour drift
+            # during the run hits all variants alike (sequential timing drifted by up to 7%).
+            timings = timeit_interleaved({n: r[0] for n, r in runs.items()}, reps=12 if tokens >= 16384 else 20)
+            for name, (_, peak, saved) in runs.items():
+                rows.append({"model": model, "tokens": tokens, "impl": name, **timings[name],
+                             "peak_bytes": peak, "saved_activation_bytes": saved})
             # The floor of this design: our composition's GEMMs alone, same shapes and layouts,
             # for the fused [T, 2I] layout and the split layout; "gemms_alone" is the one
             # fused_ffn picks at this token count.
@@ -350,8 +410,9 @@ def ffn_section(token_list, liger, compile_tokens):
                     torch.mm(u2.t(), x, out=d_wgu[inter:])
                     return out, d_h, dwd, d_x
 
-                reps = 10 if tokens >= 16384 else 15
-                t_fused, t_split = timeit(gemms_fused, reps=reps), timeit(gemms_split, reps=reps)
+                both = timeit_interleaved({"fused": gemms_fused, "split": gemms_split},
+                                          reps=12 if tokens >= 16384 else 20)
+                t_fused, t_split = both["fused"], both["split"]
                 rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_fused_layout", **t_fused})
                 rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_split_layout", **t_split})
                 chosen = t_split if harness.ffn_split_gemms(tokens) else t_fused
@@ -498,7 +559,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
-    parser.add_argument("--sections", default="kernels,ffn,decoder")
+    parser.add_argument("--sections", default="kernels,rms_sweep,ffn,decoder")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     liger = _liger_version() is not None
@@ -520,6 +581,9 @@ def main():
         report["kernels"] = kernel_section(report["ceilings"]["copy_bytes_per_s"], 8192, liger)
         save()
         print(f"kernels done at {time.time() - started:.0f}s", flush=True)
+    if "rms_sweep" in sections:
+        report["rms_norm_sweep"] = rms_sweep_section(report["ceilings"]["copy_bytes_per_s"])
+        save()
     if "ffn" in sections:
         tokens = [8192] if args.quick else [2048, 8192, 16384]
         report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)

@@ -46,18 +46,19 @@ class RotaryArgs(ctypes.Structure):
                 ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int)]
 
 
-def build(out_dir: Path | None = None, verbose: bool = False) -> Path:
-    """nvcc-compiles the CUDA kernels into lib/fastffn_kernels.so (cached by source hash)."""
+def build(out_dir: Path | None = None, verbose: bool = False, defines: tuple[str, ...] = ()) -> Path:
+    """nvcc-compiles the CUDA kernels into fastffn_kernels_<hash>.so (cached by source hash);
+    `defines` ("NAME=VALUE") are for tuning sweeps only."""
     sources = sorted((KERNELS / "cuda").glob("*.cu")) + [KERNELS / "status.cc"]
     digest = hashlib.sha256()
     for path in sources + sorted(KERNELS.rglob("*.h")) + sorted(KERNELS.rglob("*.cuh")):
         digest.update(path.read_bytes())
-    digest.update(" ".join(ARCHS + NVCC_FLAGS).encode())
+    digest.update(" ".join(ARCHS + NVCC_FLAGS + [f"-D{d}" for d in defines]).encode())
     out_dir = out_dir or Path(os.environ.get("FASTFFN_GPU_BUILD", REPO / "build" / "gpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / f"fastffn_kernels_{digest.hexdigest()[:12]}.so"
     if not library.exists():
-        cmd = ["nvcc", *NVCC_FLAGS, *ARCHS, "-I", str(KERNELS / "include"), "-x", "cu",
+        cmd = ["nvcc", *NVCC_FLAGS, *ARCHS, *[f"-D{d}" for d in defines], "-I", str(KERNELS / "include"), "-x", "cu",
                *map(str, sources), "-o", str(library)]
         if verbose:
             cmd.insert(1, "-Xptxas=-v")

@@ -78,9 +78,16 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
   }
 }
 
-// Threads for the cached kernel: about 4 vectors per thread, 32..512 threads.
+// Vectors each thread holds in the cached kernel (a build-time knob so that the GPU benchmark can
+// sweep it: benchmarks/gpu/bench_gpu.py --sections rms_sweep).
+#ifndef FASTFFN_RMS_NORM_VECS_PER_THREAD
+#define FASTFFN_RMS_NORM_VECS_PER_THREAD 4
+#endif
+
+// Threads for the cached kernel: FASTFFN_RMS_NORM_VECS_PER_THREAD vectors each, 32..512 threads.
 int cached_threads(int64_t vecs) {
-  int64_t t = (vecs + 3) / 4;
+  constexpr int64_t per_thread = FASTFFN_RMS_NORM_VECS_PER_THREAD;
+  int64_t t = (vecs + per_thread - 1) / per_thread;
   t = (t + 31) / 32 * 32;
   return static_cast<int>(t < 32 ? 32 : (t > kMaxCachedThreads ? kMaxCachedThreads : t));
 }
