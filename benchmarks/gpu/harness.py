@@ -336,9 +336,12 @@ class FusedFFN(torch.autograd.Function):
 
 
 def ffn_split_gemms(tokens: int) -> bool:
-    """Two [T, I] GEMMs beat one [T, 2I] GEMM at small T on the H200 (first run, 2026-12-02:
-    eager's split layout 2.44 ms vs our fused 2.54 ms at 7B, 2048 tokens; fused ahead at 8192)."""
-    return tokens <= 4096
+    """One [T, 2I] GEMM (fused layout) or two [T, I] GEMMs. Interleaved timing on the H200
+    (2026-12-02, run 3): fused wins or ties at every shape, e.g. 7B 2048 tokens 2.55 vs 2.66 ms,
+    8192 tokens 10.18 vs 10.39 ms; the split layout is kept for checkpoints without fused weights.
+    (A first, sequential run suggested split at small T; it was drift, 7% between repeats.)"""
+    del tokens
+    return False
 
 
 def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=None):

@@ -79,9 +79,11 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
 }
 
 // Vectors each thread holds in the cached kernel (a build-time knob so that the GPU benchmark can
-// sweep it: benchmarks/gpu/bench_gpu.py --sections rms_sweep).
+// sweep it: benchmarks/gpu/bench_gpu.py --sections rms_sweep). H200, 8192 rows, bf16, fused
+// add+norm forward as a fraction of copy bandwidth at hidden 4096/5120/8192: 1 -> 91/81/95%,
+// 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json).
 #ifndef FASTFFN_RMS_NORM_VECS_PER_THREAD
-#define FASTFFN_RMS_NORM_VECS_PER_THREAD 4
+#define FASTFFN_RMS_NORM_VECS_PER_THREAD 2
 #endif
 
 // Threads for the cached kernel: FASTFFN_RMS_NORM_VECS_PER_THREAD vectors each, 32..512 threads.
