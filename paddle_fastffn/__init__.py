@@ -1,7 +1,39 @@
-"""paddle_fastffn: fused, mixed-precision FFN and attention paths for LLaMA-style models in
-PaddleNLP. Public API only; see README.md."""
+"""paddle_fastffn: fused, mixed-precision FFN (SwiGLU), RMSNorm, rotary and attention paths for
+fine-tuning LLaMA-style models with PaddleNLP. Public API only; see README.md."""
+
+from __future__ import annotations
 
 from . import ops
+from .integration import FastFFNOptions, supported_model_types
+from .integration import disable as revert_fast_ffn
+from .integration import enable as _enable
+from .integration.registry import apply_to_model as _apply_to_model
 
 __version__ = "0.1.0"
-__all__ = ["ops", "__version__"]
+
+
+def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = True,
+                            rotary: bool = True, attention: bool = True,
+                            fuse_projections: bool = False, swiglu_recompute: bool = False) -> int:
+    """Patch PaddleNLP's LLaMA decoder layers with the fused paths (class level: every layer
+    built or run afterwards), and `model`'s settings when given. Returns the number of decoder
+    layers of `model` on the fast path (0 without a model). Undo with revert_fast_ffn()."""
+    options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
+                             fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute)
+    if model is None:
+        _enable(options)
+        return 0
+    return _apply_to_model(model, options)
+
+
+def __getattr__(name):
+    # Imported lazily: it pulls in paddlenlp.trainer, which plain op users do not need.
+    if name == "FastFFNTrainingArguments":
+        from .integration.training_args import FastFFNTrainingArguments
+
+        return FastFFNTrainingArguments
+    raise AttributeError(name)
+
+
+__all__ = ["FastFFNOptions", "FastFFNTrainingArguments", "apply_fast_ffn_to_llama", "ops",
+           "revert_fast_ffn", "supported_model_types", "__version__"]

@@ -1,0 +1,179 @@
+"""The fast path for PaddleNLP's LLaMA family (paddlenlp.transformers.llama).
+
+Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP and
+LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused versions that read
+the same sub-layers and parameters. So parameter names, shapes and checkpoints stay PaddleNLP's,
+LoRA's LoRALinear sub-layers keep working (the MLP calls its sub-layers; the single fused
+`swiglu_down_proj` kernel path is only taken when down_proj is a plain Linear), and so do tensor
+parallel layers (each rank applies SwiGLU to its own [gate_i | up_i] shard). Anything the fused
+path does not cover (sequence parallel, caches with output_attentions, custom devices) falls back
+to the stock forward of that call.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import paddle
+from paddle import nn
+
+from .. import ops
+from .options import FastFFNOptions
+
+MODEL_TYPES = ("llama",)
+
+_ORIGINALS: dict = {}
+_ACTIVE: FastFFNOptions | None = None
+
+
+def _modeling():
+    from paddlenlp.transformers.llama import modeling
+
+    return modeling
+
+
+def _same_dtype(x: paddle.Tensor, weight: paddle.Tensor) -> bool:
+    return x.dtype == weight.dtype
+
+
+def fast_rms_norm_forward(self, hidden_states):
+    """LlamaRMSNorm.forward through the fused kernel (same numerics); stock for the fused_ln,
+    NPU and XPU paths the config asks for, and when the input and weight dtypes differ."""
+    if self.config.use_fused_rms_norm or not _same_dtype(hidden_states, self.weight):
+        return _ORIGINALS["rms_norm"](self, hidden_states)
+    return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _is_plain_linear(layer) -> bool:
+    """A Linear whose math is exactly x @ weight (no LoRA adapters, no tensor-parallel comms)."""
+    return type(layer) is nn.Linear and getattr(layer, "bias", None) is None
+
+
+def fast_mlp_forward(self, x):
+    """SwiGLU MLP: gate/up projection(s) -> fused SwiGLU -> down projection.
+
+    With fuse_attention_ffn the gate and up projections are one GEMM and the kernel reads the packed
+    [gate | up] output; otherwise the two projections run and the two-input kernel fuses silu * up.
+    With swiglu_recompute and a plain down_proj, the SwiGLU output is not stored for backward."""
+    if self.fuse_attention_ffn:
+        gate_up = self.gate_up_fused_proj(x)
+        if _ACTIVE is not None and _ACTIVE.swiglu_recompute and _is_plain_linear(self.down_proj):
+            return ops.swiglu_down_proj(gate_up, self.down_proj.weight)
+        return self.down_proj(ops.swiglu(gate_up))
+    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def fast_apply_rotary_pos_emb(q, k, cos, sin, position_ids):
+    """Drop-in for modeling.apply_rotary_pos_emb: the fused kernel on q and k together."""
+    return ops.rotary_embedding(q, k, cos, sin, position_ids)
+
+
+def _can_fuse_add_norm(layer) -> bool:
+    norm = layer.post_attention_layernorm
+    return (
+        _ACTIVE is not None and _ACTIVE.rms_norm and not layer.sequence_parallel
+        and type(norm).__name__ == "LlamaRMSNorm" and not norm.config.use_fused_rms_norm
+    )
+
+
+def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention_mask=None,
+                               output_attentions=False, past_key_value=None, use_cache=False,
+                               alibi=None, npu_is_casual=False):
+    """LlamaDecoderLayer.forward with the attention residual add fused into the post-attention
+    RMSNorm (one pass: sum, statistics, normalise). Everything else is the stock layer's flow,
+    including its layer-wise recompute of attention."""
+    if not _can_fuse_add_norm(self):
+        return _ORIGINALS["decoder_layer"](self, hidden_states, position_ids, attention_mask,
+                                           output_attentions, past_key_value, use_cache, alibi,
+                                           npu_is_casual)
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    attn_args = (hidden_states, position_ids, past_key_value, attention_mask, output_attentions,
+                 use_cache, alibi)
+    if (self.enable_recompute and self.layerwise_recompute and not hidden_states.stop_gradient
+            and self.recompute_granularity == "full_attn"):
+        from paddle.distributed.fleet.utils import recompute
+
+        outputs = recompute(self.self_attn, *attn_args, use_reentrant=self.config.recompute_use_reentrant)
+    else:
+        outputs = self.self_attn(*attn_args, npu_is_casual=npu_is_casual)
+    attn_output = outputs[0] if isinstance(outputs, tuple) else outputs
+    norm = self.post_attention_layernorm
+    if _same_dtype(attn_output, norm.weight) and _same_dtype(residual, norm.weight):
+        hidden_states, residual = ops.fused_add_rms_norm(attn_output, residual, norm.weight,
+                                                         norm.variance_epsilon)
+    else:
+        residual = residual + attn_output
+        hidden_states = norm(residual)
+    hidden_states = residual + self.mlp(hidden_states)
+    result = (hidden_states,)
+    if output_attentions:
+        result += (outputs[1],)
+    if use_cache:
+        result += (outputs[2 if output_attentions else 1],)
+    return result[0] if len(result) == 1 else result
+
+
+def _enable_sdpa(config) -> None:
+    # PaddleNLP's use_flash_attention path calls F.scaled_dot_product_attention: flash attention
+    # on GPU, the fused SDPA on CPU; grouped-query heads natively (no repeat_kv copies).
+    config.use_flash_attention = True
+
+
+def configure(config, options: FastFFNOptions) -> None:
+    """Config changes made before a model is built (used by from_pretrained / from_config hooks)."""
+    if options.attention:
+        _enable_sdpa(config)
+    if options.fuse_projections:
+        # PaddleNLP 2.8.1 converts unfused checkpoints on load (and fused ones back for stock
+        # models): LlamaPretrainedModel._get_fuse_or_split_param_mappings.
+        if getattr(config, "tensor_parallel_degree", 1) <= 1 or config.num_key_value_heads % config.tensor_parallel_degree == 0:
+            config.fuse_attention_qkv = True
+        config.fuse_attention_ffn = True
+
+
+def apply(options: FastFFNOptions, model=None) -> None:
+    """Patch the LLaMA classes (every layer built from now on, and every existing one)."""
+    global _ACTIVE
+    modeling = _modeling()
+    if not _ORIGINALS:
+        _ORIGINALS.update(
+            rms_norm=modeling.LlamaRMSNorm.forward,
+            mlp=modeling.LlamaMLP.forward,
+            decoder_layer=modeling.LlamaDecoderLayer.forward,
+            rotary=modeling.apply_rotary_pos_emb,
+        )
+    _ACTIVE = options
+    modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
+    modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
+    modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
+    modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
+    if model is not None:
+        if options.attention:
+            for layer in model.sublayers(include_self=True):
+                if hasattr(layer, "config") and getattr(layer.config, "model_type", None) in MODEL_TYPES:
+                    _enable_sdpa(layer.config)
+        if options.fuse_projections and not (model.config.fuse_attention_ffn and model.config.fuse_attention_qkv):
+            warnings.warn("paddle_fastffn: fuse_projections only applies when the model is built (from_pretrained "
+                          "/ from_config after the flag is set); this model keeps its unfused projections.",
+                          RuntimeWarning, stacklevel=3)
+
+
+def revert() -> None:
+    """Restore PaddleNLP's own forwards."""
+    global _ACTIVE
+    if not _ORIGINALS:
+        return
+    modeling = _modeling()
+    modeling.LlamaRMSNorm.forward = _ORIGINALS["rms_norm"]
+    modeling.LlamaMLP.forward = _ORIGINALS["mlp"]
+    modeling.LlamaDecoderLayer.forward = _ORIGINALS["decoder_layer"]
+    modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
+    _ACTIVE = None
+
+
+def patched_layer_count(model) -> int:
+    """How many decoder layers of `model` run the fast forward (for tests and the run log)."""
+    modeling = _modeling()
+    fast = modeling.LlamaDecoderLayer.forward is fast_decoder_layer_forward
+    return sum(1 for layer in model.sublayers() if isinstance(layer, modeling.LlamaDecoderLayer)) if fast else 0

@@ -1,0 +1,80 @@
+"""model_type -> the module that patches that model family. One file per family."""
+
+from __future__ import annotations
+
+import warnings
+
+from . import llama
+from .options import FastFFNOptions
+
+FAMILIES = {model_type: llama for model_type in llama.MODEL_TYPES}
+_ENABLED: FastFFNOptions | None = None
+_construction_hook_installed = False
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(sorted(FAMILIES))
+
+
+def family_for(model_type: str):
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"paddle_fastffn: use_fast_ffn supports LLaMA-style decoder layers (model_type in "
+            f"{supported_model_types()}); this model has model_type={model_type!r}. Remove "
+            f"use_fast_ffn or use a LLaMA-architecture checkpoint.") from None
+
+
+def _install_construction_hook() -> None:
+    """Apply config-level choices (SDPA, fused projections) to every LLaMA-family model built
+    while the fast path is enabled: LlamaDecoderLayer.__init__ sees the config before the
+    attention and MLP sub-layers read it."""
+    global _construction_hook_installed
+    if _construction_hook_installed:
+        return
+    from paddlenlp.transformers.llama import modeling
+
+    original_init = modeling.LlamaDecoderLayer.__init__
+
+    def init_with_fast_config(self, config, *args, **kwargs):
+        if _ENABLED is not None:
+            llama.configure(config, _ENABLED)
+        original_init(self, config, *args, **kwargs)
+
+    modeling.LlamaDecoderLayer.__init__ = init_with_fast_config
+    _construction_hook_installed = True
+
+
+def enable(options: FastFFNOptions) -> None:
+    """Every supported family's layers built or run from now on use the fast path."""
+    global _ENABLED
+    _ENABLED = options
+    _install_construction_hook()
+    for family in set(FAMILIES.values()):
+        family.apply(options)
+
+
+def disable() -> None:
+    global _ENABLED
+    _ENABLED = None
+    for family in set(FAMILIES.values()):
+        family.revert()
+
+
+def enabled_options() -> FastFFNOptions | None:
+    return _ENABLED
+
+
+def apply_to_model(model, options: FastFFNOptions) -> int:
+    """Patch the family of `model` (class level) and its instance settings; returns the number of
+    decoder layers now on the fast path. Raises for unsupported models."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = family_for(model_type)
+    enable(options)
+    family.apply(options, model=model)
+    count = family.patched_layer_count(model)
+    if count == 0:
+        warnings.warn(f"paddle_fastffn: no decoder layer of this {model_type} model was patched",
+                      RuntimeWarning, stacklevel=2)
+    return count
