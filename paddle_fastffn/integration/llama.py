@@ -7,7 +7,8 @@ LoRA's LoRALinear sub-layers keep working (the MLP calls its sub-layers; the sin
 `swiglu_down_proj` kernel path is only taken when down_proj is a plain Linear), and so do tensor
 parallel layers (each rank applies SwiGLU to its own [gate_i | up_i] shard). Anything the fused
 path does not cover (sequence parallel, caches with output_attentions, custom devices) falls back
-to the stock forward of that call.
+to the stock forward of that call. The patch also repairs generate() on Paddle 3.x (see
+prepare_attention_mask_for_generation).
 """
 
 from __future__ import annotations
@@ -114,6 +115,44 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
     return result[0] if len(result) == 1 else result
 
 
+def prepare_attention_mask_for_generation(input_ids, pad_token_id, eos_token_id):
+    """The 2-D [batch, seq] keep-mask (1 = attend) that LLaMA's generation path expects.
+
+    PaddleNLP 2.8.1's generic GenerationMixin builds an additive float 4-D mask instead; LLaMA's
+    _prepare_decoder_attention_mask then hands it to paddle.where as the condition, which Paddle
+    3.x rejects ("The `condition` is expected to be a boolean Tensor"), and LLaMA's
+    update_model_kwargs_for_generation could not extend a 4-D mask anyway."""
+    has_pad = pad_token_id is not None and bool(paddle.any(input_ids == pad_token_id).item())
+    if has_pad and pad_token_id != eos_token_id:
+        return (input_ids != pad_token_id).astype("int64")
+    return paddle.ones_like(input_ids, dtype="int64")
+
+
+def _bottom_right_causal_mask(q_len: int, kv_len: int, dtype) -> paddle.Tensor:
+    """Additive [1, 1, q_len, kv_len] mask: query i (the (kv_len - q_len + i)-th token) sees keys
+    0 .. kv_len - q_len + i. is_causal=True aligns the triangle top-left instead, which is only
+    right when q_len == kv_len."""
+    rows = paddle.arange(q_len, dtype="int64").unsqueeze(1) + (kv_len - q_len)
+    allowed = paddle.arange(kv_len, dtype="int64").unsqueeze(0) <= rows
+    blocked = paddle.full([q_len, kv_len], paddle.finfo(dtype).min, dtype=dtype)
+    return paddle.where(allowed, paddle.zeros([q_len, kv_len], dtype=dtype), blocked).reshape([1, 1, q_len, kv_len])
+
+
+def fast_scaled_dot_product_attention(query_states, config, key_states, value_states, attention_mask,
+                                      output_attentions, alibi=None, sequence_parallel=False,
+                                      reshard_layer=None, npu_is_casual=False):
+    """modeling.scaled_dot_product_attention, with the causal mask made explicit where PaddleNLP's
+    use_flash_attention path drops it (a causal-looking mask becomes None -> is_causal=True) while
+    fewer queries than keys are present (decoding with a KV cache): there is_causal=True would let
+    the new token see only the first keys. Training (q_len == kv_len) keeps is_causal=True."""
+    q_len, kv_len = query_states.shape[1], key_states.shape[1]
+    if config.use_flash_attention and attention_mask is None and q_len != kv_len:
+        attention_mask = _bottom_right_causal_mask(q_len, kv_len, query_states.dtype)
+    return _ORIGINALS["sdpa"](query_states, config, key_states, value_states, attention_mask,
+                              output_attentions, alibi, sequence_parallel, reshard_layer=reshard_layer,
+                              npu_is_casual=npu_is_casual)
+
+
 def _enable_sdpa(config) -> None:
     # PaddleNLP's use_flash_attention path calls F.scaled_dot_product_attention: flash attention
     # on GPU, the fused SDPA on CPU; grouped-query heads natively (no repeat_kv copies).
@@ -142,12 +181,16 @@ def apply(options: FastFFNOptions, model=None) -> None:
             mlp=modeling.LlamaMLP.forward,
             decoder_layer=modeling.LlamaDecoderLayer.forward,
             rotary=modeling.apply_rotary_pos_emb,
+            generation_mask=modeling.LlamaForCausalLM.prepare_attention_mask_for_generation,
+            sdpa=modeling.scaled_dot_product_attention,
         )
     _ACTIVE = options
     modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
     modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
+    modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
+    modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention
     if model is not None:
         if options.attention:
             for layer in model.sublayers(include_self=True):
@@ -169,6 +212,8 @@ def revert() -> None:
     modeling.LlamaMLP.forward = _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
+    modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(_ORIGINALS["generation_mask"])
+    modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     _ACTIVE = None
 
 

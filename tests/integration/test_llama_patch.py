@@ -152,3 +152,28 @@ def test_fused_kernels_are_the_ones_running(monkeypatch):
     loss_and_grads(model, ids, labels)
     # per layer: 1 SwiGLU, 1 rotary, input norm + fused add-norm; plus the final model norm
     assert calls == {"swiglu": 2, "rms_norm": 3, "fused_add_rms_norm": 2, "rotary_embedding": 2}
+
+
+def test_generate_works_on_paddle3_and_matches_greedy_full_forward_decoding():
+    model = tiny_model()
+    model.eval()
+    paddle_fastffn.apply_fast_ffn_to_llama(model)
+    prompt = [5, 6, 7, 8]
+    out = model.generate(paddle.to_tensor([prompt]), max_new_tokens=6, decode_strategy="greedy_search")
+    generated = out[0].numpy()[0].tolist()
+    ids = list(prompt)
+    with paddle.no_grad():
+        for _ in range(6):
+            ids.append(int(paddle.argmax(logits_of(model, paddle.to_tensor([ids]))[0, -1])))
+    assert generated == ids[len(prompt):]
+
+
+def test_generate_with_left_padding_matches_unpadded_generation():
+    model = tiny_model(pad_token_id=0, eos_token_id=2)
+    model.eval()
+    paddle_fastffn.apply_fast_ffn_to_llama(model)
+    alone = model.generate(paddle.to_tensor([[5, 6, 7, 8]]), max_new_tokens=5, decode_strategy="greedy_search",
+                           pad_token_id=0, eos_token_id=2)[0].numpy()[0]
+    padded = model.generate(paddle.to_tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]), max_new_tokens=5,
+                            decode_strategy="greedy_search", pad_token_id=0, eos_token_id=2)[0].numpy()[0]
+    assert padded.tolist() == alone.tolist()
