@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from benchmarks.common import cpu_model, percentiles, write_results
 from paddle_fastffn import ops

@@ -10,7 +10,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGridRows = 65535;
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
+// __fdividef (x * approximate reciprocal, ~2 ulp): IEEE division's slow-path subroutine gave the
+// fp32 kernels a stack frame and spills (ptxas, sm_80). For x << 0, __expf(-x) = inf and
+// 1/inf = 0, so sigmoid saturates to 0 as it must; NaN propagates.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
