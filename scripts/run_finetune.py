@@ -161,9 +161,9 @@ def main(argv=None):
         summary["eval_loss"] = metrics.get("eval_loss")
         logger.info(f"eval_loss {summary['eval_loss']}")
     samples = []
-    for example in dev_set.examples[: data_args.sample_prompts]:
-        prompt = tokenizer.decode(example["input_ids"][1: example["labels"].count(-100)], skip_special_tokens=True)
-        samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt)})
+    for row in dev_set.rows[: data_args.sample_prompts]:
+        prompt = row["src"]
+        samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt), "expected": row["tgt"]})
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")
     summary["samples"] = samples
     if training_args.should_save:

@@ -1,5 +1,6 @@
 """jsonl {"src": ..., "tgt": ...} instruction data -> token ids with the prompt masked out of the
-loss, as PaddleNLP's llm/ fine-tune scripts do (labels -100 on the source tokens)."""
+loss, as PaddleNLP's llm/ fine-tune scripts do. PaddleNLP's causal-LM criterion does not shift:
+labels[i] is the token that follows input_ids[i], so the pairs are built shifted here."""
 
 from __future__ import annotations
 
@@ -28,18 +29,21 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def tokenize_example(tokenizer, example: dict, max_length: int, src_length: int) -> dict:
+    """<s> src tgt </s> -> input_ids = all but the last token, labels = the next token at each
+    position, IGNORE_INDEX while the next token is still part of the prompt."""
     src = tokenizer.encode(example["src"], add_special_tokens=False)["input_ids"][: src_length - 1]
     tgt = tokenizer.encode(example["tgt"], add_special_tokens=False)["input_ids"]
     src = [tokenizer.bos_token_id] + src
-    tgt = (tgt + [tokenizer.eos_token_id])[: max(1, max_length - len(src))]
-    return {"input_ids": src + tgt, "labels": [IGNORE_INDEX] * len(src) + tgt}
+    tgt = (tgt + [tokenizer.eos_token_id])[: max(1, max_length + 1 - len(src))]
+    return {"input_ids": (src + tgt)[:-1], "labels": [IGNORE_INDEX] * (len(src) - 1) + tgt}
 
 
 class TokenizedDataset:
     """A list of tokenized examples (small data: built eagerly, indexable, len())."""
 
     def __init__(self, tokenizer, path, max_length: int, src_length: int):
-        self.examples = [tokenize_example(tokenizer, e, max_length, src_length) for e in read_jsonl(path)]
+        self.rows = read_jsonl(path)
+        self.examples = [tokenize_example(tokenizer, e, max_length, src_length) for e in self.rows]
 
     def __len__(self):
         return len(self.examples)
