@@ -27,6 +27,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import percentiles
 from benchmarks.gpu import harness
 
 DT = torch.bfloat16
@@ -54,9 +55,7 @@ def timeit(fn, reps=20, warmup=3, flush=True):
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end))
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
-    return {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps}
+    return percentiles(samples)
 
 
 def timeit_interleaved(fns: dict, reps=20, warmup=2):
@@ -73,13 +72,7 @@ def timeit_interleaved(fns: dict, reps=20, warmup=2):
             end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end))
-    out = {}
-    for name, values in samples.items():
-        values.sort()
-        pick = lambda q: values[min(len(values) - 1, round(q * (len(values) - 1)))]  # noqa: E731
-        out[name] = {"p20_ms": pick(0.2), "p50_ms": pick(0.5), "p80_ms": pick(0.8), "repeats": reps,
-                     "timing": "interleaved"}
-    return out
+    return {name: {**percentiles(values), "timing": "interleaved"} for name, values in samples.items()}
 
 
 def saved_activation_bytes(fn, inputs):
@@ -314,11 +307,13 @@ class _PairSwiGLU(torch.autograd.Function):
 
 
 def rms_sweep_section(copy_bw, tokens=8192):
-    """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel."""
+    """RMSNorm forward (and fused add) at each vectors-per-thread / weight-prefetch setting of the
+    cached kernel, plus Liger's in the same loop for reference."""
     rows = []
     default = harness._KERNELS
-    for per_thread in (1, 2, 4, 8):
-        harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
+    for per_thread, prefetch in ((1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)):
+        harness._KERNELS = harness.Kernels(harness.build(defines=(
+            f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}", f"FASTFFN_RMS_NORM_PREFETCH_WEIGHT={prefetch}")))
         for model, (hidden, *_rest) in MODELS.items():
             x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
             for op, fn, nbytes in (
@@ -326,9 +321,24 @@ def rms_sweep_section(copy_bw, tokens=8192):
                     ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
                      4 * tokens * hidden * 2)):
                 t = timeit(graphed(fn))
-                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
+                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread,
+                             "prefetch_weight": prefetch, **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
     harness._KERNELS = default
+    if _liger_version() is not None:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        for model, (hidden, *_rest) in MODELS.items():
+            x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
+            for op, fn, nbytes in (
+                    ("rms_norm", fwd_only(lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), [x, w]),
+                     2 * tokens * hidden * 2),
+                    ("fused_add_rms_norm", fwd_only(lambda x, r, w: LigerFusedAddRMSNormFunction.apply(
+                        x, r, w, 1e-6, 0.0, "llama", False), [x, r, w]), 4 * tokens * hidden * 2)):
+                t = timeit(graphed(fn))
+                rows.append({"op": op, "model": model, "impl": "liger", **t,
+                             "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
     return rows
 
 

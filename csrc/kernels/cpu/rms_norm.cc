@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cpu {
@@ -110,8 +111,7 @@ using namespace fastffn::cpu;
 extern "C" fastffn_status fastffn_rms_norm_fwd_cpu(fastffn_rms_norm_args args, const void* x,
                                                    const void* residual, const void* weight,
                                                    void* out, void* sum_out, float* rstd) {
-  if (x == nullptr || weight == nullptr || out == nullptr || rstd == nullptr || args.rows < 0 ||
-      args.cols <= 0 || (residual != nullptr && sum_out == nullptr))
+  if (!fastffn::rms_norm_fwd_valid(args, x, residual, weight, out, sum_out, rstd))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -125,8 +125,7 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cpu(fastffn_rms_norm_args args, c
                                                    const void* weight, const float* rstd,
                                                    const void* d_out, const void* d_sum, void* d_x,
                                                    void* d_weight) {
-  if (x == nullptr || weight == nullptr || rstd == nullptr || d_out == nullptr || d_x == nullptr ||
-      d_weight == nullptr || args.rows < 0 || args.cols <= 0)
+  if (!fastffn::rms_norm_bwd_valid(args, x, weight, rstd, d_out, d_x, d_weight))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -1,6 +1,7 @@
 // Rotary position embedding on the CPU for q and k (grouped-query heads) in one pass over the
 // tokens: out = x * cos[p] + rotate_half(x) * sin[p], or its transpose for the backward.
 #include "cpu_common.h"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cpu {
@@ -61,20 +62,13 @@ extern "C" fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const voi
                                              const float* cos, const float* sin,
                                              const int64_t* position_ids, void* q_out,
                                              void* k_out) {
-  if (q == nullptr || k == nullptr || cos == nullptr || sin == nullptr || q_out == nullptr ||
-      k_out == nullptr || args.head_dim <= 0 || args.head_dim % 2 != 0 || args.k_heads <= 0 ||
-      args.q_heads % args.k_heads != 0 || args.q_token_stride < args.q_heads * args.head_dim ||
-      args.k_token_stride < args.k_heads * args.head_dim ||
-      (args.q_out_token_stride != 0 && args.q_out_token_stride < args.q_heads * args.head_dim) ||
-      (args.k_out_token_stride != 0 && args.k_out_token_stride < args.k_heads * args.head_dim))
+  if (!fastffn::rotary_valid(args, q, k, cos, sin, q_out, k_out, position_ids))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t tokens = args.batch * args.seq;
   if (position_ids != nullptr) {
     for (int64_t t = 0; t < tokens; ++t)
       if (position_ids[t] < 0 || position_ids[t] >= args.table_rows)
         return FASTFFN_STATUS_INVALID_ARGUMENT;
-  } else if (args.seq > args.table_rows) {
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
   }
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -1,6 +1,7 @@
 // SwiGLU on the CPU: out = silu(gate) * up, fp32 math for every storage dtype, rows split across
 // OpenMP threads, the inner loop vectorised (fast_expf is branch-free).
 #include "cpu_common.h"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cpu {
@@ -53,11 +54,6 @@ void swiglu_bwd(const fastffn_swiglu_args& a, const T* d_out, int64_t d_out_stri
   }
 }
 
-bool valid(const fastffn_swiglu_args& a) {
-  return a.gate != nullptr && a.up != nullptr && a.rows >= 0 && a.cols >= 0 &&
-         a.gate_row_stride >= a.cols && a.up_row_stride >= a.cols;
-}
-
 }  // namespace
 }  // namespace cpu
 }  // namespace fastffn
@@ -66,7 +62,7 @@ using namespace fastffn::cpu;
 
 extern "C" fastffn_status fastffn_swiglu_fwd_cpu(fastffn_swiglu_args args, void* out,
                                                  int64_t out_row_stride) {
-  if (!valid(args) || out == nullptr || out_row_stride < args.cols)
+  if (!fastffn::swiglu_args_valid(args) || out == nullptr || out_row_stride < args.cols)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -79,7 +75,7 @@ extern "C" fastffn_status fastffn_swiglu_bwd_cpu(fastffn_swiglu_args args, const
                                                  int64_t d_gate_row_stride, void* d_up,
                                                  int64_t d_up_row_stride, void* recomputed_out,
                                                  int64_t recomputed_out_row_stride) {
-  if (!valid(args) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
+  if (!fastffn::swiglu_args_valid(args) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cuda {
@@ -41,11 +42,19 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
   const int64_t vecs = cols / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     Vec<T, V> xv[kItems];
+#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
+    // The weight is loaded before the row reduction so that its L2 latency overlaps the reduction
+    // instead of following it.
+    Vec<T, V> wv[kItems];
+#endif
     float sq = 0.f;
 #pragma unroll
     for (int it = 0; it < kItems; ++it) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
       if (i < vecs) {
+#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
+        wv[it] = load_vec<V>(weight + i * V);
+#endif
         xv[it] = load_vec<V>(x + row * cols + i * V);
         if constexpr (kResidual) {
           const Vec<T, V> rv = load_vec<V>(residual + row * cols + i * V);
@@ -67,11 +76,15 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
     for (int it = 0; it < kItems; ++it) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
       if (i < vecs) {
-        const Vec<T, V> wv = load_vec<V>(weight + i * V);
+#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
+        const Vec<T, V>& w = wv[it];
+#else
+        const Vec<T, V> w = load_vec<V>(weight + i * V);
+#endif
         Vec<T, V> ov;
 #pragma unroll
         for (int k = 0; k < V; ++k)
-          ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv[it].v[k]) * inv) * to_float(wv.v[k]));
+          ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv[it].v[k]) * inv) * to_float(w.v[k]));
         store_vec<V>(out + row * cols + i * V, ov);
       }
     }
@@ -84,6 +97,9 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
 // 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json).
 #ifndef FASTFFN_RMS_NORM_VECS_PER_THREAD
 #define FASTFFN_RMS_NORM_VECS_PER_THREAD 2
+#endif
+#ifndef FASTFFN_RMS_NORM_PREFETCH_WEIGHT
+#define FASTFFN_RMS_NORM_PREFETCH_WEIGHT 0
 #endif
 
 // Threads for the cached kernel: FASTFFN_RMS_NORM_VECS_PER_THREAD vectors each, 32..512 threads.
@@ -239,8 +255,7 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
                                                     const void* residual, const void* weight,
                                                     void* out, void* sum_out, float* rstd,
                                                     void* stream) {
-  if (x == nullptr || weight == nullptr || out == nullptr || rstd == nullptr || a.rows < 0 ||
-      a.cols <= 0 || (residual != nullptr && sum_out == nullptr))
+  if (!fastffn::rms_norm_fwd_valid(a, x, residual, weight, out, sum_out, rstd))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (a.rows == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -283,8 +298,7 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
                                                     const void* d_out, const void* d_sum,
                                                     void* d_x, void* d_weight, void* workspace,
                                                     void* stream) {
-  if (x == nullptr || weight == nullptr || rstd == nullptr || d_out == nullptr ||
-      d_x == nullptr || d_weight == nullptr || workspace == nullptr || a.rows < 0 || a.cols <= 0)
+  if (!fastffn::rms_norm_bwd_valid(a, x, weight, rstd, d_out, d_x, d_weight) || workspace == nullptr)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t shared_bytes = a.cols * static_cast<int64_t>(sizeof(float));
   if (shared_bytes > kMaxBwdSharedBytes) return FASTFFN_STATUS_INVALID_ARGUMENT;

@@ -2,6 +2,7 @@
 // per token, threads over (head, vector of the first half of head_dim); each thread rotates the
 // pair (x[j], x[j + h]) so every element is read and written once. fp32 cos/sin tables.
 #include "cuda_common.cuh"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cuda {
@@ -72,13 +73,7 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
                                               const float* cos, const float* sin,
                                               const int64_t* position_ids, void* q_out,
                                               void* k_out, void* stream) {
-  if (q == nullptr || k == nullptr || cos == nullptr || sin == nullptr || q_out == nullptr ||
-      k_out == nullptr || a.head_dim <= 0 || a.head_dim % 2 != 0 || a.k_heads <= 0 ||
-      a.q_heads % a.k_heads != 0 || a.q_token_stride < a.q_heads * a.head_dim ||
-      a.k_token_stride < a.k_heads * a.head_dim || a.table_rows <= 0 || a.seq <= 0 ||
-      (a.q_out_token_stride != 0 && a.q_out_token_stride < a.q_heads * a.head_dim) ||
-      (a.k_out_token_stride != 0 && a.k_out_token_stride < a.k_heads * a.head_dim) ||
-      (position_ids == nullptr && a.seq > a.table_rows))
+  if (!fastffn::rotary_valid(a, q, k, cos, sin, q_out, k_out, position_ids))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t tokens = a.batch * a.seq;
   if (tokens == 0) return FASTFFN_STATUS_OK;

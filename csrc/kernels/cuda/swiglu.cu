@@ -2,6 +2,7 @@
 // and stores when the rows allow (cols and row strides multiples of 16 bytes, aligned bases),
 // scalar otherwise. A 2-D grid (vector columns x rows) avoids per-element index division.
 #include "cuda_common.cuh"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cuda {
@@ -81,11 +82,6 @@ dim3 grid_for(int64_t rows, int64_t vecs) {
               static_cast<unsigned int>(rows < kMaxGridRows ? (rows > 0 ? rows : 1) : kMaxGridRows));
 }
 
-bool valid(const fastffn_swiglu_args& a) {
-  return a.gate != nullptr && a.up != nullptr && a.rows >= 0 && a.cols >= 0 &&
-         a.gate_row_stride >= a.cols && a.up_row_stride >= a.cols;
-}
-
 // Vector width usable for every pointer and row stride involved (16 bytes, else 1 element).
 template <typename T>
 int vector_width(int64_t cols, std::initializer_list<std::pair<const void*, int64_t>> views) {
@@ -104,7 +100,7 @@ using namespace fastffn::cuda;
 
 extern "C" fastffn_status fastffn_swiglu_fwd_cuda(fastffn_swiglu_args a, void* out,
                                                   int64_t out_row_stride, void* stream) {
-  if (!valid(a) || out == nullptr || out_row_stride < a.cols) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (!fastffn::swiglu_args_valid(a) || out == nullptr || out_row_stride < a.cols) return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (a.rows == 0 || a.cols == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(a.dtype, [&](auto tag) {
@@ -128,7 +124,7 @@ extern "C" fastffn_status fastffn_swiglu_bwd_cuda(fastffn_swiglu_args a, const v
                                                   int64_t d_gate_row_stride, void* d_up,
                                                   int64_t d_up_row_stride, void* recomputed_out,
                                                   int64_t recomputed_out_row_stride, void* stream) {
-  if (!valid(a) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
+  if (!fastffn::swiglu_args_valid(a) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (a.rows == 0 || a.cols == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
