@@ -107,6 +107,20 @@ def gpu_sections(out, gpu, plots):
         out.append(_table(["layer", "ms", "model TFLOP/s", "peak GiB", "GEMM ms", "attention ms", "our kernels ms",
                            "other ms", "outside GEMM+attention"], rows))
         out.append("")
+    sweep = _load("gpu_h200_rms_norm_sweep.json")
+    if sweep:
+        out.append("### RMSNorm forward tuning sweep (same kernel built per setting; Liger in the same run)\n")
+        out.append(f"`{sweep['command']}` on {sweep['environment']['date']}; the committed default is 2 vectors "
+                   "per thread. A weight-prefetch variant measured in this run was slower at every shape "
+                   "and was removed.\n")
+        rows = []
+        for r in sweep["rms_norm_sweep"]:
+            if "prefetch_weight" in r and r["prefetch_weight"]:
+                continue
+            setting = r.get("impl") or f"{r['vecs_per_thread']} vectors/thread"
+            rows.append([r["op"], r["model"], setting, f"{r['p50_ms'] * 1e3:.1f}", f"{r['fraction_of_copy'] * 100:.0f}%"])
+        out.append(_table(["op", "widths", "setting", "µs", "of copy"], rows))
+        out.append("")
     for plot in plots:
         out.append(f"![{plot.stem}]({plot.name})\n")
 

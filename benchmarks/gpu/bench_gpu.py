@@ -307,13 +307,12 @@ class _PairSwiGLU(torch.autograd.Function):
 
 
 def rms_sweep_section(copy_bw, tokens=8192):
-    """RMSNorm forward (and fused add) at each vectors-per-thread / weight-prefetch setting of the
-    cached kernel, plus Liger's in the same loop for reference."""
+    """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel, with
+    Liger's measured in the same run for reference."""
     rows = []
     default = harness._KERNELS
-    for per_thread, prefetch in ((1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)):
-        harness._KERNELS = harness.Kernels(harness.build(defines=(
-            f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}", f"FASTFFN_RMS_NORM_PREFETCH_WEIGHT={prefetch}")))
+    for per_thread in (1, 2, 4, 8):
+        harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
         for model, (hidden, *_rest) in MODELS.items():
             x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
             for op, fn, nbytes in (
@@ -321,8 +320,7 @@ def rms_sweep_section(copy_bw, tokens=8192):
                     ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
                      4 * tokens * hidden * 2)):
                 t = timeit(graphed(fn))
-                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread,
-                             "prefetch_weight": prefetch, **t,
+                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
     harness._KERNELS = default
     if _liger_version() is not None:

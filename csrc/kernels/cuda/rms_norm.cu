@@ -42,19 +42,11 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
   const int64_t vecs = cols / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     Vec<T, V> xv[kItems];
-#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
-    // The weight is loaded before the row reduction so that its L2 latency overlaps the reduction
-    // instead of following it.
-    Vec<T, V> wv[kItems];
-#endif
     float sq = 0.f;
 #pragma unroll
     for (int it = 0; it < kItems; ++it) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
       if (i < vecs) {
-#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
-        wv[it] = load_vec<V>(weight + i * V);
-#endif
         xv[it] = load_vec<V>(x + row * cols + i * V);
         if constexpr (kResidual) {
           const Vec<T, V> rv = load_vec<V>(residual + row * cols + i * V);
@@ -76,11 +68,9 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
     for (int it = 0; it < kItems; ++it) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
       if (i < vecs) {
-#if FASTFFN_RMS_NORM_PREFETCH_WEIGHT
-        const Vec<T, V>& w = wv[it];
-#else
+        // Loaded after the reduction on purpose: loading it with the row was measured slower
+        // (62% vs 73% of copy bandwidth at hidden 4096; gpu_h200_rms_norm_sweep.json).
         const Vec<T, V> w = load_vec<V>(weight + i * V);
-#endif
         Vec<T, V> ov;
 #pragma unroll
         for (int k = 0; k < V; ++k)
@@ -94,13 +84,13 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
 // Vectors each thread holds in the cached kernel (a build-time knob so that the GPU benchmark can
 // sweep it: benchmarks/gpu/bench_gpu.py --sections rms_sweep). H200, 8192 rows, bf16, fused
 // add+norm forward as a fraction of copy bandwidth at hidden 4096/5120/8192: 1 -> 91/81/95%,
-// 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json).
+// 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json;
+// repeated in gpu_h200_rms_norm_sweep.json). The plain norm reaches 67-73% at every setting while
+// Liger's reaches 70-90%: its time is per-row fixed cost (launch, barriers, reduction), not bytes.
 #ifndef FASTFFN_RMS_NORM_VECS_PER_THREAD
 #define FASTFFN_RMS_NORM_VECS_PER_THREAD 2
 #endif
-#ifndef FASTFFN_RMS_NORM_PREFETCH_WEIGHT
-#define FASTFFN_RMS_NORM_PREFETCH_WEIGHT 0
-#endif
+
 
 // Threads for the cached kernel: FASTFFN_RMS_NORM_VECS_PER_THREAD vectors each, 32..512 threads.
 int cached_threads(int64_t vecs) {
