@@ -25,6 +25,14 @@ MODEL_TYPES = ("llama",)
 
 _ORIGINALS: dict = {}
 _ACTIVE: FastFFNOptions | None = None
+_WARNED: set = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Layers the fused path does not cover keep their stock math; say so once per reason."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"paddle_fastffn: {message}", RuntimeWarning, stacklevel=3)
 
 
 def _modeling():
@@ -40,7 +48,12 @@ def _same_dtype(x: paddle.Tensor, weight: paddle.Tensor) -> bool:
 def fast_rms_norm_forward(self, hidden_states):
     """LlamaRMSNorm.forward through the fused kernel (same numerics); stock for the fused_ln,
     NPU and XPU paths the config asks for, and when the input and weight dtypes differ."""
-    if self.config.use_fused_rms_norm or not _same_dtype(hidden_states, self.weight):
+    if self.config.use_fused_rms_norm:
+        _warn_once("fused_ln", "use_fused_rms_norm is set: LlamaRMSNorm keeps PaddleNLP's fused_ln path")
+        return _ORIGINALS["rms_norm"](self, hidden_states)
+    if not _same_dtype(hidden_states, self.weight):
+        _warn_once("norm_dtype", f"RMSNorm input {hidden_states.dtype} and weight {self.weight.dtype} differ "
+                                 f"(AMP O1): those norms keep PaddleNLP's math")
         return _ORIGINALS["rms_norm"](self, hidden_states)
     return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
@@ -84,6 +97,9 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
     RMSNorm (one pass: sum, statistics, normalise). Everything else is the stock layer's flow,
     including its layer-wise recompute of attention."""
     if not _can_fuse_add_norm(self):
+        if self.sequence_parallel:
+            _warn_once("sequence_parallel", "sequence-parallel decoder layers keep PaddleNLP's residual add "
+                                            "and norms (the fused MLP, rotary and attention still apply)")
         return _ORIGINALS["decoder_layer"](self, hidden_states, position_ids, attention_mask,
                                            output_attentions, past_key_value, use_cache, alibi,
                                            npu_is_casual)
@@ -104,6 +120,8 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
         hidden_states, residual = ops.fused_add_rms_norm(attn_output, residual, norm.weight,
                                                          norm.variance_epsilon)
     else:
+        _warn_once("add_norm_dtype", "residual and attention output dtypes differ (AMP O1): the residual add "
+                                     "and post-attention norm keep PaddleNLP's math")
         residual = residual + attn_output
         hidden_states = norm(residual)
     hidden_states = residual + self.mlp(hidden_states)
@@ -215,6 +233,7 @@ def revert() -> None:
     modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(_ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     _ACTIVE = None
+    _WARNED.clear()
 
 
 def patched_layer_count(model) -> int:

@@ -177,3 +177,15 @@ def test_generate_with_left_padding_matches_unpadded_generation():
     padded = model.generate(paddle.to_tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]), max_new_tokens=5,
                             decode_strategy="greedy_search", pad_token_id=0, eos_token_id=2)[0].numpy()[0]
     assert padded.tolist() == alone.tolist()
+
+
+def test_norm_dtype_mismatch_falls_back_to_stock_with_one_warning(recwarn):
+    model = tiny_model()
+    paddle_fastffn.apply_fast_ffn_to_llama(model)
+    norm = model.llama.norm
+    x = paddle.randn([2, 3, 64], dtype="float64")
+    for _ in range(3):
+        out = norm(x)  # float64 input, float32 weight: PaddleNLP's own math runs
+    assert out.dtype == paddle.float32
+    messages = [str(w.message) for w in recwarn if "keep PaddleNLP's math" in str(w.message)]
+    assert len(messages) == 1
