@@ -42,20 +42,22 @@ def _flush_l2():
     _L2_FLUSH.zero_()
 
 
+def _time_once(fn, flush=True) -> float:
+    """One call timed with CUDA events (ms), after evicting L2 so inputs come from HBM."""
+    if flush:
+        _flush_l2()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def timeit(fn, reps=20, warmup=3, flush=True):
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(reps):
-        if flush:
-            _flush_l2()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return percentiles(samples)
+    return percentiles([_time_once(fn, flush) for _ in range(reps)])
 
 
 def timeit_interleaved(fns: dict, reps=20, warmup=2):
@@ -65,13 +67,7 @@ def timeit_interleaved(fns: dict, reps=20, warmup=2):
     samples = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            _flush_l2()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end))
+            samples[name].append(_time_once(fn))
     return {name: {**percentiles(values), "timing": "interleaved"} for name, values in samples.items()}
 
 
