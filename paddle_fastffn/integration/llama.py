@@ -5,10 +5,11 @@ LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused 
 the same sub-layers and parameters. So parameter names, shapes and checkpoints stay PaddleNLP's,
 LoRA's LoRALinear sub-layers keep working (the MLP calls its sub-layers; the single fused
 `swiglu_down_proj` kernel path is only taken when down_proj is a plain Linear), and so do tensor
-parallel layers (each rank applies SwiGLU to its own [gate_i | up_i] shard). Anything the fused
-path does not cover (sequence parallel, caches with output_attentions, custom devices) falls back
-to the stock forward of that call. The patch also repairs generate() on Paddle 3.x (see
-prepare_attention_mask_for_generation).
+parallel layers (each rank applies SwiGLU to its own [gate_i | up_i] shard). What the fused path
+does not cover (fused_ln, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's math, with one
+warning per reason. Two repairs come with it: generate() on Paddle 3.x
+(prepare_attention_mask_for_generation) and the causal mask of the flash path while decoding with
+a KV cache (fast_scaled_dot_product_attention).
 """
 
 from __future__ import annotations
@@ -69,11 +70,18 @@ def fast_mlp_forward(self, x):
     With fuse_attention_ffn the gate and up projections are one GEMM and the kernel reads the packed
     [gate | up] output; otherwise the two projections run and the two-input kernel fuses silu * up.
     With swiglu_recompute and a plain down_proj, the SwiGLU output is not stored for backward."""
+    recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
     if self.fuse_attention_ffn:
         gate_up = self.gate_up_fused_proj(x)
-        if _ACTIVE is not None and _ACTIVE.swiglu_recompute and _is_plain_linear(self.down_proj):
+        if recompute and _is_plain_linear(self.down_proj):
             return ops.swiglu_down_proj(gate_up, self.down_proj.weight)
+        if recompute:
+            _warn_once("recompute_down_proj", "swiglu_recompute needs a plain Linear down_proj (not LoRA or "
+                                              "tensor parallel): the SwiGLU output is stored")
         return self.down_proj(ops.swiglu(gate_up))
+    if recompute:
+        _warn_once("recompute_unfused", "swiglu_recompute needs fused gate/up projections "
+                                        "(fast_ffn_fuse_projections): the SwiGLU output is stored")
     return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
