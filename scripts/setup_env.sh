@@ -7,6 +7,6 @@ venv=${FASTFFN_VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q --upgrade pip "setuptools>=64" wheel
+"$venv/bin/python" -m pip install -q --upgrade pip "setuptools>=77" wheel
 "$venv/bin/python" -m pip install -q -e ".[cpu,test]" --no-build-isolation
 "$venv/bin/python" -c "from paddle_fastffn import ops; ops.ensure_loaded(); print('paddle_fastffn operators ready')"
