@@ -89,6 +89,31 @@ std::vector<paddle::Tensor> SwigluBackward(const paddle::Tensor& x,
   return {d_x, d_y, recomputed};
 }
 
+// The FFN's recompute backward, in place: x (packed [gate | up]) becomes d_x and d_out becomes the
+// recomputed SwiGLU output, so the backward needs no buffer beyond its inputs (the C API allows
+// this aliasing: each element is read before it is written).
+void SwigluBackwardInPlace(paddle::Tensor& x, paddle::Tensor& d_out) {
+  SwigluView v = make_view(x, paddle::none);
+  check_contiguous(d_out, "d_out", kOp);
+  check_same_dtype(x, "x", d_out, "d_out", kOp);
+  PD_CHECK(d_out.shape() == v.out_shape, kOp, ": `d_out` must have the output's shape");
+  const int64_t cols = v.args.cols;
+  void* d_gate = x.data();
+  void* d_up = static_cast<char*>(x.data()) + cols * phi::SizeOf(x.dtype());
+  const int64_t stride = v.args.gate_row_stride;
+  check_status(run_on_device(
+                   x, kOp,
+                   [&] {
+                     return fastffn_swiglu_bwd_cpu(v.args, d_out.data(), cols, d_gate, stride,
+                                                   d_up, stride, d_out.data(), cols);
+                   },
+                   [&](void* stream) {
+                     return fastffn_swiglu_bwd_cuda(v.args, d_out.data(), cols, d_gate, stride,
+                                                    d_up, stride, d_out.data(), cols, stream);
+                   }),
+               kOp);
+}
+
 std::vector<std::vector<int64_t>> SwigluForwardShape(
     const std::vector<int64_t>& x, const paddle::optional<std::vector<int64_t>>& y) {
   std::vector<int64_t> out = x;
@@ -129,3 +154,9 @@ PD_BUILD_OP(fastffn_swiglu_bwd)
     .SetKernelFn(PD_KERNEL(SwigluBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(SwigluBackwardShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(SwigluBackwardDtype));
+
+PD_BUILD_OP(fastffn_swiglu_bwd_inplace)
+    .Inputs({"X", "DOut"})
+    .Outputs({"DX", "Recomputed"})
+    .SetInplaceMap({{"X", "DX"}, {"DOut", "Recomputed"}})
+    .SetKernelFn(PD_KERNEL(SwigluBackwardInPlace));

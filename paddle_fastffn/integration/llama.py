@@ -74,7 +74,8 @@ def fast_mlp_forward(self, x):
     if self.fuse_attention_ffn:
         gate_up = self.gate_up_fused_proj(x)
         if recompute and _is_plain_linear(self.down_proj):
-            return ops.swiglu_down_proj(gate_up, self.down_proj.weight)
+            # gate_up is this forward's private intermediate: its memory can hold its gradient.
+            return ops.swiglu_down_proj(gate_up, self.down_proj.weight, reuse_gate_up_memory=True)
         if recompute:
             _warn_once("recompute_down_proj", "swiglu_recompute needs a plain Linear down_proj (not LoRA or "
                                               "tensor parallel): the SwiGLU output is stored")

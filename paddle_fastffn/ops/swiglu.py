@@ -86,20 +86,30 @@ def swiglu(x: paddle.Tensor, y: paddle.Tensor | None = None) -> paddle.Tensor:
 
 
 class _SwiGLUDownProj(PyLayer):
-    """out = swiglu(gate_up) @ weight, keeping only gate_up (and weight) for backward."""
+    """out = swiglu(gate_up) @ weight, keeping only gate_up (and weight) for backward; the
+    backward overwrites gate_up with its gradient (the same composition as the GPU harness's
+    FusedFFN)."""
 
     @staticmethod
-    def forward(ctx, gate_up, weight):
+    def forward(ctx, gate_up, weight, reuse_gate_up_memory):
         hidden = _swiglu_fwd(gate_up, None)
         _checks.remember_grad_needs(ctx, gate_up, weight)
         ctx.save_for_backward(gate_up, weight)
+        ctx.reuse_gate_up_memory = reuse_gate_up_memory
         return paddle.matmul(hidden, weight)
 
     @staticmethod
     def backward(ctx, d_out):
         gate_up, weight = ctx.saved_tensor()
-        d_hidden = paddle.matmul(d_out, weight, transpose_y=True)
-        d_gate_up, _, hidden = _swiglu_bwd(gate_up, None, _checks.contiguous(d_hidden), True)
+        d_hidden = _checks.contiguous(paddle.matmul(d_out, weight, transpose_y=True))
+        if ctx.reuse_gate_up_memory:
+            # gate_up's memory becomes d_gate_up and d_hidden's the recomputed SwiGLU output, so
+            # the backward allocates no [tokens, 3I] of its own (detach: same memory, no autograd
+            # in-place bookkeeping for tensors only this node holds).
+            d_gate_up, hidden = gate_up.detach(), d_hidden.detach()
+            run_op("fastffn_swiglu_bwd_inplace", d_gate_up, hidden)
+        else:
+            d_gate_up, _, hidden = _swiglu_bwd(gate_up, None, d_hidden, True)
         d_weight = None
         if not weight.stop_gradient:
             d_weight = paddle.matmul(hidden.reshape([-1, weight.shape[0]]),
@@ -107,12 +117,16 @@ class _SwiGLUDownProj(PyLayer):
         return _checks.needed_grads(ctx, d_gate_up, d_weight)
 
 
-def swiglu_down_proj(gate_up: paddle.Tensor, weight: paddle.Tensor) -> paddle.Tensor:
+def swiglu_down_proj(gate_up: paddle.Tensor, weight: paddle.Tensor,
+                     reuse_gate_up_memory: bool = False) -> paddle.Tensor:
     """``swiglu(gate_up) @ weight`` with the SwiGLU output recomputed in backward.
 
     gate_up: [..., 2I] packed [gate | up]; weight: [I, H] (Paddle's Linear layout) -> [..., H].
     Saves [tokens, I] activations per layer against storing the SwiGLU output; the backward kernel
     rewrites that output in the same pass that computes the gradient.
+    reuse_gate_up_memory: the backward writes gate_up's gradient over gate_up itself. Only for a
+    gate_up nothing else reads after this op (the fused MLP's projection output); never for a
+    tensor the caller keeps.
     """
     _check_swiglu_inputs(gate_up, None)
     _checks.check_float(weight, OP, "weight")
@@ -122,7 +136,7 @@ def swiglu_down_proj(gate_up: paddle.Tensor, weight: paddle.Tensor) -> paddle.Te
     if not _checks.kernel_supports_place(gate_up):
         warn_fallback(OP, gate_up.place)
         return paddle.matmul(swiglu_ref(gate_up), weight)
-    return _SwiGLUDownProj.apply(_checks.contiguous(gate_up), weight)
+    return _SwiGLUDownProj.apply(_checks.contiguous(gate_up), weight, bool(reuse_gate_up_memory))
 
 
 def swiglu_ref(x: paddle.Tensor, y: paddle.Tensor | None = None) -> paddle.Tensor:

@@ -91,3 +91,16 @@ def test_swiglu_down_proj_frozen_weight_gets_no_gradient():
     weight = random_tensor((5, 3), paddle.float32, requires_grad=False)
     ops.swiglu_down_proj(gate_up, weight).sum().backward()
     assert gate_up.grad is not None and weight.grad is None
+
+
+def test_swiglu_down_proj_in_place_backward_on_an_intermediate_matches():
+    x = random_tensor((3, 7, 16), paddle.float32)
+    w_gu = random_tensor((16, 2 * 19), paddle.float32, scale=0.3)
+    w_d = random_tensor((19, 16), paddle.float32, scale=0.3)
+    upstream = random_tensor((3, 7, 16), paddle.float32, requires_grad=False)
+    grads = {}
+    for reuse in (False, True):
+        out = ops.swiglu_down_proj(paddle.matmul(x, w_gu), w_d, reuse_gate_up_memory=reuse)
+        grads[reuse] = grads_of([out], [upstream], [x, w_gu, w_d])
+    for got, want in zip(grads[True], grads[False]):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
