@@ -385,8 +385,8 @@ def ffn_section(token_list, liger, compile_tokens):
                 rows.append({"model": model, "tokens": tokens, "impl": name, **timings[name],
                              "peak_bytes": peak, "saved_activation_bytes": saved})
             # The floor of this design: our composition's GEMMs alone, same shapes and layouts,
-            # for the fused [T, 2I] layout and the split layout; "gemms_alone" is the one
-            # fused_ffn picks at this token count.
+            # for the fused [T, 2I] layout and the split layout; "gemms_alone" is the fused one,
+            # fused_ffn's default.
             with torch.no_grad():
                 gu = x @ w_gu.t()
                 h = gu[:, :inter].contiguous()
@@ -419,8 +419,7 @@ def ffn_section(token_list, liger, compile_tokens):
                 t_fused, t_split = both["fused"], both["split"]
                 rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_fused_layout", **t_fused})
                 rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone_split_layout", **t_split})
-                chosen = t_split if harness.ffn_split_gemms(tokens) else t_fused
-                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone", **chosen})
+                rows.append({"model": model, "tokens": tokens, "impl": "gemms_alone", **t_fused})  # fused_ffn's default
             flops = 3 * 2 * tokens * hidden * 3 * inter
             for row in rows:
                 if row.get("model") == model and row.get("tokens") == tokens and "p50_ms" in row:

@@ -288,8 +288,7 @@ class FusedFFN(torch.autograd.Function):
     here: W_gu [2I, H] = [W_gate; W_up], W_d [H, I]).
 
     split_gemms=False: one [T, 2I] GEMM (packed SwiGLU); True: two [T, I] GEMMs on the row halves
-    of W_gu (free views) and the two-input SwiGLU. Which is faster depends on T (measured in
-    benchmarks/results/gpu_h200.json); `ffn_split_gemms(tokens)` holds that choice.
+    of W_gu (free views) and the two-input SwiGLU (see fused_ffn for which is the default and why).
     With recompute the SwiGLU output is not stored: the backward kernel rewrites it in place over
     d_hidden. The gate/up gradients overwrite gate/up, and the SwiGLU output is released before
     the input-gradient GEMMs, so the backward's peak holds [T, 3I] activations, not [T, 6I]."""
@@ -335,16 +334,10 @@ class FusedFFN(torch.autograd.Function):
         return d_x.reshape(ctx.x_shape), d_w_gate_up, d_w_down, None, None
 
 
-def ffn_split_gemms(tokens: int) -> bool:
-    """One [T, 2I] GEMM (fused layout) or two [T, I] GEMMs. Interleaved timing on the H200
-    (2026-12-02, run 3): fused wins or ties at every shape, e.g. 7B 2048 tokens 2.55 vs 2.66 ms,
-    8192 tokens 10.18 vs 10.39 ms; the split layout is kept for checkpoints without fused weights.
-    (A first, sequential run suggested split at small T; it was drift, 7% between repeats.)"""
-    del tokens
-    return False
-
-
-def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=None):
-    tokens = x.numel() // x.shape[-1]
-    split = ffn_split_gemms(tokens) if split_gemms is None else split_gemms
-    return FusedFFN.apply(x, w_gate_up, w_down, recompute, split)
+def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
+    """The FFN composition. split_gemms=False (one [T, 2I] GEMM) is the default because interleaved
+    timing on the H200 (2026-12-02, run 3, gpu_h200_run3_sweep.json) found it faster or level at
+    every shape, e.g. 7B: 2.55 vs 2.66 ms at 2048 tokens, 10.18 vs 10.39 ms at 8192. (A first,
+    sequential run had suggested the split layout at small T; that was drift, see
+    results/history/README.md.)"""
+    return FusedFFN.apply(x, w_gate_up, w_down, recompute, split_gemms)
