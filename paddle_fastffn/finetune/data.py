@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 IGNORE_INDEX = -100
 
 
@@ -62,10 +60,6 @@ class TokenCountingCollator:
     def __call__(self, features):
         self.tokens += int(sum(len(f["input_ids"]) for f in features))
         return self.collator(features)
-
-
-def lengths(dataset) -> np.ndarray:
-    return np.array([len(e["input_ids"]) for e in dataset.examples])
 
 
 def is_hf_checkpoint(path: str | Path) -> bool:

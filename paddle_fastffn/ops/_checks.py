@@ -43,9 +43,12 @@ def check_same_device(reference: paddle.Tensor, ref_name: str, value: paddle.Ten
 
 
 def kernel_supports_place(tensor: paddle.Tensor) -> bool:
-    """The compiled kernels cover CPU, and CUDA GPUs when Paddle has CUDA; others use *_ref."""
+    """The compiled kernels cover CPU (all four float dtypes), and CUDA GPUs when Paddle has CUDA
+    (float32/float16/bfloat16: float64 exists for CPU gradient checks); others use *_ref."""
     place = tensor.place
-    return place.is_cpu_place() or (paddle.is_compiled_with_cuda() and place.is_gpu_place())
+    if place.is_cpu_place():
+        return True
+    return paddle.is_compiled_with_cuda() and place.is_gpu_place() and tensor.dtype != paddle.float64
 
 
 def contiguous(tensor: paddle.Tensor) -> paddle.Tensor:

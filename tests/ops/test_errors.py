@@ -80,3 +80,10 @@ def test_rotary_rejects_float_position_ids_and_bad_tables():
         ops.rotary_embedding(q, k, cos, sin, paddle.zeros([1, 3], dtype="float32"))
     with pytest.raises(ValueError, match="`cos` must be \\[1, seq, 1, head_dim\\]"):
         ops.rotary_embedding(q, k, cos.reshape([8, 1, 6]), sin)
+
+
+def test_only_devices_and_dtypes_the_kernels_cover_take_the_kernel_path():
+    from paddle_fastffn.ops import _checks
+
+    assert _checks.kernel_supports_place(paddle.ones([2], dtype="float64"))  # CPU: all float dtypes
+    assert _checks.kernel_supports_place(paddle.ones([2], dtype="bfloat16"))

@@ -32,8 +32,6 @@ inline T from_float(float v);
 template <>
 inline float from_float<float>(float v) { return v; }
 template <>
-inline double from_float<double>(float v) { return v; }
-template <>
 inline float16_storage from_float<float16_storage>(float v) { return static_cast<float16_storage>(v); }
 template <>
 inline bfloat16_storage from_float<bfloat16_storage>(float v) {
