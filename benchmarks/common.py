@@ -39,14 +39,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def write_results(name: str, payload: dict) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+def write_results(name: str, payload: dict, results_dir: Path = RESULTS_DIR) -> Path:
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
     payload = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "git_commit": git_commit(),
         **payload,
     }
-    path = RESULTS_DIR / f"{name}.json"
+    path = results_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

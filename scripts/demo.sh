@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 venv=${FASTFFN_VENV:-.venv}
 [ -f demo_data/model/config.json ] || "$venv/bin/python" -m paddle_fastffn.finetune.demo_assets --out demo_data
-"$venv/bin/python" -m benchmarks.cpu.bench_finetune "$@"
+# Results go to output/: benchmarks/results/ holds the committed measurements.
+"$venv/bin/python" -m benchmarks.cpu.bench_finetune --results-dir output "$@"

@@ -8,7 +8,7 @@ dest=${1:-${HOME}/.cache/paddle_fastffn/cuda_math_headers}
 if [ -f "$dest/COMPLETE" ]; then echo "$dest"; exit 0; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+"${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
   --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   -d "$tmp" nvidia-cublas-cu12 nvidia-cudnn-cu12 nvidia-curand-cu12 nvidia-cusparse-cu12 \
   nvidia-cusolver-cu12 nvidia-cufft-cu12 >&2

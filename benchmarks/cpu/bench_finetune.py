@@ -3,9 +3,10 @@ with use_fast_ffn=True, same data, same steps, alternating stock/fast `--repeats
 run (a shared 2-core machine drifts by 10% between runs; the fastest run of each side is the
 least disturbed one); per-step losses, step time, tokens/s and peak process memory (RSS).
 
-    python -m benchmarks.cpu.bench_finetune [--steps 120] [--repeats 2]
+    python -m benchmarks.cpu.bench_finetune [--steps 120] [--repeats 2] [--results-dir DIR]
 
-Writes benchmarks/results/cpu_finetune_demo.json. Paddle CPU runs float32 (its AMP is a no-op).
+Writes DIR/cpu_finetune_demo.json (default benchmarks/results, the committed results; the demo
+writes to output/ so that it never overwrites them). Paddle CPU runs float32 (its AMP is a no-op).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import cpu_model, write_results
+from benchmarks.common import RESULTS_DIR, cpu_model, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     all_runs = {"stock": [], "fast": []}
     for _ in range(args.repeats):
@@ -65,7 +67,7 @@ def main():
         "fast": {k: fast[k] for k in ("step_time_ms", "tokens_per_second", "peak_memory_mb", "eval_loss", "train_loss")},
         "speedup_step_time": stock["step_time_ms"] / fast["step_time_ms"],
         "memory_ratio": fast["peak_memory_mb"] / stock["peak_memory_mb"],
-        "losses": losses, "fast_samples": fast.get("samples", [])})
+        "losses": losses, "fast_samples": fast.get("samples", [])}, results_dir=args.results_dir)
     print(f"wrote {path}")
 
 

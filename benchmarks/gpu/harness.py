@@ -9,7 +9,7 @@ cuBLAS and SDPA standing in for Paddle's.
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -17,9 +17,19 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-KERNELS = REPO / "csrc" / "kernels"
-ARCHS = ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80"]
-NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo"]
+
+
+def _load_build_definition():
+    """paddle_fastffn/ops/build_definition.py, imported by path: the GPU machine has no Paddle, and
+    the package's __init__ imports it. The loader builds from the same definition."""
+    spec = importlib.util.spec_from_file_location(
+        "paddle_fastffn_build_definition", REPO / "paddle_fastffn" / "ops" / "build_definition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+definition = _load_build_definition()
 
 # Tests set this: every output buffer starts as NaN, so an element a kernel fails to write shows.
 POISON_OUTPUTS = False
@@ -38,35 +48,54 @@ class RmsNormArgs(ctypes.Structure):
                 ("dtype", ctypes.c_int)]
 
 
+class DeviceLimits(ctypes.Structure):
+    _fields_ = [("sm_count", ctypes.c_int), ("max_shared_bytes_per_block", ctypes.c_int)]
+
+
+class RmsNormBwdPlan(ctypes.Structure):
+    _fields_ = [("blocks", ctypes.c_int64), ("shared_bytes", ctypes.c_int64),
+                ("shared_partials", ctypes.c_int), ("workspace_bytes", ctypes.c_int64)]
+
+
 class RotaryArgs(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
                 ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("q_token_stride", ctypes.c_int64), ("k_token_stride", ctypes.c_int64),
                 ("q_out_token_stride", ctypes.c_int64), ("k_out_token_stride", ctypes.c_int64),
-                ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int)]
+                ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("position_error", ctypes.c_void_p)]
+
+
+def _run(cmd: list[str]) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"build failed: {' '.join(cmd)}\n{result.stderr}")
+    return result.stderr
 
 
 def build(out_dir: Path | None = None, verbose: bool = False, defines: tuple[str, ...] = ()) -> Path:
-    """nvcc-compiles the CUDA kernels into fastffn_kernels_<hash>.so (cached by source hash);
-    `defines` ("NAME=VALUE") are for tuning sweeps only."""
-    sources = sorted((KERNELS / "cuda").glob("*.cu")) + [KERNELS / "status.cc"]
-    digest = hashlib.sha256()
-    for path in sources + sorted(KERNELS.rglob("*.h")) + sorted(KERNELS.rglob("*.cuh")):
-        digest.update(path.read_bytes())
-    digest.update(" ".join(ARCHS + NVCC_FLAGS + [f"-D{d}" for d in defines]).encode())
+    """Compiles the CUDA kernels and their host code into fastffn_kernels_<hash>.so with the build
+    definition the Paddle loader uses (same sources, nvcc flags, architectures, libraries), cached
+    by a hash of all of them. `verbose` prints ptxas's register/spill report; `defines`
+    ("NAME=VALUE") are for tuning sweeps only."""
+    extra = [f"-D{d}" for d in defines]
     out_dir = out_dir or Path(os.environ.get("FASTFFN_GPU_BUILD", REPO / "build" / "gpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / f"fastffn_kernels_{digest.hexdigest()[:12]}.so"
-    if not library.exists():
-        cmd = ["nvcc", *NVCC_FLAGS, *ARCHS, *[f"-D{d}" for d in defines], "-I", str(KERNELS / "include"), "-x", "cu",
-               *map(str, sources), "-o", str(library)]
-        if verbose:
-            cmd.insert(1, "-Xptxas=-v")
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"nvcc failed:\n{result.stderr}")
-        if verbose:
-            print(result.stderr)
+    library = out_dir / f"fastffn_kernels_{definition.source_digest(extra)[:12]}.so"
+    if library.exists():
+        return library
+    objects, report = [], []
+    for source in definition.harness_sources():
+        obj = out_dir / f"{source.name}.o"
+        if source.suffix == ".cu":
+            report.append(_run(definition.nvcc_compile_command(
+                source, obj, extra + (["-Xptxas=-v"] if verbose else []))))
+        else:
+            _run(definition.cxx_compile_command(source, obj, extra))
+        objects.append(obj)
+    _run(definition.link_command(objects, library))
+    if verbose:
+        print("".join(report))
     return library
 
 
@@ -78,7 +107,9 @@ class Kernels:
         self.lib.fastffn_status_string.restype = ctypes.c_char_p
         self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.restype = ctypes.c_int64
         self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.argtypes = [RmsNormArgs]
-        for name in ("fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
+        self.lib.fastffn_plan_rms_norm_bwd.restype = RmsNormBwdPlan
+        self.lib.fastffn_plan_rms_norm_bwd.argtypes = [ctypes.c_int64, ctypes.c_int64, DeviceLimits]
+        for name in ("fastffn_device_limits_cuda", "fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
                      "fastffn_rms_norm_bwd_cuda", "fastffn_rotary_cuda"):
             getattr(self.lib, name).restype = ctypes.c_int
 
@@ -156,8 +187,10 @@ class Kernels:
     def rms_norm_bwd(self, x, weight, rstd, d_out, eps, d_sum=None):
         rows, cols = x.numel() // x.shape[-1], x.shape[-1]
         args = RmsNormArgs(rows, cols, eps, _DTYPES[x.dtype])
-        workspace = torch.empty(self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda(args),
-                                dtype=torch.uint8, device=x.device)
+        workspace_bytes = self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda(args)
+        if workspace_bytes < 0:
+            raise RuntimeError("rms_norm_bwd: the current CUDA device's limits could not be read")
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
         d_x = self.empty(x.shape, x.dtype, x.device)
         d_w = self.empty(weight.shape, weight.dtype, weight.device)
         self._check(self.lib.fastffn_rms_norm_bwd_cuda(
@@ -176,11 +209,15 @@ class Kernels:
         k_out = self.empty((b, s, hk, d), k.dtype, k.device) if k_out is None else k_out
         for t in (q, k, q_out, k_out):
             assert t.stride(3) == 1 and t.stride(2) == d and t.stride(0) == t.stride(1) * s
+        # As the Paddle binding: the forward with position ids reads back the kernel's range flag.
+        error = torch.zeros(1, dtype=torch.int32, device=q.device) if position_ids is not None and not inverse else None
         args = RotaryArgs(b, s, hq, hk, d, q.stride(1), k.stride(1), q_out.stride(1), k_out.stride(1),
-                          cos.shape[0], int(inverse), _DTYPES[q.dtype])
+                          cos.shape[0], int(inverse), _DTYPES[q.dtype], self._ptr(error))
         self._check(self.lib.fastffn_rotary_cuda(
             args, self._ptr(q), self._ptr(k), self._ptr(cos), self._ptr(sin), self._ptr(position_ids),
             self._ptr(q_out), self._ptr(k_out), self._stream()), "rotary")
+        if error is not None and int(error.item()) != 0:
+            raise ValueError(f"rotary: position_ids holds a position outside the cos/sin table [0, {cos.shape[0]})")
         return q_out, k_out
 
 
@@ -192,6 +229,16 @@ def kernels() -> Kernels:
     if _KERNELS is None:
         _KERNELS = Kernels()
     return _KERNELS
+
+
+def device_limits(device: int = 0) -> DeviceLimits:
+    limits = DeviceLimits()
+    kernels()._check(kernels().lib.fastffn_device_limits_cuda(device, ctypes.byref(limits)), "device_limits")
+    return limits
+
+
+def rms_norm_bwd_plan(rows: int, cols: int, limits: DeviceLimits) -> RmsNormBwdPlan:
+    return kernels().lib.fastffn_plan_rms_norm_bwd(rows, cols, limits)
 
 
 # --- autograd wrappers (what the Paddle PyLayers do, in torch) ---------------------------------

@@ -25,8 +25,8 @@ inline bool rms_norm_bwd_valid(const fastffn_rms_norm_args& a, const void* x, co
          d_x != nullptr && d_weight != nullptr && a.rows >= 0 && a.cols > 0;
 }
 
-// Shapes and strides only; position ids are range-checked by the CPU entry point and clamped on
-// the GPU (checking them there would need a device-to-host copy).
+// Shapes and strides only; position ids are range-checked by the CPU entry point and flagged
+// through args.position_error by the CUDA kernel (they live on the device there).
 inline bool rotary_valid(const fastffn_rotary_args& a, const void* q, const void* k,
                          const float* cos, const float* sin, const void* q_out, const void* k_out,
                          const int64_t* position_ids) {

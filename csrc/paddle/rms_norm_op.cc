@@ -89,6 +89,7 @@ std::vector<paddle::Tensor> RmsNormBackward(const paddle::Tensor& x, const paddl
                    },
                    [&](void* stream) {
                      const int64_t bytes = fastffn_rms_norm_bwd_workspace_bytes_cuda(args);
+                     if (bytes < 0) return FASTFFN_STATUS_CUDA_ERROR;
                      auto workspace = paddle::empty({bytes}, paddle::DataType::UINT8, x.place());
                      return fastffn_rms_norm_bwd_cuda(args, x.data(), weight.data(),
                                                       rstd.data<float>(), d_out.data(), d_sum_ptr,

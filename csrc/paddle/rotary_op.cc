@@ -54,6 +54,7 @@ std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor
   args.table_rows = cos.shape()[0];
   args.inverse = inverse ? 1 : 0;
   args.dtype = kernel_dtype(q, kOp, "q");
+  args.position_error = nullptr;
   const int64_t* pos = nullptr;
   if (position_ids) {
     PD_CHECK(position_ids->dtype() == paddle::DataType::INT64 && position_ids->is_contiguous() &&
@@ -74,8 +75,20 @@ std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor
                                   pos, q_out.data(), k_out.data());
       },
       [&](void* stream) {
-        return fastffn_rotary_cuda(args, q.data(), k.data(), cos.data<float>(), sin.data<float>(),
-                                   pos, q_out.data(), k_out.data(), stream);
+        // The ids live on the device: the kernel flags an out-of-range one, and one 4-byte copy
+        // reads the flag (forward only: the backward reuses ids the forward checked).
+        paddle::Tensor error;
+        if (pos != nullptr && !inverse) {
+          error = paddle::full({1}, 0, paddle::DataType::INT32, q.place());
+          args.position_error = error.data<int32_t>();
+        }
+        fastffn_status cuda_status =
+            fastffn_rotary_cuda(args, q.data(), k.data(), cos.data<float>(), sin.data<float>(),
+                                pos, q_out.data(), k_out.data(), stream);
+        if (cuda_status == FASTFFN_STATUS_OK && args.position_error != nullptr &&
+            error.copy_to(paddle::CPUPlace(), true).data<int32_t>()[0] != 0)
+          cuda_status = FASTFFN_STATUS_INVALID_ARGUMENT;
+        return cuda_status;
       });
   PD_CHECK(status != FASTFFN_STATUS_INVALID_ARGUMENT || pos == nullptr, kOp,
            ": `position_ids` holds a position outside the cos/sin table [0, ", args.table_rows, ")");

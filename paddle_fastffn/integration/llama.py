@@ -20,6 +20,7 @@ import paddle
 from paddle import nn
 
 from .. import ops
+from ..ops._fallback import raise_if_strict
 from .options import FastFFNOptions
 
 MODEL_TYPES = ("llama",)
@@ -30,7 +31,9 @@ _WARNED: set = set()
 
 
 def _warn_once(key: str, message: str) -> None:
-    """Layers the fused path does not cover keep their stock math; say so once per reason."""
+    """Layers the fused path does not cover keep their stock math; say so once per reason (an
+    error in strict mode, as a fallback of an op is)."""
+    raise_if_strict(f"paddle_fastffn: {message}")
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f"paddle_fastffn: {message}", RuntimeWarning, stacklevel=3)

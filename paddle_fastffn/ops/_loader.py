@@ -15,36 +15,19 @@ import os
 import shutil
 import subprocess
 import threading
+from collections import Counter
 from pathlib import Path
 
 import paddle
 
-LIBRARY_NAME = "paddle_fastffn_ops"
-
-
-def _host_simd_flags() -> list[str]:
-    """AVX2/FMA/F16C when the building host has them (the library is built where it runs, and
-    the flags are part of the cache key, so a shared cache never serves them to an older CPU)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split())
-    except (OSError, IndexError):
-        return []
-    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= flags else []
-
-
-# -fno-trapping-math: nothing enables FP traps in training, and without it GCC 12 refuses to
-# if-convert the clamps of fast_expf, leaving the SwiGLU loops scalar (GCC's -fopt-info-vec shows
-# it; on the 2-core dev machine SwiGLU fwd+bwd at 2048x11008 went from 611 ms to 174 ms).
-_CXX_FLAGS = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fno-trapping-math",
-              "-Wno-unused-function"] + _host_simd_flags()
-_LD_FLAGS = ["-fopenmp"]
-_CUDA_FLAGS = [
-    "-O3", "-std=c++17", "--use_fast_math", "-gencode", "arch=compute_80,code=sm_80",
-    "-gencode", "arch=compute_90a,code=sm_90a",
-]
+from . import build_definition as definition
+from .build_definition import LIBRARY_NAME
 
 _lock = threading.Lock()
 _registered = False
+# How often each compiled op ran in this process: tests assert the kernels ran (a silent
+# fallback to the *_ref path would leave these at zero).
+CALL_COUNTS: Counter = Counter()
 
 
 class FastFFNBuildError(RuntimeError):
@@ -52,28 +35,15 @@ class FastFFNBuildError(RuntimeError):
 
 
 def csrc_root() -> Path:
-    """The C++/CUDA sources: the repository's csrc/ (editable install) or the packaged copy."""
-    for candidate in (Path(__file__).resolve().parents[2] / "csrc",
-                      Path(__file__).resolve().parents[1] / "_csrc"):
-        if (candidate / "kernels" / "include" / "fastffn" / "c_api.h").exists():
-            return candidate
-    raise FastFFNBuildError(
-        "paddle_fastffn cannot find its C++ sources (csrc/). Install it with "
-        "`pip install --no-build-isolation -e .` from a checkout, or from a wheel built by `pip wheel`.")
+    try:
+        return definition.csrc_root()
+    except FileNotFoundError as error:
+        raise FastFFNBuildError(str(error)) from None
 
 
 def with_cuda() -> bool:
     """Compile GPU code only where Paddle itself has CUDA: a CPU build never loads GPU code."""
     return paddle.is_compiled_with_cuda()
-
-
-def source_files(cuda: bool) -> list[Path]:
-    root = csrc_root()
-    sources = [root / "kernels" / "status.cc"]
-    sources += sorted((root / "kernels" / "cpu").glob("*.cc")) + sorted((root / "paddle").glob("*.cc"))
-    if cuda:
-        sources += sorted((root / "kernels" / "cuda").glob("*.cu"))
-    return sources
 
 
 def _compiler_identity() -> str:
@@ -88,14 +58,8 @@ def _compiler_identity() -> str:
 
 
 def cache_key(cuda: bool) -> str:
-    digest = hashlib.sha256()
-    root = csrc_root()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in {".h", ".cc", ".cu", ".cuh"}:
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    for part in (_CXX_FLAGS, _LD_FLAGS, _CUDA_FLAGS if cuda else []):
-        digest.update(" ".join(part).encode())
+    csrc_root()  # a clear error when the sources are missing
+    digest = hashlib.sha256(definition.source_digest().encode())
     digest.update(paddle.__version__.encode())
     digest.update(paddle.version.commit.encode())
     digest.update(_compiler_identity().encode())
@@ -115,12 +79,15 @@ def _build(directory: Path, cuda: bool) -> None:
         raise FastFFNBuildError(
             "Paddle has CUDA, so paddle_fastffn compiles its CUDA kernels on first import, but nvcc "
             "is not found. Install the CUDA toolkit matching your Paddle build and set CUDA_HOME.")
-    include = str(csrc_root() / "kernels" / "include")
+    csrc_root()
     try:
-        load(name=LIBRARY_NAME, sources=[str(s) for s in source_files(cuda)],
-             extra_cxx_cflags=_CXX_FLAGS, extra_cuda_cflags=_CUDA_FLAGS if cuda else None,
-             extra_ldflags=_LD_FLAGS, extra_include_paths=[include], build_directory=str(directory),
-             verbose=bool(os.environ.get("PADDLE_FASTFFN_VERBOSE")))
+        load(name=LIBRARY_NAME, sources=[str(s) for s in definition.paddle_sources(cuda)],
+             extra_cxx_cflags=definition.CXX_FLAGS,
+             extra_cuda_cflags=definition.CUDA_FLAGS if cuda else None,
+             extra_ldflags=definition.LD_FLAGS + (definition.CUDA_LIBRARIES if cuda else []),
+             extra_include_paths=[str(d) for d in definition.include_dirs()
+                                  + (definition.cuda_include_dirs() if cuda else [])],
+             build_directory=str(directory), verbose=bool(os.environ.get("PADDLE_FASTFFN_VERBOSE")))
     except Exception as error:  # Paddle reports a compile error as a generic link failure.
         raise FastFFNBuildError(
             f"paddle_fastffn failed to compile its operators in {directory}. The first compiler "
@@ -162,5 +129,6 @@ def ensure_loaded() -> None:
 def run_op(name: str, *args):
     """Calls a registered custom op in dynamic mode; returns a list of output tensors."""
     ensure_loaded()
+    CALL_COUNTS[name] += 1
     outputs = paddle._C_ops._run_custom_op(name, *args)
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]

@@ -89,7 +89,10 @@ def test_swiglu_unaligned_views_take_the_scalar_path():
     close(out, torch.nn.functional.silu(gate.double()) * up.double(), torch.float16, "unaligned")
 
 
-NORM_SHAPES = [(1, 8), (7, 13), (5, 3, 127), (8192, 4096), (33, 5120), (2, 8192), (3, 20000), (3, 50000)]
+# (3, 65536) and (2, 70001): fp32 partials wider than an H200's 227 KiB of shared memory per
+# block, so the backward accumulates in its workspace (test_rms_norm_backward_plan_uses_the_device).
+NORM_SHAPES = [(1, 8), (7, 13), (5, 3, 127), (8192, 4096), (33, 5120), (2, 8192), (3, 20000), (3, 50000),
+               (3, 65536), (2, 70001)]
 
 
 def _norm_reference(x64, w64, dtype, eps):
@@ -129,6 +132,30 @@ def test_rms_norm(shape, dtype, with_residual):
     if with_residual:
         close(d_x, r64.grad, dtype, "rms_norm d_residual")
     close(d_w, w64.grad, dtype, "rms_norm d_weight", reduced_rows=rows)
+
+
+def test_rms_norm_backward_plan_uses_the_device():
+    limits = harness.device_limits()
+    props = torch.cuda.get_device_properties(0)
+    assert limits.sm_count == props.multi_processor_count
+    assert limits.max_shared_bytes_per_block >= 48 * 1024
+    narrow = harness.rms_norm_bwd_plan(8192, 4096, limits)
+    wide = harness.rms_norm_bwd_plan(3, 65536, limits)
+    assert narrow.shared_partials == 1 and narrow.blocks == 4 * props.multi_processor_count
+    assert wide.shared_partials == 0 and wide.shared_bytes == 0 and wide.blocks == 3
+
+
+def test_rotary_position_out_of_range_raises_instead_of_clamping():
+    k = harness.kernels()
+    q, kk = rand((1, 4, 2, 8), torch.bfloat16), rand((1, 4, 1, 8), torch.bfloat16)
+    cos = torch.ones(6, 8, device="cuda")
+    sin = torch.zeros(6, 8, device="cuda")
+    for bad in (6, -1):
+        pos = torch.tensor([[0, 1, bad, 2]], device="cuda")
+        with pytest.raises(ValueError, match="outside the cos/sin table"):
+            k.rotary(q, kk, cos, sin, pos)
+    q_out, _ = k.rotary(q, kk, cos, sin, torch.tensor([[0, 1, 5, 2]], device="cuda"))
+    assert torch.equal(q_out, q)  # cos 1, sin 0: the identity where positions are valid
 
 
 ROPE_SHAPES = [(1, 1, 1, 1, 2), (2, 7, 4, 2, 6), (3, 5, 8, 8, 64), (2, 9, 8, 2, 128), (4, 2048, 32, 8, 128)]

@@ -59,7 +59,8 @@ def test_concurrent_cold_starts_build_once(tmp_path):
 
 def test_cache_key_changes_with_flags(monkeypatch):
     before = _loader.cache_key(False)
-    monkeypatch.setattr(_loader, "_CXX_FLAGS", _loader._CXX_FLAGS + ["-DFASTFFN_TEST_FLAG"])
+    monkeypatch.setattr(_loader.definition, "CXX_FLAGS",
+                        _loader.definition.CXX_FLAGS + ["-DFASTFFN_TEST_FLAG"])
     assert _loader.cache_key(False) != before
 
 
@@ -71,3 +72,22 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         assert "needs a C++17 compiler" in str(error) and "no-such-compiler-xyz" in str(error)
     else:
         raise AssertionError("expected FastFFNBuildError")
+
+
+def test_loader_builds_with_the_build_definition(monkeypatch, tmp_path):
+    """The loader hands Paddle exactly the definition's sources and flags (the GPU harness and
+    tests/build compile from the same definition), CUDA kernels included for a CUDA Paddle."""
+    import paddle.utils.cpp_extension as cpp_extension
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(_loader.shutil, "which", lambda name: f"/usr/bin/{name}")
+    definition = _loader.definition
+    for cuda in (False, True):
+        _loader._build(tmp_path, cuda)
+        kwargs = calls[-1]
+        assert kwargs["sources"] == [str(s) for s in definition.paddle_sources(cuda)]
+        assert kwargs["extra_cxx_cflags"] == definition.CXX_FLAGS
+        assert kwargs["extra_cuda_cflags"] == (definition.CUDA_FLAGS if cuda else None)
+        cu_files = [s for s in kwargs["sources"] if s.endswith(".cu")]
+        assert (len(cu_files) == len(definition.cuda_kernel_sources()) > 0) if cuda else not cu_files

@@ -87,3 +87,18 @@ def test_only_devices_and_dtypes_the_kernels_cover_take_the_kernel_path():
 
     assert _checks.kernel_supports_place(paddle.ones([2], dtype="float64"))  # CPU: all float dtypes
     assert _checks.kernel_supports_place(paddle.ones([2], dtype="bfloat16"))
+
+
+def test_a_fallback_nobody_asked_for_is_an_error_in_strict_mode():
+    from paddle_fastffn.ops import _fallback
+
+    with pytest.raises(_fallback.UnrequestedFallbackError, match="reference path"):
+        _fallback.warn_fallback("paddle_fastffn.ops.swiglu", "Place(xpu:0)")
+
+
+def test_an_asked_for_fallback_warns_once(allow_fallback, recwarn):
+    from paddle_fastffn.ops import _fallback
+
+    for _ in range(2):
+        _fallback.warn_fallback("paddle_fastffn.ops.test_only_op", "Place(xpu:0)")
+    assert sum("test_only_op" in str(w.message) for w in recwarn) == 1

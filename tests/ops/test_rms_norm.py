@@ -26,7 +26,7 @@ def _reference_norm(x64, w64, dtype, eps):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_rms_norm_matches_reference(shape, dtype):
+def test_rms_norm_matches_reference(shape, dtype, kernel_calls):
     x = random_tensor(shape, dtype, scale=3.0)
     w = random_tensor(shape[-1:], dtype)
     out = ops.rms_norm(x, w, 1e-6)
@@ -39,11 +39,12 @@ def test_rms_norm_matches_reference(shape, dtype):
     r_x, r_w = grads_of([ref], [upstream.astype("float64")], [x64, w64])
     assert_close(d_x, r_x, dtype, "rms_norm d_x")
     assert_close(d_w, r_w, dtype, "rms_norm d_weight", reduced_rows=_rows(shape))
+    assert kernel_calls() == {"fastffn_rms_norm_fwd": 1, "fastffn_rms_norm_bwd": 1}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fused_add_rms_norm_matches_reference(shape, dtype):
+def test_fused_add_rms_norm_matches_reference(shape, dtype, kernel_calls):
     x = random_tensor(shape, dtype)
     residual = random_tensor(shape, dtype, scale=2.0)
     w = random_tensor(shape[-1:], dtype)
@@ -62,6 +63,7 @@ def test_fused_add_rms_norm_matches_reference(shape, dtype):
     assert_close(got[0], want[0], dtype, "d_x")
     assert_close(got[1], want[1], dtype, "d_residual")
     assert_close(got[2], want[2], dtype, "d_weight", reduced_rows=_rows(shape))
+    assert kernel_calls() == {"fastffn_rms_norm_fwd": 1, "fastffn_rms_norm_bwd": 1}
 
 
 def test_fused_add_rms_norm_when_sum_is_unused():

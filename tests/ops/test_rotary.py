@@ -28,7 +28,7 @@ def _cos_sin(kind, head_dim, rows, like):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("explicit_positions", [True, False], ids=["position_ids", "default_positions"])
-def test_rotary_matches_reference(shape, dtype, explicit_positions):
+def test_rotary_matches_reference(shape, dtype, explicit_positions, kernel_calls):
     b, s, hq, hk, d = shape
     q, k = random_tensor((b, s, hq, d), dtype), random_tensor((b, s, hk, d), dtype)
     rows = s + 11
@@ -47,6 +47,7 @@ def test_rotary_matches_reference(shape, dtype, explicit_positions):
     r_q, r_k = grads_of([q_ref, k_ref], [up_q.astype("float64"), up_k.astype("float64")], [q64, k64])
     assert_close(d_q, r_q, dtype, "rotary d_q")
     assert_close(d_k, r_k, dtype, "rotary d_k")
+    assert kernel_calls() == {"fastffn_rotary": 2}  # forward and its transpose
 
 
 @pytest.mark.parametrize("kind", sorted(ROTARY_CLASSES))

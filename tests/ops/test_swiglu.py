@@ -13,7 +13,7 @@ SHAPES = [(1, 1), (1, 7), (7, 13), (3, 5, 123), (2, 11008), (65, 431)]
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "pair"])
-def test_swiglu_matches_reference_forward_and_backward(shape, dtype, packed):
+def test_swiglu_matches_reference_forward_and_backward(shape, dtype, packed, kernel_calls):
     if packed:
         inputs = [random_tensor(shape[:-1] + (2 * shape[-1],), dtype, scale=2.0)]
     else:
@@ -31,6 +31,7 @@ def test_swiglu_matches_reference_forward_and_backward(shape, dtype, packed):
     for name, g, rg in zip(["d_x", "d_y"], grads, ref_grads):
         assert g.dtype == dtype
         assert_close(g, rg, dtype, f"swiglu {name}")
+    assert kernel_calls() == {"fastffn_swiglu_fwd": 1, "fastffn_swiglu_bwd": 1}
 
 
 def test_swiglu_saturates_without_nan():

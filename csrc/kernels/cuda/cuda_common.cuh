@@ -123,6 +123,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(v);
 }
 
+// The current device's limits (device_limits.cu; cached per device).
+fastffn_status current_device_limits(fastffn_device_limits* limits);
+
 inline unsigned int blocks_for(int64_t work, int threads, int64_t cap) {
   int64_t blocks = (work + threads - 1) / threads;
   if (blocks < 1) blocks = 1;

@@ -2,8 +2,9 @@
 // One block per row (grid-stride over rows). Rows are read twice: the second read of a row of a
 // few KiB hits L1/L2, so DRAM traffic stays one read per input, while any width works without
 // holding the row in registers. The backward keeps each block's weight-gradient partial sums in
-// shared memory (each thread owns its columns: no atomics) and a second small kernel reduces the
-// per-block partials in fp32.
+// shared memory where the device's limit allows (each thread owns its columns: no atomics), in
+// the workspace otherwise, and a second small kernel reduces the per-block partials in fp32. The
+// block count and that choice come from fastffn_plan_rms_norm_bwd and the device's limits.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -13,12 +14,7 @@ namespace fastffn {
 namespace cuda {
 namespace {
 
-// Backward blocks: 4 per SM on a 132-SM H200; the workspace is kBwdBlocks x cols fp32.
-constexpr int64_t kBwdBlocks = 528;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 30;
-// Shared memory for the backward's weight-gradient partials: cols fp32 values. 48 KiB needs no
-// opt-in; wider rows opt in up to 200 KiB (sm_80+), i.e. up to 51200 columns.
-constexpr int64_t kMaxBwdSharedBytes = 200 * 1024;
 
 int threads_for(int64_t vecs) {
   int64_t t = (vecs + 1) / 2;  // about two vectors per thread
@@ -151,19 +147,26 @@ __global__ void rms_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict
 }
 
 // d_x = rstd * (g - n * mean(g * n)) + d_sum with n = x * rstd, g = d_out * weight;
-// d_weight partial (this block's rows) = sum d_out * round(n).
-template <typename T, int V, bool kDSum>
+// d_weight partial (this block's rows) = sum d_out * round(n). Each thread owns its columns, so
+// the partials need no atomics. kSharedPartials: they live in shared memory, laid out [V][vecs]
+// (consecutive threads, consecutive banks) and are copied out at the end; otherwise (rows wider
+// than the device's shared memory) they accumulate in place in this block's workspace row.
+template <typename T, int V, bool kDSum, bool kSharedPartials>
 __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                                     const float* __restrict__ rstd, const T* __restrict__ d_out,
                                     const T* __restrict__ d_sum, T* __restrict__ d_x,
                                     float* __restrict__ d_weight_partial, int64_t rows,
                                     int64_t cols) {
-  extern __shared__ float d_weight_acc[];  // [V][vecs]: consecutive threads, consecutive banks
+  extern __shared__ float shared_partials[];
   __shared__ float scratch[32];
   const int64_t vecs = cols / V;
+  float* partial = d_weight_partial + blockIdx.x * cols;
+  auto d_weight_acc = [&](int64_t i, int k) -> float& {
+    return kSharedPartials ? shared_partials[k * vecs + i] : partial[i * V + k];
+  };
   for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
 #pragma unroll
-    for (int k = 0; k < V; ++k) d_weight_acc[k * vecs + i] = 0.f;
+    for (int k = 0; k < V; ++k) d_weight_acc(i, k) = 0.f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * cols;
     const T* dyr = d_out + row * cols;
@@ -179,7 +182,7 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
         const float n = to_float(xv.v[k]) * inv;
         const float dy = to_float(dv.v[k]);
         dot += dy * to_float(wv.v[k]) * n;
-        d_weight_acc[k * vecs + i] += dy * round_to_storage<T>(n);
+        d_weight_acc(i, k) += dy * round_to_storage<T>(n);
       }
     }
     const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
@@ -201,10 +204,10 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
       store_vec<V>(d_x + row * cols + i * V, dxv);
     }
   }
-  float* partial = d_weight_partial + blockIdx.x * cols;
-  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
+  if constexpr (kSharedPartials)
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
 #pragma unroll
-    for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc[k * vecs + i];
+      for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc(i, k);
 }
 
 // d_weight[c] = sum over blocks of partial[b][c]: 32 columns x 8 block-lanes per CUDA block.
@@ -233,7 +236,12 @@ bool can_vectorize(int64_t cols, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-int64_t bwd_blocks(int64_t rows) { return rows < kBwdBlocks ? (rows > 0 ? rows : 1) : kBwdBlocks; }
+fastffn_status bwd_plan(const fastffn_rms_norm_args& a, fastffn_rms_norm_bwd_plan* plan) {
+  fastffn_device_limits limits;
+  const fastffn_status status = current_device_limits(&limits);
+  if (status == FASTFFN_STATUS_OK) *plan = fastffn_plan_rms_norm_bwd(a.rows, a.cols, limits);
+  return status;
+}
 
 }  // namespace
 }  // namespace cuda
@@ -280,7 +288,8 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
 }
 
 extern "C" int64_t fastffn_rms_norm_bwd_workspace_bytes_cuda(fastffn_rms_norm_args a) {
-  return bwd_blocks(a.rows) * (a.cols > 0 ? a.cols : 0) * static_cast<int64_t>(sizeof(float));
+  fastffn_rms_norm_bwd_plan plan;
+  return bwd_plan(a, &plan) == FASTFFN_STATUS_OK ? plan.workspace_bytes : -1;
 }
 
 extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, const void* x,
@@ -290,28 +299,30 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
                                                     void* stream) {
   if (!fastffn::rms_norm_bwd_valid(a, x, weight, rstd, d_out, d_x, d_weight) || workspace == nullptr)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
-  const int64_t shared_bytes = a.cols * static_cast<int64_t>(sizeof(float));
-  if (shared_bytes > kMaxBwdSharedBytes) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  fastffn_rms_norm_bwd_plan plan;
+  if (const fastffn_status status = bwd_plan(a, &plan); status != FASTFFN_STATUS_OK) return status;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int64_t blocks = bwd_blocks(a.rows);
   return dispatch_dtype(a.dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool vec = can_vectorize<T>(a.cols, {x, weight, d_out, d_sum, d_x});
     float* partial = static_cast<float*>(workspace);
     const fastffn_status status = FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
       return FASTFFN_BOOL_SWITCH(d_sum != nullptr, kDSum, [&] {
-        constexpr int V = kVector ? kVecWidth<T> : 1;
-        auto kernel = rms_norm_bwd_kernel<T, V, kDSum>;
-        if (shared_bytes > 48 * 1024 &&
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(shared_bytes)) != cudaSuccess)
-          return FASTFFN_STATUS_CUDA_ERROR;
-        if (a.rows > 0)
-          kernel<<<static_cast<unsigned int>(blocks), threads_for(a.cols / V), shared_bytes, s>>>(
-              static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
-              static_cast<const T*>(d_out), static_cast<const T*>(d_sum), static_cast<T*>(d_x),
-              partial, a.rows, a.cols);
-        return launch_status();
+        return FASTFFN_BOOL_SWITCH(plan.shared_partials != 0, kSharedPartials, [&] {
+          constexpr int V = kVector ? kVecWidth<T> : 1;
+          auto kernel = rms_norm_bwd_kernel<T, V, kDSum, kSharedPartials>;
+          if (plan.shared_bytes > 48 * 1024 &&
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(plan.shared_bytes)) != cudaSuccess)
+            return FASTFFN_STATUS_CUDA_ERROR;
+          if (a.rows > 0)
+            kernel<<<static_cast<unsigned int>(plan.blocks), threads_for(a.cols / V),
+                     plan.shared_bytes, s>>>(
+                static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
+                static_cast<const T*>(d_out), static_cast<const T*>(d_sum), static_cast<T*>(d_x),
+                partial, a.rows, a.cols);
+          return launch_status();
+        });
       });
     });
     if (status != FASTFFN_STATUS_OK) return status;
@@ -320,7 +331,7 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
                  ? FASTFFN_STATUS_OK : FASTFFN_STATUS_CUDA_ERROR;
     }
     reduce_partials_kernel<T><<<static_cast<unsigned int>((a.cols + 31) / 32), dim3(32, 8), 0, s>>>(
-        partial, static_cast<T*>(d_weight), blocks, a.cols);
+        partial, static_cast<T*>(d_weight), plan.blocks, a.cols);
     return launch_status();
   });
 }

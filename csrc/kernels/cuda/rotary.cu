@@ -11,19 +11,31 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int64_t kMaxTokenBlocks = int64_t(1) << 30;
 
+// An out-of-range position has no rotation: its outputs become NaN, never a silent clamp.
+template <typename T>
+__device__ void write_nan_token(T* out, int width) {
+  for (int i = threadIdx.x; i < width; i += blockDim.x) out[i] = from_float<T>(__int_as_float(0x7fc00000));
+}
+
 template <typename T, int V, bool kInverse>
 __global__ void __launch_bounds__(kThreads)
 rotary_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ cos,
               const float* __restrict__ sin, const int64_t* __restrict__ position_ids,
               T* __restrict__ q_out, T* __restrict__ k_out, int64_t tokens, int seq, int q_heads,
               int k_heads, int head_dim, int64_t q_token_stride, int64_t k_token_stride,
-              int64_t q_out_token_stride, int64_t k_out_token_stride, int64_t table_rows) {
+              int64_t q_out_token_stride, int64_t k_out_token_stride, int64_t table_rows,
+              int32_t* __restrict__ position_error) {
   const int half = head_dim / 2;
   const int vecs_per_half = half / V;
   const int work = (q_heads + k_heads) * vecs_per_half;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    int64_t p = position_ids ? position_ids[t] : t % seq;
-    p = p < 0 ? 0 : (p >= table_rows ? table_rows - 1 : p);  // the binding validates; never read OOB
+    const int64_t p = position_ids ? position_ids[t] : t % seq;
+    if (p < 0 || p >= table_rows) {  // never read out of bounds; report and poison the token
+      if (threadIdx.x == 0 && position_error != nullptr) *position_error = 1;
+      write_nan_token(q_out + t * q_out_token_stride, q_heads * head_dim);
+      write_nan_token(k_out + t * k_out_token_stride, k_heads * head_dim);
+      continue;
+    }
     const float* c = cos + p * head_dim;
     const float* s = sin + p * head_dim;
     // Unrolled so that each thread issues the loads of several (head, vector) items before it
@@ -98,7 +110,8 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
             static_cast<const T*>(q), static_cast<const T*>(k), cos, sin, position_ids,
             static_cast<T*>(q_out), static_cast<T*>(k_out), tokens, static_cast<int>(a.seq),
             static_cast<int>(a.q_heads), static_cast<int>(a.k_heads), static_cast<int>(a.head_dim),
-            a.q_token_stride, a.k_token_stride, q_out_stride, k_out_stride, a.table_rows);
+            a.q_token_stride, a.k_token_stride, q_out_stride, k_out_stride, a.table_rows,
+            a.position_error);
         return launch_status();
       });
     });

@@ -27,6 +27,9 @@ swiglu_fwd_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __res
     const T* g = gate + row * gate_stride;
     const T* u = up + row * up_stride;
     T* o = out + row * out_stride;
+    // Not unrolled: the grid covers a row's vectors in about one pass, and ptxas's unrolled fp32
+    // variant spilled 4 bytes on sm_80 (nvcc 13.0, tests/build checks for spills).
+#pragma unroll 1
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vecs;
          i += col_step) {
       const Vec<T, V> gv = load_vec<V>(g + i * V);

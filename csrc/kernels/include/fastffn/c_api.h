@@ -34,6 +34,19 @@ typedef enum {
 const char* fastffn_status_string(fastffn_status status);
 
 // ---------------------------------------------------------------------------------------------
+// Device limits, read from the device at run time (never assumed: an H200 has 132 SMs and
+// 227 KiB of opt-in shared memory per block, an A100 108 and 163 KiB, an L40 142 and 99 KiB).
+// Launch plans are pure functions of these numbers (host code, testable without a GPU).
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  int sm_count;
+  int max_shared_bytes_per_block;  // with the opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+} fastffn_device_limits;
+
+// The limits of CUDA device `device` (cached per device after the first query).
+fastffn_status fastffn_device_limits_cuda(int device, fastffn_device_limits* limits);
+
+// ---------------------------------------------------------------------------------------------
 // SwiGLU: out[r, c] = silu(gate[r, c]) * up[r, c] for r < rows, c < cols.
 // Row strides let one entry point serve both layouts: packed [gate | up] rows of width 2*cols
 // (gate = x, up = x + cols, both strides 2*cols) and two separate tensors.
@@ -79,7 +92,9 @@ fastffn_status fastffn_swiglu_bwd_cuda(fastffn_swiglu_args args, const void* d_o
 //   d_weight = sum over rows of d_out * round_to_dtype(n), accumulated in fp32 and written in dtype
 // d_sum (the gradient arriving at the residual output) may be NULL. The CUDA backward needs a
 // `workspace` of fastffn_rms_norm_bwd_workspace_bytes_cuda(args) bytes (per-block fp32 partial
-// weight gradients) and supports up to 51200 columns; the CPU one allocates its own.
+// weight gradients; -1 if the current device cannot be queried); the CPU one allocates its own.
+// Any width works: rows whose fp32 partials fit in a block's shared memory accumulate there, wider
+// rows accumulate in the workspace (see fastffn_plan_rms_norm_bwd).
 // ---------------------------------------------------------------------------------------------
 typedef struct {
   int64_t rows;
@@ -87,6 +102,17 @@ typedef struct {
   float epsilon;
   fastffn_dtype dtype;
 } fastffn_rms_norm_args;
+
+typedef struct {
+  int64_t blocks;        // persistent blocks, each reducing a strided set of rows
+  int64_t shared_bytes;  // dynamic shared memory per block (0 on the workspace path)
+  int shared_partials;   // 1: weight-gradient partials in shared memory; 0: in the workspace
+  int64_t workspace_bytes;
+} fastffn_rms_norm_bwd_plan;
+
+// The CUDA backward's launch plan on a device with `limits` (host-only, pure).
+fastffn_rms_norm_bwd_plan fastffn_plan_rms_norm_bwd(int64_t rows, int64_t cols,
+                                                    fastffn_device_limits limits);
 
 fastffn_status fastffn_rms_norm_fwd_cpu(fastffn_rms_norm_args args, const void* x,
                                         const void* residual, const void* weight, void* out,
@@ -114,8 +140,10 @@ fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args args, const void*
 // backward can write d_q and d_k straight into a fused d_qkv buffer. With inverse != 0 the
 // transposed rotation is applied
 // (the backward: d_x = d_out * cos[p] + rotate_half^T(d_out * sin[p])).
-// Position ids outside [0, table_rows) make the entry point return INVALID_ARGUMENT on CPU; on
-// CUDA they are clamped, since checking them would need a device-to-host sync (the binding checks).
+// Position ids outside [0, table_rows) make the CPU entry point return INVALID_ARGUMENT. On CUDA
+// (where the ids live on the device) the kernel writes NaN for such tokens and sets
+// *position_error to 1 (a device int32 the caller zeroes and reads after the launch; it may be
+// NULL only when position_ids is NULL or the ids were already checked, as in the backward).
 // ---------------------------------------------------------------------------------------------
 typedef struct {
   int64_t batch;
@@ -130,6 +158,7 @@ typedef struct {
   int64_t table_rows;
   int inverse;
   fastffn_dtype dtype;
+  int32_t* position_error;  // CUDA only, see above
 } fastffn_rotary_args;
 
 fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const void* q, const void* k,

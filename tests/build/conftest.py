@@ -1,0 +1,31 @@
+"""Build checks: the CUDA kernels and the Paddle GPU bindings compile (on a machine without a
+GPU), and a wheel installs and works outside the checkout. A missing tool is a failure in CI
+(CI=true) and a skip elsewhere, so a newcomer without nvcc can still run the suite."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from build_tools import require_tool, run  # noqa: E402
+
+from paddle_fastffn.ops import build_definition  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cuda_objects(tmp_path_factory):
+    """Every CUDA kernel and host kernel file compiled as the harness and the loader compile them,
+    with ptxas's resource report: {source name: (object path, ptxas report)}."""
+    require_tool("nvcc")
+    out = tmp_path_factory.mktemp("cuda_objects")
+    objects = {}
+    for source in build_definition.harness_sources():
+        obj = out / f"{source.name}.o"
+        if source.suffix == ".cu":
+            report = run(build_definition.nvcc_compile_command(source, obj, ["-Xptxas=-v"])).stderr
+        else:
+            report = run(build_definition.cxx_compile_command(source, obj)).stderr
+        objects[source.name] = (obj, report)
+    return objects
