@@ -21,17 +21,17 @@ from pathlib import Path
 import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, set_seed
-from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp.utils.log import logger
 
 from paddle_fastffn import FastFFNTrainingArguments
-from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset, is_hf_checkpoint
+from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer
+from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
 from paddle_fastffn.integration.registry import apply_to_model, family_for
 
 
 @dataclass
 class ModelArgument:
-    model_name_or_path: str = field(metadata={"help": "A local PaddleNLP or Hugging Face (safetensors) checkpoint directory."})
+    model_name_or_path: str = field(metadata={"help": "A PaddleNLP checkpoint directory or model name, or a Hugging Face Hub LLaMA folder (safetensors or .bin, sharded or not)."})
     dtype: str = field(default="float32", metadata={"help": "Parameter dtype: float32, bfloat16 or float16."})
     lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank."})
@@ -113,12 +113,9 @@ def main(argv=None):
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
                 f"options={training_args.fast_ffn_options().as_dict() if training_args.use_fast_ffn else {}}")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(model_args.model_name_or_path, model_args.dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path, dtype=model_args.dtype,
-        convert_from_torch=is_hf_checkpoint(model_args.model_name_or_path))
     if training_args.use_fast_ffn:
         family_for(model.config.model_type)  # a clear error for a model with no LLaMA-style layers
         layers = apply_to_model(model, training_args.fast_ffn_options())

@@ -61,16 +61,3 @@ class TokenCountingCollator:
         self.tokens += int(sum(len(f["input_ids"]) for f in features))
         return self.collator(features)
 
-
-def is_hf_checkpoint(path: str | Path) -> bool:
-    """A Hugging Face (PyTorch) checkpoint directory: safetensors saved by torch, or .bin files.
-    PaddleNLP converts these on load with convert_from_torch=True."""
-    path = Path(path)
-    if list(path.glob("pytorch_model*.bin")):
-        return True
-    for file in path.glob("model*.safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(str(file), framework="np") as f:
-            return (f.metadata() or {}).get("format") == "pt"
-    return False

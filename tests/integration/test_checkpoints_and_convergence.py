@@ -1,41 +1,17 @@
-import json
-
 import numpy as np
 import paddle
 from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, tiny_model
-from paddle_fastffn.finetune.data import is_hf_checkpoint
+from hub_checkpoints import save_hub_checkpoint
+from paddle_fastffn.finetune.checkpoint import is_hf_checkpoint
 from tolerances import assert_close
-
-
-def save_hf_format(model, directory):
-    """The Hugging Face layout of a LLaMA checkpoint: model.* keys, torch [out, in] Linear weights,
-    safetensors with format=pt, an HF config.json."""
-    from safetensors.numpy import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for key, value in model.state_dict().items():
-        array = value.numpy()
-        name = key.replace("llama.", "model.", 1)
-        if array.ndim == 2 and "embed_tokens" not in name:
-            array = array.T
-        tensors[name] = np.ascontiguousarray(array)
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    c = model.config
-    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=c.vocab_size,
-                  hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                  num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                  num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
-                  rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=False, torch_dtype="float32", hidden_act="silu")
-    (directory / "config.json").write_text(json.dumps(config))
 
 
 def test_hf_format_checkpoint_loads_into_the_fast_path(tmp_path):
     source = tiny_model()
-    save_hf_format(source, tmp_path / "hf")
+    save_hub_checkpoint(source, tmp_path / "hf", "safetensors", dtype="float32")
     assert is_hf_checkpoint(tmp_path / "hf")
     ids, _, mask = batch()
     ref = logits_of(source, ids, mask).numpy()
