@@ -8,6 +8,7 @@ cuBLAS and SDPA standing in for Paddle's.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import importlib.util
 import os
@@ -81,18 +82,22 @@ def build(out_dir: Path | None = None, verbose: bool = False, defines: tuple[str
     extra = [f"-D{d}" for d in defines]
     out_dir = out_dir or Path(os.environ.get("FASTFFN_GPU_BUILD", REPO / "build" / "gpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    library = out_dir / f"fastffn_kernels_{definition.source_digest(extra)[:12]}.so"
+    library = out_dir / f"fastffn_kernels_{definition.source_digest(extra)[:12]}.so"  # cache key
     if library.exists():
         return library
-    objects, report = [], []
-    for source in definition.harness_sources():
-        obj = out_dir / f"{source.name}.o"
+    tag = definition.source_digest(extra)[:12]
+
+    def compile_one(source: Path) -> tuple[Path, str]:
+        obj = out_dir / f"{source.name}.{tag}.o"
         if source.suffix == ".cu":
-            report.append(_run(definition.nvcc_compile_command(
-                source, obj, extra + (["-Xptxas=-v"] if verbose else []))))
-        else:
-            _run(definition.cxx_compile_command(source, obj, extra))
-        objects.append(obj)
+            return obj, _run(definition.nvcc_compile_command(
+                source, obj, extra + (["-Xptxas=-v"] if verbose else [])))
+        return obj, _run(definition.cxx_compile_command(source, obj, extra))
+
+    # One compiler process per file, in parallel: the files are independent.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        compiled = list(pool.map(compile_one, definition.harness_sources()))
+    objects, report = [obj for obj, _ in compiled], [text for _, text in compiled]
     _run(definition.link_command(objects, library))
     if verbose:
         print("".join(report))

@@ -12,9 +12,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+python3 -c "from benchmarks.gpu.harness import definition; print(\"cublasLt.h from:\", definition.cublas_include_dirs() or definition.cuda_home() / \"include\")"
 python3 -c "from benchmarks.gpu import harness; harness.build(verbose=True)" > "$OUT/ptxas.txt" 2>&1 \
   || { echo "build failed"; tail -50 "$OUT/ptxas.txt"; exit 1; }
 grep -c "spill" "$OUT/ptxas.txt" | sed 's/^/ptxas reports: /'
 grep -E "[1-9][0-9]* bytes spill" "$OUT/ptxas.txt" && echo "WARNING: spills above"
-python3 -m pytest tests/gpu -q -p no:cacheprovider -x 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+python3 -m pytest tests/gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 python3 -m benchmarks.gpu.bench_gpu --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" | tail -40

@@ -85,8 +85,8 @@ def _build(directory: Path, cuda: bool) -> None:
              extra_cxx_cflags=definition.CXX_FLAGS,
              extra_cuda_cflags=definition.CUDA_FLAGS if cuda else None,
              extra_ldflags=definition.LD_FLAGS + (definition.CUDA_LIBRARIES if cuda else []),
-             extra_include_paths=[str(d) for d in definition.include_dirs()
-                                  + (definition.cuda_include_dirs() if cuda else [])],
+             extra_include_paths=[str(d) for d in definition.include_dirs() + (
+                 definition.cuda_include_dirs() + definition.cublas_include_dirs() if cuda else [])],
              build_directory=str(directory), verbose=bool(os.environ.get("PADDLE_FASTFFN_VERBOSE")))
     except Exception as error:  # Paddle reports a compile error as a generic link failure.
         raise FastFFNBuildError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 LIBRARY_NAME = "paddle_fastffn_ops"
@@ -48,7 +49,7 @@ CXX_FLAGS = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fno-trapping-math",
 LD_FLAGS = ["-fopenmp"]
 CUDA_FLAGS = ["-O3", "-std=c++17", "--use_fast_math", *gencode_flags()]
 # Libraries the CUDA kernels link against, beyond the CUDA runtime.
-CUDA_LIBRARIES: list[str] = []
+CUDA_LIBRARIES: list[str] = ["-ldl"]  # gemm.cu dlopens cuBLASLt (in libc itself from glibc 2.34)
 
 # What paddle.utils.cpp_extension puts around CUDA_FLAGS for every .cu file it compiles
 # (extension_utils.prepare_unix_cudaflags, Paddle 3.3.1). The harness compiles with the same
@@ -85,6 +86,21 @@ def cuda_include_dirs() -> list[Path]:
     CUDA build): include/ and, from CUDA 13 on, include/cccl (thrust, which Paddle's headers use)."""
     base = cuda_home() / "include"
     return [d for d in (base, base / "cccl") if d.is_dir()]
+
+
+def cublas_include_dirs() -> list[Path]:
+    """Where cublasLt.h is, for the GEMM provider (gemm.cu includes it for its types; cuBLASLt
+    itself is loaded at run time). A full CUDA toolkit has it in include/; otherwise the headers
+    packaged on PyPI: the folder scripts/fetch_cuda_headers.sh fills ($FASTFFN_CUDA_MATH_HEADERS),
+    or the nvidia-cublas package beside this Python (torch and paddlepaddle-gpu install it)."""
+    if (cuda_home() / "include" / "cublasLt.h").is_file():
+        return []
+    fetched = Path(os.environ.get("FASTFFN_CUDA_MATH_HEADERS",
+                                  Path.home() / ".cache" / "paddle_fastffn" / "cuda_math_headers"))
+    candidates = [fetched / "include"]
+    for site in dict.fromkeys(p for p in sys.path if p.endswith("site-packages")):
+        candidates += [Path(site) / "nvidia" / "cu13" / "include", Path(site) / "nvidia" / "cublas" / "include"]
+    return [d for d in candidates if (d / "cublasLt.h").is_file()][:1]
 
 
 def host_kernel_sources() -> list[Path]:
@@ -131,7 +147,7 @@ def source_digest(extra: list[str] = ()) -> str:
 
 def nvcc_compile_command(source: Path, output: Path, extra: list[str] = ()) -> list[str]:
     """nvcc for one .cu file exactly as Paddle's cpp_extension compiles it for the loader."""
-    includes = [f"-I{d}" for d in include_dirs()]
+    includes = [f"-I{d}" for d in include_dirs() + cublas_include_dirs()]
     return ["nvcc", *PADDLE_NVCC_PREFIX, *CUDA_FLAGS, *includes, *extra, "-c", str(source),
             "-o", str(output)]
 

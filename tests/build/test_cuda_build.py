@@ -37,6 +37,8 @@ def test_cuda_kernels_compile_for_every_architecture_without_spills(cuda_objects
         _, report = cuda_objects[source.name]
         functions = list(ptxas_functions(report))
         print(f"{source.name}: {len(functions)} kernel variants", file=sys.stderr)
+        if "__global__" not in source.read_text():
+            continue  # host code only (device limits, the cuBLASLt provider)
         assert functions, f"{source.name}: ptxas reported no kernels"
         assert {arch for _, arch, _ in functions} == expected_archs, source.name
         spilled = [(name, arch, b) for name, arch, b in functions if b]

@@ -29,6 +29,8 @@ typedef enum {
   FASTFFN_STATUS_INVALID_ARGUMENT = 1,
   FASTFFN_STATUS_UNSUPPORTED_DTYPE = 2,
   FASTFFN_STATUS_CUDA_ERROR = 3,
+  FASTFFN_STATUS_LIBRARY_MISSING = 16,  // a runtime-loaded library (cuBLASLt) is missing
+  FASTFFN_STATUS_LIBRARY_ERROR = 17,    // that library failed (see fastffn_gemm_last_error)
 } fastffn_status;
 
 const char* fastffn_status_string(fastffn_status status);

@@ -1,0 +1,188 @@
+"""ctypes bindings of the FP8 entry points (csrc/kernels/include/fastffn/scaled_tensor.h) over the
+shared library that ``harness.build()`` compiles: FP8 quantisation (cast + transpose + amax),
+dequantisation and the cuBLASLt GEMM provider, the same functions the Paddle bindings call.
+torch only allocates, supplies the stream and computes references.
+
+Shapes and precision, row-major throughout:
+  quantize    x [R, C] bf16/fp16/fp32 -> q [R, C] fp8 and q_t [C, R] fp8, round(x * scale) with
+              saturation, amax = max |x| (fp32), scale_inv = 1 / scale
+  dequantize  q [R, C] fp8 -> y [R, C] bf16/fp16/fp32 = q * scale_inv (fp32 product)
+  gemm        D[M, N] = alpha * A[M, K] @ B[N, K]^T (+ D), fp32 accumulation; FP8 needs both
+              operands K-major (pass the q_t copies for dgrad/wgrad)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.gpu import harness
+
+DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 4,
+          torch.float8_e5m2: 5}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FP8_NAN_BYTE = 0x7F  # NaN in both formats: what poisoned FP8 outputs start as
+
+STATUS_INVALID_ARGUMENT = 1
+STATUS_UNSUPPORTED_DTYPE = 2
+STATUS_LIBRARY_MISSING = 16
+STATUS_LIBRARY_ERROR = 17
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64),
+                ("scale", ctypes.c_void_p), ("scale_inv", ctypes.c_void_p), ("amax", ctypes.c_void_p)]
+
+
+class GemmConfig(ctypes.Structure):
+    _fields_ = [("transpose_a", ctypes.c_int), ("transpose_b", ctypes.c_int),
+                ("accumulate", ctypes.c_int), ("fast_accum", ctypes.c_int), ("alpha", ctypes.c_float)]
+
+
+class Fp8Error(RuntimeError):
+    def __init__(self, op: str, status: int, message: str):
+        super().__init__(f"{op}: status {status}: {message}")
+        self.status = status
+
+
+@dataclass
+class Quantized:
+    """An FP8 tensor with its per-tensor scaling state (fp32 device tensors of one element)."""
+    data: torch.Tensor | None        # [R, C] fp8
+    data_t: torch.Tensor | None      # [C, R] fp8
+    scale: torch.Tensor | None
+    scale_inv: torch.Tensor
+    amax: torch.Tensor | None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def describe(t: torch.Tensor | None, dtype: torch.dtype | None = None, scale=None, scale_inv=None,
+             amax=None, shape: tuple[int, int] = (0, 0)) -> Tensor:
+    """The C descriptor of a 2-D view with unit column stride (rows may be strided); None gives a
+    NULL data pointer with `dtype` and `shape`."""
+    if t is None:
+        return Tensor(None, DTYPES[dtype], shape[0], shape[1], shape[1], _ptr(scale), _ptr(scale_inv),
+                      _ptr(amax))
+    assert t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1), "2-D with contiguous rows"
+    stride = t.stride(0) if t.shape[0] > 1 else t.shape[1]
+    return Tensor(t.data_ptr(), DTYPES[t.dtype], t.shape[0], t.shape[1], max(stride, t.shape[1]),
+                  _ptr(scale), _ptr(scale_inv), _ptr(amax))
+
+
+def empty(shape, dtype, device="cuda") -> torch.Tensor:
+    """An output buffer, NaN-filled while harness.POISON_OUTPUTS is set (FP8: the NaN byte 0x7F)."""
+    if dtype in FP8_DTYPES:
+        if harness.POISON_OUTPUTS:
+            return torch.full(shape, FP8_NAN_BYTE, dtype=torch.uint8, device=device).view(dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
+    return harness.Kernels.empty(shape, dtype, device)
+
+
+def scalar(value: float, device="cuda") -> torch.Tensor:
+    return torch.full((1,), value, dtype=torch.float32, device=device)
+
+
+class Fp8Kernels:
+    def __init__(self, lib: ctypes.CDLL | None = None):
+        self.lib = lib or harness.kernels().lib
+        for name in ("fastffn_fp8_quantize_cuda", "fastffn_fp8_dequantize_cuda", "fastffn_gemm_cuda",
+                     "fastffn_gemm_init_cuda"):
+            getattr(self.lib, name).restype = ctypes.c_int
+        self.lib.fastffn_fp8_quantize_cuda.argtypes = [Tensor, Tensor, Tensor, ctypes.c_void_p]
+        self.lib.fastffn_fp8_dequantize_cuda.argtypes = [Tensor, Tensor, ctypes.c_void_p]
+        self.lib.fastffn_gemm_cuda.argtypes = [Tensor, Tensor, Tensor, GemmConfig, ctypes.c_void_p]
+        self.lib.fastffn_gemm_init_cuda.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fastffn_gemm_last_error.restype = ctypes.c_char_p
+        self.lib.fastffn_status_string.restype = ctypes.c_char_p
+
+    def _check(self, status: int, op: str, gemm: bool = False):
+        if status == 0:
+            return
+        detail = self.lib.fastffn_gemm_last_error().decode() if gemm else ""
+        known = {STATUS_LIBRARY_MISSING: "cuBLASLt missing", STATUS_LIBRARY_ERROR: "cuBLASLt error"}
+        message = known.get(status) or self.lib.fastffn_status_string(status).decode()
+        raise Fp8Error(op, status, f"{message}. {detail}".strip())
+
+    @staticmethod
+    def _stream():
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    # --- quantisation ---------------------------------------------------------------------------
+    def quantize(self, x: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor | None = None,
+                 rowwise: bool = True, transpose: bool = True, amax: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None, out_t: torch.Tensor | None = None) -> Quantized:
+        """x [R, C] -> Quantized. `amax` (fp32 [1]) is max-accumulated into (a fresh zero when
+        None); `out` / `out_t` may be given as (strided) views to write into."""
+        rows, cols = x.shape
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device) if amax is None else amax
+        scale_inv = empty((1,), torch.float32, x.device)
+        if rowwise and out is None:
+            out = empty((rows, cols), fp8, x.device)
+        if transpose and out_t is None:
+            out_t = empty((cols, rows), fp8, x.device)
+        status = self.lib.fastffn_fp8_quantize_cuda(
+            describe(x), describe(out, fp8, scale, scale_inv, amax, (rows, cols)),
+            describe(out_t, fp8, shape=(cols, rows)), self._stream())
+        self._check(status, "fp8_quantize")
+        return Quantized(out, out_t, scale, scale_inv, amax)
+
+    def quantize_status(self, x_desc: Tensor, out_desc: Tensor, out_t_desc: Tensor) -> int:
+        """The raw status for hand-made descriptors (argument-check tests)."""
+        return self.lib.fastffn_fp8_quantize_cuda(x_desc, out_desc, out_t_desc, self._stream())
+
+    def dequantize(self, q: torch.Tensor, scale_inv: torch.Tensor | None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        y = empty(tuple(q.shape), dtype, q.device)
+        status = self.lib.fastffn_fp8_dequantize_cuda(describe(q, scale_inv=scale_inv), describe(y),
+                                                      self._stream())
+        self._check(status, "fp8_dequantize")
+        return y
+
+    # --- GEMM -----------------------------------------------------------------------------------
+    def gemm_init(self) -> int:
+        """Loads cuBLASLt and creates this device's handle; returns cublasLtGetVersion()."""
+        version = ctypes.c_size_t(0)
+        self._check(self.lib.fastffn_gemm_init_cuda(ctypes.byref(version)), "gemm_init", gemm=True)
+        return version.value
+
+    def gemm(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+             a_scale_inv: torch.Tensor | None = None, b_scale_inv: torch.Tensor | None = None,
+             transpose_a: bool = False, transpose_b: bool = False, alpha: float = 1.0,
+             fast_accum: bool = False, out: torch.Tensor | None = None,
+             accumulate: bool = False) -> torch.Tensor:
+        """D[M, N] = alpha * A @ B^T (+ out when accumulate), A = a [M, K] (or a^T with
+        transpose_a), B = b [N, K] (or b^T with transpose_b)."""
+        m = a.shape[1] if transpose_a else a.shape[0]
+        n = b.shape[1] if transpose_b else b.shape[0]
+        if out is None:
+            assert not accumulate, "accumulate needs `out`"
+            out = empty((m, n), out_dtype, a.device)
+        config = GemmConfig(int(transpose_a), int(transpose_b), int(accumulate), int(fast_accum), alpha)
+        status = self.lib.fastffn_gemm_cuda(describe(a, scale_inv=a_scale_inv),
+                                            describe(b, scale_inv=b_scale_inv), describe(out),
+                                            config, self._stream())
+        self._check(status, "gemm", gemm=True)
+        return out
+
+    def gemm_q(self, a: Quantized, b: Quantized, out_dtype=torch.bfloat16, a_t=False, b_t=False, **kw):
+        """The GEMM of two Quantized tensors, using their row-wise data or (a_t / b_t) their
+        transposed copies, each with its scale_inv."""
+        return self.gemm(a.data_t if a_t else a.data, b.data_t if b_t else b.data, out_dtype,
+                         a_scale_inv=a.scale_inv, b_scale_inv=b.scale_inv, **kw)
+
+
+_KERNELS: Fp8Kernels | None = None
+
+
+def kernels() -> Fp8Kernels:
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = Fp8Kernels()
+    return _KERNELS

@@ -1,0 +1,149 @@
+// paddle_fastffn FP8 C API: scaled tensors, the cuBLASLt GEMM provider, FP8 quantisation
+// (cast + transpose + amax) and dequantisation. The device limits the kernels plan with (SM count,
+// shared memory, read at run time) are c_api.h's fastffn_device_limits_cuda.
+//
+// A tensor descriptor carries a device pointer, a dtype, a row-major 2-D shape with a row stride
+// and the fp32 device scalars of per-tensor FP8 scaling (scale, scale_inv, amax), in the spirit of
+// Transformer Engine's NVTE tensors. Kernels stay framework-neutral: the Paddle bindings and the
+// ctypes GPU harness (benchmarks/gpu/fp8_harness.py) call these same functions.
+//
+// Kept apart from c_api.h while the FP8 path is built (nothing else includes this header); it
+// reuses c_api.h's fastffn_dtype (FASTFFN_DTYPE_FP8_E4M3 / _E5M2) and fastffn_status.
+//
+// Build: gemm.cu includes <cublasLt.h> for its types and enums only and links no cuBLAS library:
+// cuBLASLt is dlopen'ed at first use (see fastffn_gemm_init_cuda). The include path of cublasLt.h
+// comes from the build definition (paddle_fastffn/ops/build_definition.py): the CUDA toolkit's
+// include/ where it ships cuBLAS, else the include/ folder of the nvidia-cublas wheel.
+#ifndef FASTFFN_SCALED_TENSOR_H_
+#define FASTFFN_SCALED_TENSOR_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fastffn/c_api.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The GEMM entry points also return c_api.h's FASTFFN_STATUS_LIBRARY_MISSING (cuBLASLt could not
+// be loaded, or lacks a needed function) and FASTFFN_STATUS_LIBRARY_ERROR (cuBLASLt returned an
+// error, or its heuristic found no algorithm); fastffn_gemm_last_error says which call and why.
+
+// A row-major 2-D tensor on the device. Element [r, c] is at data + (r * row_stride + c) * size.
+typedef struct {
+  void* data;
+  fastffn_dtype dtype;
+  int64_t rows;
+  int64_t cols;
+  int64_t row_stride;  // in elements, >= cols
+  // fp32 device scalars of per-tensor FP8 scaling; each may be NULL where an entry point says so.
+  float* scale;      // quantised = saturate(round(x * scale)); NULL = 1
+  float* scale_inv;  // x ~= quantised * scale_inv, i.e. 1 / scale; NULL = 1
+  float* amax;       // max |x| over the values that were quantised
+} fastffn_tensor;
+
+// ---------------------------------------------------------------------------------------------
+// GEMM (cuBLASLt, on the caller's stream, fp32 accumulation), row-major:
+//
+//   D[M, N] = alpha * (sa * A[M, K]) @ (sb * B[N, K])^T      (+ D[M, N] when accumulate)
+//
+//   A = a, stored [M, K]              or, with transpose_a, a^T with a stored [K, M]
+//   B = b, stored [N, K]              or, with transpose_b, b^T with b stored [K, N]
+//   sa = *a.scale_inv, sb = *b.scale_inv   (FP8 inputs; NULL = 1)
+//
+// The default layout is a Linear layer with weight [out, in]:  y[T, out] = x[T, in] @ w[out, in]^T
+// (a = x, b = w). The backward's GEMMs:
+//   dgrad  dx[T, in]   = dy[T, out] @ w    a = dy,   b = w^T [in, out]
+//                                          (16-bit also: b = w with transpose_b)
+//   wgrad  dw[out, in] = dy^T @ x          a = dy^T [out, T], b = x^T [in, T]
+//                                          (16-bit also: a = dy, b = x, transpose_a and _b)
+//
+// Inputs, one of:
+//   16-bit: a and b both BFLOAT16 or both FLOAT16, any layout; D the same dtype or FLOAT32;
+//           a.scale_inv and b.scale_inv must be NULL (there is nothing to scale).
+//   FP8:    a and b FP8_E4M3 / FP8_E5M2 (not both E5M2: cuBLASLt has no e5m2 x e5m2 kernel,
+//           UNSUPPORTED_DTYPE); D BFLOAT16, FLOAT16 or FLOAT32. cuBLASLt runs FP8 on sm_89/sm_90
+//           only with both operands K-major ("TN"), so FP8 requires transpose_a = transpose_b = 0:
+//           pass the transposed copies fastffn_fp8_quantize_cuda writes (out_t) for dgrad/wgrad.
+//           FP8 also requires K % 16 == 0 (for wgrad, K is the token count), a, b and D 16-byte
+//           aligned, and a/b/D row strides that are multiples of 16 bytes. Any of these
+//           broken: INVALID_ARGUMENT.
+// D: d.data [M, N]; d.scale, d.scale_inv and d.amax must be NULL (reserved for FP8 outputs).
+// fast_accum (FP8 only, ignored for 16-bit inputs): cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+//   which skips the periodic promotion of the tensor cores' partial sums to fp32; faster, less
+//   accurate: Transformer Engine uses it for the forward GEMM only.
+// accumulate: D += (beta = 1), e.g. the weight gradient summed over micro-batches in fp32.
+//
+// One cuBLASLt handle and a 32 MiB workspace per device, created at the first call on that
+// device (not capturable into a CUDA graph: call fastffn_gemm_init_cuda first). The workspace is
+// shared by every call on the device, so GEMMs on one device must be ordered (one stream at a
+// time, as Paddle's compute stream is). Algorithms come from cuBLASLt's heuristic, cached per
+// (device, shape, strides, dtypes, layout, accumulate, fast_accum, pointer alignment).
+// Returns INVALID_ARGUMENT for shapes or layouts outside the above, LIBRARY_MISSING when cuBLASLt
+// cannot be loaded, LIBRARY_ERROR when it fails, CUDA_ERROR for a CUDA runtime failure.
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  int transpose_a;
+  int transpose_b;
+  int accumulate;
+  int fast_accum;
+  float alpha;
+} fastffn_gemm_config;
+
+fastffn_status fastffn_gemm_cuda(fastffn_tensor a, fastffn_tensor b, fastffn_tensor d,
+                                 fastffn_gemm_config config, void* stream);
+
+// Loads cuBLASLt (once per process) and creates the current device's handle and workspace.
+// cuBLASLt is looked up, in order: $FASTFFN_CUBLASLT_PATH (the library file, or a folder such as
+// site-packages/nvidia/cublas/lib holding libcublasLt.so.*), a copy already loaded in the process
+// (Paddle's or torch's), then libcublasLt.so, libcublasLt.so.13, libcublasLt.so.12 through the
+// dynamic loader's search path. *cublaslt_version (may be NULL) gets cublasLtGetVersion().
+fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version);
+
+// What went wrong in this thread's last failed fastffn_gemm_cuda / fastffn_gemm_init_cuda (the
+// paths tried, the cuBLASLt call and its status, the broken requirement); "" after a success.
+// Valid until this thread's next GEMM call.
+const char* fastffn_gemm_last_error(void);
+
+// ---------------------------------------------------------------------------------------------
+// FP8 quantisation, one pass over x [rows, cols] (BFLOAT16, FLOAT16 or FLOAT32):
+//
+//   q = saturate(round_to_nearest_even(x * scale))       x * scale in fp32, scale = *out.scale
+//
+// written to out.data ([rows, cols]) and, in the same pass, to out_t.data ([cols, rows], the
+// transposed copy that the K-major FP8 GEMMs of dgrad and wgrad need); either may be NULL, both
+// NULL computes amax only. out.dtype (and out_t.dtype) is FP8_E4M3 or FP8_E5M2. out also carries:
+//   out.scale      read; NULL = 1
+//   out.scale_inv  written: 1 / scale, correctly rounded (for the GEMM and dequantisation);
+//                  may be NULL
+//   out.amax       *amax = max(*amax, max |x|): it accumulates, so chunks may share one amax;
+//                  initialise it to 0 (a non-negative float). A NaN in x makes it NaN. May be NULL.
+// out_t's scale, scale_inv and amax are not read (NULL, or out's).
+// Values (max finite: e4m3 448, e5m2 57344):
+//   finite x, |x * scale| above the max (fp32 overflow to Inf included)  -> +-max (saturation)
+//   |x * scale| at most half the smallest subnormal (e4m3 2^-10, e5m2 2^-17)  -> +-0
+//   x = +-Inf   e5m2: +-Inf (0x7C / 0xFC);  e4m3, which has no Inf: NaN (0x7F)
+//   NaN (x, or x * scale, e.g. a NaN scale)                             -> 0x7F (NaN in both)
+// Non-finite inputs stay non-finite so the overflow checks of mixed-precision training (found_inf
+// in dynamic loss scaling) still see them after the GEMM. This is __nv_cvt_float_to_fp8(...,
+// __NV_SATFINITE, ...) except for Inf, which that clamps to +-max, and NaN, whose bits it leaves
+// to the hardware (the sm_89+ instruction may keep the sign); here NaN is always 0x7F.
+// Any shape and row strides: 16-byte loads and stores where a tensor's pointer and row stride
+// allow, element accesses elsewhere. Returns UNSUPPORTED_DTYPE for other dtypes,
+// INVALID_ARGUMENT for shapes that do not match or aliased scale / scale_inv / amax pointers.
+// ---------------------------------------------------------------------------------------------
+fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
+                                         fastffn_tensor out_t, void* stream);
+
+// Dequantisation: y[r, c] = round_to(y.dtype, float(q[r, c]) * scale_inv) with
+// scale_inv = *q.scale_inv (NULL = 1), fp32 product; q FP8_E4M3 / FP8_E5M2, y BFLOAT16, FLOAT16
+// or FLOAT32 of q's shape. NaN -> NaN, e5m2 +-Inf -> +-Inf. fp32 products below 2^-126 flush to
+// zero (the kernels are built with --use_fast_math): keep scale_inv above ~2^-100.
+fastffn_status fastffn_fp8_dequantize_cuda(fastffn_tensor q, fastffn_tensor y, void* stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // FASTFFN_SCALED_TENSOR_H_
