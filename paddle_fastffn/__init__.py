@@ -14,12 +14,20 @@ __version__ = "0.1.0"
 
 def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = True,
                             rotary: bool = True, attention: bool = True,
-                            fuse_projections: bool = False, swiglu_recompute: bool = False) -> int:
+                            fuse_projections: bool = True, swiglu_recompute: bool = True,
+                            save_fused_checkpoint: bool = False) -> int:
     """Patch PaddleNLP's LLaMA decoder layers with the fused paths (class level: every layer
     built or run afterwards), and `model`'s settings when given. Returns the number of decoder
-    layers of `model` on the fast path (0 without a model). Undo with revert_fast_ffn()."""
+    layers of `model` on the fast path (0 without a model). Undo with revert_fast_ffn().
+
+    The defaults are the benchmarked path: models built afterwards get fused qkv / gate_up
+    projections (plain Linear weights only: LoRA and tensor-parallel layers keep PaddleNLP's
+    sub-layers) and SwiGLU recompute; save_pretrained still writes the stock unfused LLaMA
+    checkpoint unless save_fused_checkpoint. Fused projections are chosen when a model is built:
+    an existing `model` keeps its projections."""
     options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
-                             fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute)
+                             fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute,
+                             save_fused_checkpoint=save_fused_checkpoint)
     if model is None:
         _enable(options)
         return 0

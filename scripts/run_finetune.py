@@ -113,7 +113,11 @@ def main(argv=None):
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
                 f"options={training_args.fast_ffn_options().as_dict() if training_args.use_fast_ffn else {}}")
 
-    model, tokenizer = load_model_and_tokenizer(model_args.model_name_or_path, model_args.dtype)
+    # Tensor parallel: the config tells PaddleNLP to build (and load into) each rank's shards.
+    model, tokenizer = load_model_and_tokenizer(
+        model_args.model_name_or_path, model_args.dtype,
+        tensor_parallel_degree=training_args.tensor_parallel_degree,
+        tensor_parallel_rank=training_args.tensor_parallel_rank)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
     if training_args.use_fast_ffn:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite (CPU). Where nvcc exists, the CUDA math-library headers are
-# fetched first so that tests/build can compile the Paddle GPU bindings (in CI a missing nvcc or
+# fetched first so that tests/build_checks can compile the Paddle GPU bindings (in CI a missing nvcc or
 # header fetch fails those tests). GPU kernel tests (tests/gpu) skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."

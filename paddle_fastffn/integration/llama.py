@@ -2,19 +2,37 @@
 
 Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP and
 LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused versions that read
-the same sub-layers and parameters. So parameter names, shapes and checkpoints stay PaddleNLP's,
-LoRA's LoRALinear sub-layers keep working (the MLP calls its sub-layers; the single fused
-`swiglu_down_proj` kernel path is only taken when down_proj is a plain Linear), and so do tensor
-parallel layers (each rank applies SwiGLU to its own [gate_i | up_i] shard). What the fused path
-does not cover (fused_ln, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's math, with one
-warning per reason. Two repairs come with it: generate() on Paddle 3.x
+the same sub-layers and parameters. LoRA's LoRALinear sub-layers keep working (the MLP calls its
+sub-layers; the single fused `swiglu_down_proj` kernel path is only taken when down_proj is a plain
+Linear), and so do tensor parallel layers (each rank applies SwiGLU to its own shard). What the
+fused path does not cover (fused_ln, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's
+math, with one warning per reason. Two repairs come with it: generate() on Paddle 3.x
 (prepare_attention_mask_for_generation) and the causal mask of the flash path while decoding with
 a KV cache (fast_scaled_dot_product_attention).
+
+Fused projections. A model built while the fast path is enabled gets PaddleNLP's own fused
+qkv_proj and gate_up_fused_proj (config.fuse_attention_qkv / fuse_attention_ffn, set before the
+layers read the config; PaddleNLP fuses unfused checkpoints on load). Tensor and pipeline parallel
+models keep PaddleNLP's sharded sub-layers. The checkpoint contract stays stock, through hooks
+installed once (install_hooks) that act only on layers the fast path fused:
+- initialisation: a fused weight is drawn as its stock parts, in stock order, and fused, so a
+  seed gives the same model as stock PaddleNLP;
+- save_pretrained writes the stock unfused layout (q/k/v_proj, gate_proj/up_proj, split by
+  PaddleNLP's own split mappings) and the config the model had before the fast path touched it
+  (fuse_attention_*, use_flash_attention), unless save_fused_checkpoint is set;
+- set_state_dict (the Trainer's resume and best-model reload) fuses stock-layout weights;
+- LoRAModel: before adapters are placed, the fused layers it targets are split back into the
+  stock sub-layers and fused-name target patterns are aimed at the parts, so the adapters are
+  the ones stock PaddleNLP would create (and save under stock names).
 """
 
 from __future__ import annotations
 
+import copy
+import re
 import warnings
+import weakref
+from functools import partial
 
 import paddle
 from paddle import nn
@@ -28,6 +46,16 @@ MODEL_TYPES = ("llama",)
 _ORIGINALS: dict = {}
 _ACTIVE: FastFFNOptions | None = None
 _WARNED: set = set()
+_INFORMED: set = set()
+_HOOKS: dict = {}
+# id(config) -> (weakref to it, {key: value before the fast path changed it}, save_fused_checkpoint)
+_STOCK: dict = {}
+_PATCHED_CONFIG_KEYS = ("use_flash_attention", "fuse_attention_qkv", "fuse_attention_ffn")
+# kind -> (fused sub-layer name, its stock parts in PaddleNLP's order, the config flag)
+FUSED_LAYOUTS = {
+    "qkv": ("qkv_proj", ("q_proj", "k_proj", "v_proj"), "fuse_attention_qkv"),
+    "ffn": ("gate_up_fused_proj", ("gate_proj", "up_proj"), "fuse_attention_ffn"),
+}
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -37,6 +65,18 @@ def _warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f"paddle_fastffn: {message}", RuntimeWarning, stacklevel=3)
+
+
+def _info_once(key: str, message: str, covers: tuple = ()) -> None:
+    """Where a part of the fast path does not apply by design (LoRA, tensor parallel, a model built
+    before enabling), the layer keeps PaddleNLP's sub-layers: one info line, not a fallback
+    warning. `covers`: the per-forward reasons this line already explains."""
+    if key not in _INFORMED:
+        from paddlenlp.utils.log import logger
+
+        logger.info(f"paddle_fastffn: {message}")
+    _INFORMED.add(key)
+    _INFORMED.update(covers)
 
 
 def _modeling():
@@ -72,7 +112,8 @@ def fast_mlp_forward(self, x):
 
     With fuse_attention_ffn the gate and up projections are one GEMM and the kernel reads the packed
     [gate | up] output; otherwise the two projections run and the two-input kernel fuses silu * up.
-    With swiglu_recompute and a plain down_proj, the SwiGLU output is not stored for backward."""
+    With swiglu_recompute, a fused gate/up projection and a plain down_proj, the SwiGLU output is
+    not stored for backward; elsewhere it is (one info line per reason)."""
     recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
     if self.fuse_attention_ffn:
         gate_up = self.gate_up_fused_proj(x)
@@ -80,12 +121,14 @@ def fast_mlp_forward(self, x):
             # gate_up is this forward's private intermediate: its memory can hold its gradient.
             return ops.swiglu_down_proj(gate_up, self.down_proj.weight, reuse_gate_up_memory=True)
         if recompute:
-            _warn_once("recompute_down_proj", "swiglu_recompute needs a plain Linear down_proj (not LoRA or "
-                                              "tensor parallel): the SwiGLU output is stored")
+            _info_once("recompute_down_proj", f"swiglu_recompute needs a plain Linear down_proj, this one is "
+                                              f"{type(self.down_proj).__name__} (LoRA or tensor parallel): "
+                                              f"the SwiGLU output is stored")
         return self.down_proj(ops.swiglu(gate_up))
     if recompute:
-        _warn_once("recompute_unfused", "swiglu_recompute needs fused gate/up projections "
-                                        "(fast_ffn_fuse_projections): the SwiGLU output is stored")
+        _info_once("recompute_unfused", "swiglu_recompute needs the fused gate/up projection (a model built "
+                                        "while the fast path is enabled, fast_ffn_fuse_projections): this "
+                                        "model's MLP keeps gate_proj/up_proj and stores the SwiGLU output")
     return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
@@ -186,20 +229,381 @@ def fast_scaled_dot_product_attention(query_states, config, key_states, value_st
 def _enable_sdpa(config) -> None:
     # PaddleNLP's use_flash_attention path calls F.scaled_dot_product_attention: flash attention
     # on GPU, the fused SDPA on CPU; grouped-query heads natively (no repeat_kv copies).
+    _remember_stock(config)
     config.use_flash_attention = True
 
 
+# ---------------------------------------------------------------------------------------------
+# The config the model had before the fast path changed it (what a checkpoint must say).
+
+def _remember_stock(config, save_fused: bool | None = None) -> None:
+    """Record `config`'s values of the keys the fast path changes, the first time it sees it.
+    Kept off the config itself: PretrainedConfig serialises every attribute into config.json."""
+    key = id(config)
+    entry = _STOCK.get(key)
+    if entry is None or entry[0]() is not config:
+        values = {name: bool(getattr(config, name, False)) for name in _PATCHED_CONFIG_KEYS}
+        entry = [weakref.ref(config, lambda _ref, key=key: _STOCK.pop(key, None)), values, False]
+        _STOCK[key] = entry
+    if save_fused is not None:
+        entry[2] = save_fused
+
+
+def stock_config_values(config) -> dict | None:
+    """{use_flash_attention, fuse_attention_qkv, fuse_attention_ffn} as they were before the fast
+    path changed `config`; None for a config it never touched."""
+    entry = _STOCK.get(id(config))
+    return dict(entry[1]) if entry is not None and entry[0]() is config else None
+
+
+def _save_fused(config) -> bool:
+    if _ACTIVE is not None:
+        return _ACTIVE.save_fused_checkpoint
+    entry = _STOCK.get(id(config))
+    return bool(entry is not None and entry[0]() is config and entry[2])
+
+
+def _distributed_layers(config) -> str | None:
+    """Why this config builds PaddleNLP's sharded layers, or None for plain Linear layers."""
+    if (getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
+        return f"tensor_parallel_degree={config.tensor_parallel_degree}"
+    if (getattr(config, "pipeline_parallel_degree", 1) or 1) > 1:
+        return f"pipeline_parallel_degree={config.pipeline_parallel_degree}"
+    return None
+
+
+def _keeps_distributed_layers(config) -> bool:
+    """Tensor / pipeline parallel models keep PaddleNLP's sharded sub-layers (one info line)."""
+    distributed = _distributed_layers(config)
+    if distributed:
+        _info_once("distributed_layers", f"{distributed}: the model keeps PaddleNLP's own (sharded) q/k/v and "
+                                         f"gate/up projection sub-layers, no fused projections, and stores the "
+                                         f"SwiGLU output (recompute needs the fused gate/up projection and a plain "
+                                         f"Linear down_proj); the fused SwiGLU, RMSNorm and rotary kernels still apply",
+                   covers=("recompute_unfused", "recompute_down_proj"))
+    return distributed is not None
+
+
 def configure(config, options: FastFFNOptions) -> None:
-    """Config changes made before a model is built (used by from_pretrained / from_config hooks)."""
+    """Config changes made before a model is built (the construction hook calls it for every
+    decoder layer, before the layer's sub-layers read the config)."""
+    _remember_stock(config, options.save_fused_checkpoint)
     if options.attention:
         _enable_sdpa(config)
+    if not (options.fuse_projections or options.swiglu_recompute):
+        return
+    if _keeps_distributed_layers(config):
+        return
     if options.fuse_projections:
-        # PaddleNLP 2.8.1 converts unfused checkpoints on load (and fused ones back for stock
+        # PaddleNLP 2.8.1 fuses unfused checkpoints on load (and splits fused ones for unfused
         # models): LlamaPretrainedModel._get_fuse_or_split_param_mappings.
-        if getattr(config, "tensor_parallel_degree", 1) <= 1 or config.num_key_value_heads % config.tensor_parallel_degree == 0:
-            config.fuse_attention_qkv = True
+        config.fuse_attention_qkv = True
         config.fuse_attention_ffn = True
 
+
+def mark_fast_built(layer, config) -> None:
+    """After a decoder layer is built: remember which of its projections the fast path fused (the
+    stock config had them unfused), for initialisation, saving, loading and LoRA."""
+    stock = stock_config_values(config)
+    if stock is None:
+        return
+    head_dim = config.hidden_size // config.num_attention_heads
+    owners = {"qkv": getattr(layer, "self_attn", None), "ffn": getattr(layer, "mlp", None)}
+    for kind, (fused_name, _parts, flag) in FUSED_LAYOUTS.items():
+        owner = owners[kind]
+        fused = getattr(owner, fused_name, None) if owner is not None else None
+        if fused is None or stock[flag] or not getattr(config, flag, False):
+            continue
+        owner._fast_ffn_fused = kind
+        if kind == "qkv":
+            widths = (config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim,
+                      config.num_key_value_heads * head_dim)
+        else:
+            widths = (config.intermediate_size, config.intermediate_size)
+        fused._fast_ffn_stock_parts = (widths, _fuse_fn(kind, config))
+
+
+def _fuse_fn(kind: str, config):
+    from paddlenlp.transformers.conversion_utils import fuse_param_func
+
+    if kind == "qkv":
+        return partial(fuse_param_func(), is_qkv=True, num_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads)
+    return fuse_param_func()
+
+
+def _split_fn(kind: str, config):
+    from paddlenlp.transformers.conversion_utils import split_param_func
+
+    if kind == "qkv":
+        return partial(split_param_func(), split_nums=3, is_qkv=True, num_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads)
+    return partial(split_param_func(), split_nums=2)
+
+
+def fast_fused_layers(model) -> dict:
+    """{sub-layer name: kind} of the attention / MLP layers of `model` whose projections the fast
+    path fused ("qkv" or "ffn")."""
+    return {name: layer._fast_ffn_fused for name, layer in model.named_sublayers(include_self=True)
+            if getattr(layer, "_fast_ffn_fused", None)}
+
+
+def fast_fused_kinds(model) -> set:
+    return set(fast_fused_layers(model).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Hooks that keep the checkpoint contract stock (installed once; they act only on layers the fast
+# path fused, so stock models are untouched).
+
+def _init_weights_like_stock(original):
+    def _init_weights(self, layer):
+        spec = getattr(layer, "_fast_ffn_stock_parts", None)
+        if spec is None or getattr(layer.weight, "is_distributed", False):
+            return original(self, layer)
+        # Stock draws each part with the same generator in this order; drawing the parts and
+        # fusing them gives the weights a stock model built from the same seed has.
+        widths, fuse = spec
+        std = self.config.initializer_range
+        parts = [paddle.tensor.normal(mean=0.0, std=std, shape=[layer.weight.shape[0], width]) for width in widths]
+        layer.weight.set_value(fuse(parts))
+    return _init_weights
+
+
+def stock_checkpoint(model, state_dict: dict, config_to_save, save_fused: bool):
+    """(state_dict, config) as stock PaddleNLP would save this model: fused projections split by
+    PaddleNLP's own split mappings, fuse_attention_* and use_flash_attention as before the fast
+    path. With save_fused, the fused weights stay and only use_flash_attention is restored."""
+    config_to_save = copy.deepcopy(config_to_save)
+    stock = stock_config_values(model.config) or {}
+    if "use_flash_attention" in stock:
+        config_to_save.use_flash_attention = stock["use_flash_attention"]
+    kinds = fast_fused_kinds(model)
+    if save_fused or not kinds:
+        return state_dict, config_to_save
+    state_dict = dict(state_dict)
+    fused_suffixes = tuple(f".{FUSED_LAYOUTS[kind][0]}.weight" for kind in kinds)
+    for key, value in state_dict.items():
+        # Split on the host: the split copies must not double the fused weights on the GPU.
+        if key.endswith(fused_suffixes) and isinstance(value, paddle.Tensor) and not value.place.is_cpu_place():
+            state_dict[key] = value.cpu()
+    for kind in kinds:
+        setattr(config_to_save, FUSED_LAYOUTS[kind][2], False)
+    state_dict, _ = type(model).convert_fuse_and_split(config_to_save, state_dict)
+    return state_dict, config_to_save
+
+
+def _save_pretrained_stock(original):
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def save_pretrained(self, save_dir, *args, **kwargs):
+        from paddlenlp.transformers.model_utils import get_parameter_dtype, unwrap_model
+
+        model = unwrap_model(self)
+        stock = stock_config_values(model.config)
+        if stock is None or _distributed_layers(model.config):
+            return original(self, save_dir, *args, **kwargs)
+        bound = signature.bind(self, save_dir, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        extra, positional = dict(arguments.pop("kwargs", {})), arguments.pop("args", ())
+        arguments.pop("self")
+        state_dict = arguments.get("state_dict")
+        if state_dict is None:
+            state_dict = model.state_dict()
+        # As PaddleNLP's save_pretrained does before it copies the config.
+        model.config.dtype = str(get_parameter_dtype(model)).split(".")[1]
+        config_to_save = extra.get("config_to_save") or model.config
+        arguments["state_dict"], extra["config_to_save"] = stock_checkpoint(
+            model, state_dict, config_to_save, _save_fused(model.config))
+        if positional:  # arguments past `variant` given by position: keep them positional
+            return original(self, *arguments.values(), *positional, **extra)
+        return original(self, **arguments, **extra)
+    return save_pretrained
+
+
+def _set_state_dict_fusing(original):
+    def set_state_dict(self, state_dict, *args, **kwargs):
+        if fast_fused_kinds(self):
+            # A stock-layout checkpoint (what save_pretrained writes) into a model whose
+            # projections the fast path fused: the Trainer's resume and best-model reload call
+            # set_state_dict directly, without from_pretrained's conversion.
+            state_dict, _ = type(self).convert_fuse_and_split(self.config, dict(state_dict))
+        return original(self, state_dict, *args, **kwargs)
+    return set_state_dict
+
+
+def install_hooks(enabled_options) -> None:
+    """Install, once, the hooks of the fast path that must outlive revert(): the construction hook
+    (config changes and fused-layer records for models built while `enabled_options()` is not
+    None) and the checkpoint hooks above. Each acts only on what the fast path built."""
+    if _HOOKS:
+        return
+    modeling = _modeling()
+    decoder_init = modeling.LlamaDecoderLayer.__init__
+
+    def init_with_fast_config(self, config, *args, **kwargs):
+        options = enabled_options()
+        if options is not None:
+            configure(config, options)
+        decoder_init(self, config, *args, **kwargs)
+        if options is not None:
+            mark_fast_built(self, config)
+
+    pretrained = modeling.LlamaPretrainedModel
+    _HOOKS.update(decoder_init=decoder_init, init_weights=pretrained._init_weights,
+                  save_pretrained=pretrained.save_pretrained, set_state_dict=pretrained.set_state_dict)
+    modeling.LlamaDecoderLayer.__init__ = init_with_fast_config
+    pretrained._init_weights = _init_weights_like_stock(_HOOKS["init_weights"])
+    pretrained.save_pretrained = _save_pretrained_stock(_HOOKS["save_pretrained"])
+    pretrained.set_state_dict = _set_state_dict_fusing(_HOOKS["set_state_dict"])
+    _install_lora_hooks()
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA: adapters go on PaddleNLP's stock sub-layers.
+
+def _install_lora_hooks() -> None:
+    from paddlenlp.peft import LoRAModel
+
+    lora_init, lora_save = LoRAModel.__init__, LoRAModel.save_pretrained
+    _HOOKS.update(lora_init=lora_init, lora_save=lora_save)
+
+    def init_on_stock_layers(self, model, lora_config, *args, **kwargs):
+        unfuse_for_lora(model, lora_config)
+        lora_init(self, model, lora_config, *args, **kwargs)
+
+    def save_with_stock_config(self, save_directory, merge_tensor_parallel=False, **kwargs):
+        base = self.model
+        if stock_config_values(getattr(base, "config", None)) is None or not kwargs.get("save_model_config", True):
+            return lora_save(self, save_directory, merge_tensor_parallel=merge_tensor_parallel, **kwargs)
+        lora_save(self, save_directory, merge_tensor_parallel=merge_tensor_parallel,
+                  **{**kwargs, "save_model_config": False})
+        if kwargs.get("is_main_process", paddle.distributed.get_rank() == 0):
+            _, config = stock_checkpoint(base, {}, base.config, _save_fused(base.config))
+            if merge_tensor_parallel:
+                config.tensor_parallel_degree = -1
+            config.save_pretrained(save_directory)
+
+    LoRAModel.__init__ = init_on_stock_layers
+    LoRAModel.save_pretrained = save_with_stock_config
+
+
+def _part_name(fused_module_name: str, part: str) -> str:
+    return fused_module_name.rsplit(".", 1)[0] + "." + part if "." in fused_module_name else part
+
+
+def unfuse_for_lora(model, lora_config) -> None:
+    """Before LoRAModel places adapters: split the fused projections (of the kinds the target
+    patterns reach) back into PaddleNLP's stock sub-layers, and aim patterns that name the fused
+    layers at their parts, so the adapters, their initialisation and their saved names are the
+    ones stock PaddleNLP gives the unfused model. A no-op for models the fast path did not fuse."""
+    owners = fast_fused_layers(model)
+    if not owners or lora_config.target_modules is None:
+        return
+    patterns = [lora_config.target_modules] if isinstance(lora_config.target_modules, str) else list(lora_config.target_modules)
+    enables = lora_config.enable_lora_list
+    if isinstance(lora_config.target_modules, str):
+        enables = [enables]
+    elif enables is None:
+        enables = [None] * len(patterns)
+    fused_names = {f"{name}.{FUSED_LAYOUTS[kind][0]}" if name else FUSED_LAYOUTS[kind][0]: kind
+                   for name, kind in owners.items()}
+    reached = set()
+    for fused_name, kind in fused_names.items():
+        names = [fused_name] + [_part_name(fused_name, part) for part in FUSED_LAYOUTS[kind][1]]
+        if any(re.fullmatch(pattern, name) for pattern in patterns for name in names):
+            reached.add(kind)
+    if not reached:
+        return
+    other_names = [name for name, _ in model.named_sublayers() if name not in fused_names]
+    new_patterns, new_enables = _retarget(patterns, enables, {n: k for n, k in fused_names.items() if k in reached},
+                                          other_names)
+    for layer in model.sublayers(include_self=True):
+        if getattr(layer, "_fast_ffn_fused", None) in reached:
+            _unfuse_layer(layer, model.config)
+    stock = stock_config_values(model.config) or {}
+    for kind in reached:
+        flag = FUSED_LAYOUTS[kind][2]
+        setattr(model.config, flag, stock.get(flag, False))
+    if isinstance(lora_config.target_modules, str) and len(new_patterns) == 1:
+        lora_config.target_modules, lora_config.enable_lora_list = new_patterns[0], new_enables[0]
+    else:
+        lora_config.target_modules = new_patterns
+        lora_config.enable_lora_list = None if all(e is None for e in new_enables) else new_enables
+    split = " and ".join(f"{FUSED_LAYOUTS[k][0]} -> {'/'.join(FUSED_LAYOUTS[k][1])}" for k in sorted(reached))
+    _info_once("lora", f"LoRA adapts this model's projections: the fused layers are split back into PaddleNLP's "
+                       f"sub-layers ({split}), so the adapters sit on the stock layers; the SwiGLU output is "
+                       f"stored (recompute needs the fused gate/up projection and a plain down_proj)",
+               covers=("recompute_unfused", "recompute_down_proj", "built_unfused"))
+
+
+def _retarget(patterns, enables, fused_names: dict, other_names: list):
+    """LoRA target patterns with the same meaning on the unfused model: a pattern that names a
+    fused layer (qkv_proj, gate_up_fused_proj) targets its parts instead (one pattern per part,
+    in PaddleNLP's order, so adapters are created in stock order; one pattern for all parts if
+    per-part patterns would also match another layer more than once); every other pattern means
+    on the unfused layers what it means for stock PaddleNLP."""
+    new_patterns, new_enables = [], []
+    for pattern, enable in zip(patterns, enables):
+        hits = [name for name in fused_names if re.fullmatch(pattern, name)]
+        if not hits:
+            new_patterns.append(pattern)
+            new_enables.append(enable)
+            continue
+        produced = []
+        for kind in [k for k in FUSED_LAYOUTS if k in {fused_names[n] for n in hits}]:
+            fused, parts, _flag = FUSED_LAYOUTS[kind]
+            kind_hits = [n for n in hits if fused_names[n] == kind]
+            chosen = [p for i, p in enumerate(parts) if enable is None or (i < len(enable) and enable[i])]
+            part_names = [_part_name(n, p) for n in kind_hits for p in parts]
+            if fused in pattern:
+                candidates = [pattern.replace(fused, part) for part in chosen]
+                if any(sum(bool(re.fullmatch(c, n)) for c in candidates) > 1 for n in other_names):
+                    candidates = [pattern.replace(fused, "(?:" + "|".join(chosen) + ")")]
+            elif enable is None and any(re.fullmatch(pattern, n) for n in part_names):
+                candidates = [pattern]  # already means the parts it matches (e.g. ".*proj.*")
+            else:
+                candidates = ["(?:" + "|".join(re.escape(_part_name(n, p)) for n in kind_hits for p in chosen) + ")"]
+            produced += [c for c in candidates if c not in produced]
+        new_patterns += produced
+        new_enables += [None] * len(produced)
+    return new_patterns, new_enables
+
+
+def _unfuse_layer(owner, config) -> None:
+    """Replace owner's fused projection by its stock parts (same values, same dtype, no random
+    draws), in the sub-layer order stock PaddleNLP builds."""
+    from paddlenlp.transformers.model_utils import dtype_guard
+
+    kind = owner._fast_ffn_fused
+    fused_name, parts, flag = FUSED_LAYOUTS[kind]
+    fused = getattr(owner, fused_name)
+    weight = fused.weight
+    pieces = _split_fn(kind, config)(weight.detach())
+    new_layers = []
+    linear_class = _modeling().Linear  # what PaddleNLP builds for unfused projections on this device
+    with dtype_guard(str(weight.dtype).split(".")[-1]):
+        for part, piece in zip(parts, pieces):
+            # A constant initialiser draws no random numbers: later draws (LoRA's A) stay stock.
+            linear = linear_class(piece.shape[0], piece.shape[1], bias_attr=False,
+                                  weight_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)))
+            linear.weight.set_value(piece)
+            linear.weight.stop_gradient = weight.stop_gradient
+            new_layers.append((part, linear))
+    items = list(owner._sub_layers.items())
+    owner._sub_layers.clear()
+    for name, layer in items:
+        if name == fused_name:
+            owner._sub_layers.update(new_layers)
+        else:
+            owner._sub_layers[name] = layer
+    setattr(owner, flag, False)  # LlamaAttention.fuse_attention_qkv / LlamaMLP.fuse_attention_ffn
+    del owner._fast_ffn_fused
+
+
+# ---------------------------------------------------------------------------------------------
 
 def apply(options: FastFFNOptions, model=None) -> None:
     """Patch the LLaMA classes (every layer built from now on, and every existing one)."""
@@ -222,19 +626,28 @@ def apply(options: FastFFNOptions, model=None) -> None:
     modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
     modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention
     if model is not None:
-        if options.attention:
-            for layer in model.sublayers(include_self=True):
-                if hasattr(layer, "config") and getattr(layer.config, "model_type", None) in MODEL_TYPES:
-                    _enable_sdpa(layer.config)
-        if options.fuse_projections and not (model.config.fuse_attention_ffn and model.config.fuse_attention_qkv):
-            warnings.warn("paddle_fastffn: fuse_projections only applies when the model is built (from_pretrained "
-                          "/ from_config after the flag is set); this model keeps its unfused projections.",
-                          RuntimeWarning, stacklevel=3)
+        configs = [layer.config for layer in model.sublayers(include_self=True)
+                   if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES]
+        for config in configs:
+            _remember_stock(config, options.save_fused_checkpoint)
+            if options.attention:
+                _enable_sdpa(config)
+        config = model.config
+        unfused = [FUSED_LAYOUTS[kind][1] for kind in FUSED_LAYOUTS if not getattr(config, FUSED_LAYOUTS[kind][2], False)]
+        if options.fuse_projections and unfused and not _keeps_distributed_layers(config):
+            names = " and ".join("/".join(parts) for parts in unfused)
+            stored = ", and the SwiGLU output is stored" if not config.fuse_attention_ffn else ""
+            _info_once("built_unfused", f"this model was built before the fast path was enabled: its {names} "
+                                        f"projections stay unfused{stored} (enable it first, e.g. use_fast_ffn in "
+                                        f"the TrainingArguments, to build fused projections)",
+                       covers=("recompute_unfused",))
 
 
 def revert() -> None:
-    """Restore PaddleNLP's own forwards."""
+    """Restore PaddleNLP's own forwards. (The construction and checkpoint hooks stay: they act
+    only on layers the fast path built, which keep their stock checkpoint contract.)"""
     global _ACTIVE
+    _INFORMED.clear()
     if not _ORIGINALS:
         return
     modeling = _modeling()

@@ -1,5 +1,12 @@
 """What parts of the fast path to use; one object shared by the TrainingArguments flag, the
-explicit apply functions and the per-family patches."""
+explicit apply functions and the per-family patches.
+
+The defaults are the benchmarked path. Each part applies wherever it can (fused projections need
+plain Linear weights built while the fast path is enabled; SwiGLU recompute needs the fused
+gate/up projection and a plain Linear down_proj); where it cannot (LoRA, tensor or pipeline
+parallel layers, a model built before enabling), the layer keeps PaddleNLP's sub-layers and one
+info line says so.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,14 @@ class FastFFNOptions:
     rms_norm: bool = True  # fused RMSNorm, and residual add + post-attention norm in one pass
     rotary: bool = True  # fused rotary embedding on q and k
     attention: bool = True  # the device's best SDPA kernel (flash attention on GPU)
-    fuse_projections: bool = False  # build gate_up_fused_proj / qkv_proj (PaddleNLP converts on load)
-    swiglu_recompute: bool = False  # recompute the SwiGLU output in backward (saves [T, I] per layer)
+    # Build PaddleNLP's fused qkv_proj / gate_up_fused_proj (one GEMM each) for models built while
+    # enabled; PaddleNLP fuses unfused checkpoints on load.
+    fuse_projections: bool = True
+    swiglu_recompute: bool = True  # recompute the SwiGLU output in backward (saves [T, I] per layer)
+    # save_pretrained of a model whose projections the fast path fused writes PaddleNLP's fused
+    # layout (qkv_proj, gate_up_fused_proj; config fuse_attention_* true) instead of the stock
+    # unfused one (q/k/v_proj, gate_proj/up_proj), which is the default.
+    save_fused_checkpoint: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -9,7 +9,6 @@ from .options import FastFFNOptions
 
 FAMILIES = {model_type: llama for model_type in llama.MODEL_TYPES}
 _ENABLED: FastFFNOptions | None = None
-_construction_hook_installed = False
 
 
 def supported_model_types() -> tuple[str, ...]:
@@ -27,23 +26,13 @@ def family_for(model_type: str):
 
 
 def _install_construction_hook() -> None:
-    """Apply config-level choices (SDPA, fused projections) to every LLaMA-family model built
-    while the fast path is enabled: LlamaDecoderLayer.__init__ sees the config before the
-    attention and MLP sub-layers read it."""
-    global _construction_hook_installed
-    if _construction_hook_installed:
-        return
-    from paddlenlp.transformers.llama import modeling
-
-    original_init = modeling.LlamaDecoderLayer.__init__
-
-    def init_with_fast_config(self, config, *args, **kwargs):
-        if _ENABLED is not None:
-            llama.configure(config, _ENABLED)
-        original_init(self, config, *args, **kwargs)
-
-    modeling.LlamaDecoderLayer.__init__ = init_with_fast_config
-    _construction_hook_installed = True
+    """Apply config-level choices (SDPA, fused projections) to every model of a supported family
+    built while the fast path is enabled (each family's LlamaDecoderLayer-style __init__ sees the
+    config before its attention and MLP sub-layers read it), and the checkpoint hooks that keep
+    what such a model saves and loads stock. Installed once; they act only on what the fast path
+    built."""
+    for family in set(FAMILIES.values()):
+        family.install_hooks(enabled_options)
 
 
 def enable(options: FastFFNOptions) -> None:

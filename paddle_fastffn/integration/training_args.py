@@ -28,22 +28,47 @@ class FastFFNTrainingArguments(TrainingArguments):
     fast_ffn_rotary: bool = field(default=True, metadata={"help": "Fused rotary embedding on q and k."})
     fast_ffn_attention: bool = field(default=True, metadata={
         "help": "Use the device's SDPA kernel (flash attention on GPU) via use_flash_attention."})
-    fast_ffn_fuse_projections: bool = field(default=False, metadata={
-        "help": "Build fused qkv_proj and gate_up_fused_proj (one GEMM each); PaddleNLP converts "
-                "unfused checkpoints on load and stock PaddleNLP splits them back."})
-    fast_ffn_swiglu_recompute: bool = field(default=False, metadata={
-        "help": "Recompute the SwiGLU output in backward instead of storing it (fused gate_up only)."})
+    fast_ffn_fuse_projections: bool = field(default=True, metadata={
+        "help": "Build fused qkv_proj and gate_up_fused_proj (one GEMM each) where the weights are plain "
+                "Linear layers (not under tensor/pipeline parallel; LoRA gets the stock sub-layers back); "
+                "PaddleNLP fuses unfused checkpoints on load."})
+    fast_ffn_swiglu_recompute: bool = field(default=True, metadata={
+        "help": "Recompute the SwiGLU output in backward instead of storing it (where gate/up are fused "
+                "and down_proj is a plain Linear)."})
+    fast_ffn_save_fused_checkpoint: bool = field(default=False, metadata={
+        "help": "Save PaddleNLP's fused layout (qkv_proj, gate_up_fused_proj, fuse_attention_* in "
+                "config.json) instead of the stock unfused LLaMA layout that the fast path saves by default."})
 
     def fast_ffn_options(self) -> FastFFNOptions:
+        fuse = self.fast_ffn_fuse_projections and not self._checkpoint_writer_without_split()
         return FastFFNOptions(swiglu=self.fast_ffn_swiglu, rms_norm=self.fast_ffn_rms_norm,
                               rotary=self.fast_ffn_rotary, attention=self.fast_ffn_attention,
-                              fuse_projections=self.fast_ffn_fuse_projections,
-                              swiglu_recompute=self.fast_ffn_swiglu_recompute)
+                              fuse_projections=fuse, swiglu_recompute=self.fast_ffn_swiglu_recompute,
+                              save_fused_checkpoint=self.fast_ffn_save_fused_checkpoint)
+
+    def _checkpoint_writer_without_split(self) -> str | None:
+        """The option whose checkpoint writer saves model.state_dict() as it is (no save_pretrained
+        split): fused projections would leave a fused checkpoint, so they stay off unless
+        fast_ffn_save_fused_checkpoint asks for the fused layout."""
+        if self.fast_ffn_save_fused_checkpoint:
+            return None
+        if getattr(self, "unified_checkpoint", False):
+            return "unified_checkpoint"
+        if getattr(self, "save_sharded_model", False):
+            return "save_sharded_model (sharding stage 1)"
+        return None
 
     def __post_init__(self):
         super().__post_init__()
         if not self.use_fast_ffn:
             return
+        writer = self._checkpoint_writer_without_split() if self.fast_ffn_fuse_projections else None
+        if writer:
+            from paddlenlp.utils.log import logger
+
+            logger.info(f"paddle_fastffn: {writer} writes the model's own parameters: projections stay unfused "
+                        f"so checkpoints keep the stock layout (fast_ffn_save_fused_checkpoint=true fuses them and "
+                        f"saves PaddleNLP's fused layout)")
         enable(self.fast_ffn_options())
         import paddle
 

@@ -4,7 +4,7 @@ architectures and link libraries.
 Pure Python with no Paddle or torch import, so that the three builders read the same lists:
 ``ops/_loader.py`` (Paddle's ``cpp_extension.load``, CPU and GPU), the standalone GPU harness
 (``benchmarks/gpu/harness.py``, nvcc on the H200 machine, which has no Paddle) and CI's build checks
-(``tests/build/``). The harness loads this file by path, so it needs no Paddle (the package's
+(``tests/build_checks/``). The harness loads this file by path, so it needs no Paddle (the package's
 ``__init__`` imports it).
 """
 
@@ -53,7 +53,7 @@ CUDA_LIBRARIES: list[str] = ["-ldl"]  # gemm.cu dlopens cuBLASLt (in libc itself
 
 # What paddle.utils.cpp_extension puts around CUDA_FLAGS for every .cu file it compiles
 # (extension_utils.prepare_unix_cudaflags, Paddle 3.3.1). The harness compiles with the same
-# prefix so the GPU tests run the code Paddle loads; tests/build checks the list still matches the
+# prefix so the GPU tests run the code Paddle loads; tests/build_checks checks the list still matches the
 # installed Paddle. Paddle also defines PADDLE_WITH_CUDA for the .cc bindings of a CUDA build.
 PADDLE_NVCC_PREFIX = ["-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU", "-ccbin", "cc", "-Xcompiler", "-fPIC",
                       "--expt-relaxed-constexpr", "-DNVCC"]

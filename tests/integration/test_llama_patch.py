@@ -21,6 +21,7 @@ def test_layers_built_after_enabling_are_patched_at_construction():
     model = tiny_model()
     assert llama_patch.patched_layer_count(model) == 2
     assert model.config.use_flash_attention  # set by the construction hook, before any forward
+    assert model.config.fuse_attention_qkv and model.config.fuse_attention_ffn  # fused by default
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["causal", "padding_mask"])
@@ -61,7 +62,7 @@ def test_fused_projections_load_an_unfused_checkpoint_and_save_one_stock_reads(t
     ref = logits_of(stock, ids, mask).numpy()
     from paddlenlp.transformers import LlamaForCausalLM
 
-    paddle_fastffn.apply_fast_ffn_to_llama(fuse_projections=True)
+    paddle_fastffn.apply_fast_ffn_to_llama()  # fused projections are the default
     fast = LlamaForCausalLM.from_pretrained(str(tmp_path / "stock"))
     assert fast.config.fuse_attention_ffn and fast.config.fuse_attention_qkv
     assert "llama.layers.0.mlp.gate_up_fused_proj.weight" in fast.state_dict()
@@ -69,19 +70,21 @@ def test_fused_projections_load_an_unfused_checkpoint_and_save_one_stock_reads(t
     assert_close(logits_of(fast, ids, mask).numpy()[:-1], ref[:-1], paddle.float32, "fused load")
     fast.save_pretrained(str(tmp_path / "fast"))
     paddle_fastffn.revert_fast_ffn()
-    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "fast"), fuse_attention_ffn=False,
-                                            fuse_attention_qkv=False, use_flash_attention=False)
+    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "fast"))  # no overrides: the saved config is stock
+    assert not back.config.fuse_attention_ffn and not back.config.use_flash_attention
     assert "llama.layers.0.mlp.gate_proj.weight" in back.state_dict()
     np.testing.assert_allclose(logits_of(back, ids, mask).numpy(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_swiglu_recompute_matches_stored_path():
+def test_swiglu_recompute_matches_stored_path(kernel_calls):
     model = tiny_model(fuse_attention_ffn=True)
     ids, labels, _ = batch()
-    paddle_fastffn.apply_fast_ffn_to_llama(model)
+    paddle_fastffn.apply_fast_ffn_to_llama(model, swiglu_recompute=False)
     ref_loss, ref_grads = loss_and_grads(model, ids, labels)
+    assert kernel_calls()["fastffn_swiglu_bwd_inplace"] == 0
     paddle_fastffn.apply_fast_ffn_to_llama(model, swiglu_recompute=True)
     loss, grads = loss_and_grads(model, ids, labels)
+    assert kernel_calls()["fastffn_swiglu_bwd_inplace"] == 2
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     for name in ref_grads:
         np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)

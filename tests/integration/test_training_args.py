@@ -1,5 +1,6 @@
 import json
 import sys
+from pathlib import Path
 
 from paddlenlp.trainer import PdArgumentParser
 
@@ -29,3 +30,38 @@ def test_flag_parses_from_json_and_command_line_overrides_it(tmp_path, monkeypat
 def test_flag_defaults_off(tmp_path, monkeypatch):
     args = _parse(["--output_dir", str(tmp_path)], tmp_path, monkeypatch)
     assert args.use_fast_ffn is False and enabled_options() is None
+
+
+def test_use_fast_ffn_alone_is_the_benchmarked_path(tmp_path, monkeypatch):
+    args = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true"], tmp_path, monkeypatch)
+    options = args.fast_ffn_options()
+    assert options.fuse_projections and options.swiglu_recompute and not options.save_fused_checkpoint
+    assert enabled_options() == options
+    paddle_fastffn.revert_fast_ffn()
+    args = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true", "--fast_ffn_fuse_projections", "false",
+                   "--fast_ffn_swiglu_recompute", "false", "--fast_ffn_save_fused_checkpoint", "true"],
+                  tmp_path, monkeypatch)
+    options = args.fast_ffn_options()
+    assert not options.fuse_projections and not options.swiglu_recompute and options.save_fused_checkpoint
+
+
+def test_unified_checkpoint_keeps_projections_unfused_unless_the_fused_layout_is_asked_for(tmp_path, monkeypatch):
+    # unified_checkpoint saves model.state_dict() as it is (not through save_pretrained's split).
+    base = ["--output_dir", str(tmp_path), "--use_fast_ffn", "true", "--unified_checkpoint", "true"]
+    assert not _parse(base, tmp_path, monkeypatch).fast_ffn_options().fuse_projections
+    assert not enabled_options().fuse_projections
+    paddle_fastffn.revert_fast_ffn()
+    args = _parse(base + ["--fast_ffn_save_fused_checkpoint", "true"], tmp_path, monkeypatch)
+    assert args.fast_ffn_options().fuse_projections
+
+
+def test_each_fast_config_differs_from_its_stock_twin_only_in_the_flag_and_output_dir():
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    pairs = sorted(configs.glob("*_fast.json"))
+    assert pairs
+    for fast_file in pairs:
+        fast = json.loads(fast_file.read_text())
+        stock = json.loads(fast_file.with_name(fast_file.name.replace("_fast.json", "_stock.json")).read_text())
+        differ = {k for k in fast.keys() | stock.keys() if fast.get(k) != stock.get(k)}
+        assert differ == {"use_fast_ffn", "output_dir"}, fast_file.name
+        assert fast["use_fast_ffn"] is True and stock["use_fast_ffn"] is False

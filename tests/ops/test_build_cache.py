@@ -76,7 +76,7 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
 
 def test_loader_builds_with_the_build_definition(monkeypatch, tmp_path):
     """The loader hands Paddle exactly the definition's sources and flags (the GPU harness and
-    tests/build compile from the same definition), CUDA kernels included for a CUDA Paddle."""
+    tests/build_checks compile from the same definition), CUDA kernels included for a CUDA Paddle."""
     import paddle.utils.cpp_extension as cpp_extension
 
     calls = []
