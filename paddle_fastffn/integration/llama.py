@@ -29,6 +29,7 @@ installed once (install_hooks) that act only on layers the fast path fused:
 from __future__ import annotations
 
 import copy
+import os
 import re
 import warnings
 import weakref
@@ -458,7 +459,28 @@ def install_hooks(enabled_options) -> None:
     pretrained._init_weights = _init_weights_like_stock(_HOOKS["init_weights"])
     pretrained.save_pretrained = _save_pretrained_stock(_HOOKS["save_pretrained"])
     pretrained.set_state_dict = _set_state_dict_fusing(_HOOKS["set_state_dict"])
+    causal_lm = modeling.LlamaForCausalLM
+    _HOOKS["from_pretrained"] = causal_lm.from_pretrained.__func__
+    causal_lm.from_pretrained = classmethod(_from_pretrained_hub_folders(_HOOKS["from_pretrained"]))
     _install_lora_hooks()
+
+
+def _from_pretrained_hub_folders(original):
+    """LlamaForCausalLM.from_pretrained on a Hugging Face Hub LLaMA folder, while the fast path is
+    enabled, through paddle_fastffn.finetune.checkpoint (PaddleNLP 2.8.1 fails on sharded Hub
+    checkpoints and on the Hub's tokenizer.model; see that module). Everything else, and every
+    call while the fast path is off, is PaddleNLP's own from_pretrained."""
+    def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
+        if (_ACTIVE is not None and cls is _modeling().LlamaForCausalLM and not args
+                and isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+                and os.path.isdir(pretrained_model_name_or_path)):
+            from ..finetune import checkpoint
+
+            if checkpoint.hf_weight_files(pretrained_model_name_or_path):
+                kwargs.pop("convert_from_torch", None)  # the conversion happens in memory
+                return checkpoint.load_model(pretrained_model_name_or_path, kwargs.pop("dtype", None), **kwargs)
+        return original(cls, pretrained_model_name_or_path, *args, **kwargs)
+    return from_pretrained
 
 
 # ---------------------------------------------------------------------------------------------

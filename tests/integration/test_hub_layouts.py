@@ -94,6 +94,12 @@ def test_sharded_hub_safetensors_load_on_the_fast_path_like_stock(tmp_path):
     fast = load_model(hub, "float32")
     assert fast.config.use_flash_attention  # built under the patch (its SDPA path)
     assert_close(logits_of(fast, ids), stock_logits, paddle.float32, "sharded Hub safetensors on the fast path")
+    # PaddleNLP's own entry points take the folder as it is while the fast path is on.
+    from paddlenlp.transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    for entry in (LlamaForCausalLM, AutoModelForCausalLM):
+        model = entry.from_pretrained(str(hub), dtype="float32", convert_from_torch=True)
+        assert_close(logits_of(model, ids), stock_logits, paddle.float32, f"{entry.__name__}.from_pretrained")
 
 
 def test_folders_that_are_not_llama_checkpoints_are_named_in_the_error(tmp_path):
