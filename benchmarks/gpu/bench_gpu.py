@@ -336,41 +336,6 @@ def rms_sweep_section(copy_bw, tokens=8192):
     return rows
 
 
-# RMSNorm kernel variants (build-time switches in csrc/kernels/cuda/rms_norm.cu), A/B in one run:
-# the defaults (warp-per-row forward, register-cached backward) against each switched off.
-NORM_VARIANTS = {
-    "warp_fwd+cached_bwd": (),
-    "block_fwd+cached_bwd": ("FASTFFN_RMS_NORM_WARP_PER_ROW=0",),
-    "warp_fwd+loop_bwd": ("FASTFFN_RMS_NORM_BWD_CACHED=0",),
-    "block_fwd+loop_bwd": ("FASTFFN_RMS_NORM_WARP_PER_ROW=0", "FASTFFN_RMS_NORM_BWD_CACHED=0"),
-}
-
-
-def rms_ab_section(copy_bw, tokens=8192):
-    """Plain and fused-add RMSNorm, forward and forward+backward, for each NORM_VARIANTS build;
-    bytes as in kernel_section (each input read once, each output written once)."""
-    rows, default, e, eps = [], harness._KERNELS, 2, 1e-6
-    for model, (hidden, *_rest) in MODELS.items():
-        x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
-        dy, ds = torch.randn_like(x), torch.randn_like(x)
-        norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
-        add_norm = lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
-        cases = {("rms_norm", "fwd"): (fwd_only(norm, [x, w]), 2 * tokens * hidden * e),
-                 ("rms_norm", "fwd+bwd"): (fwd_bwd(norm, [x, w], [dy]), 5 * tokens * hidden * e),
-                 ("fused_add_rms_norm", "fwd"): (fwd_only(add_norm, [x, r, w]), 4 * tokens * hidden * e),
-                 ("fused_add_rms_norm", "fwd+bwd"): (fwd_bwd(add_norm, [x, r, w], [dy, ds]), 8 * tokens * hidden * e)}
-        for variant, defines in NORM_VARIANTS.items():
-            harness._KERNELS = harness.Kernels(harness.build(defines=defines))
-            for (op, pass_name), (fn, nbytes) in cases.items():
-                t = timeit(graphed(fn))
-                rows.append({"op": op, "model": model, "pass": pass_name, "variant": variant, **t,
-                             "timing": "cuda_graph",
-                             "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
-        del x, r, w, dy, ds
-    harness._KERNELS = default
-    return rows
-
-
 def ffn_section(token_list, liger, compile_tokens):
     rows = []
     for model, (hidden, inter, _, _) in MODELS.items():
@@ -597,7 +562,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
-    parser.add_argument("--sections", default="kernels,rms_ab,ffn,decoder")
+    parser.add_argument("--sections", default="kernels,ffn,decoder")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     liger = _liger_version() is not None
@@ -619,10 +584,6 @@ def main():
         report["kernels"] = kernel_section(report["ceilings"]["copy_bytes_per_s"], 8192, liger)
         save()
         print(f"kernels done at {time.time() - started:.0f}s", flush=True)
-    if "rms_ab" in sections:
-        report["rms_norm_variants"] = rms_ab_section(report["ceilings"]["copy_bytes_per_s"])
-        save()
-        print(f"rms_ab done at {time.time() - started:.0f}s", flush=True)
     if "rms_sweep" in sections:
         report["rms_norm_sweep"] = rms_sweep_section(report["ceilings"]["copy_bytes_per_s"])
         save()

@@ -5,6 +5,10 @@
 // shared memory where the device's limit allows (each thread owns its columns: no atomics), in
 // the workspace otherwise, and a second small kernel reduces the per-block partials in fp32. The
 // block count and that choice come from fastffn_plan_rms_norm_bwd and the device's limits.
+// Measured and rejected (H200, benchmarks/results/history/gpu_h200_run6_rms_norm_variants.json):
+// a warp-per-row forward with the row in registers (plain 68% vs 73% of copy bandwidth at hidden
+// 4096, fused add 58% vs 93%) and a backward with the row and the weight-gradient partials in
+// registers (61% vs 69% fwd+bwd at 4096): both slower at every LLaMA-2 width.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -102,86 +106,6 @@ fastffn_status items_switch(int64_t items, Fn&& fn) {
   if (items <= 2) return fn(std::integral_constant<int, 2>{});
   if (items <= 4) return fn(std::integral_constant<int, 4>{});
   return fn(std::integral_constant<int, 8>{});
-}
-
-// Warp-per-row forward: each warp owns one row and holds it in registers (kItems vectors per
-// lane), so the reduction is warp shuffles only: no __syncthreads and no shared memory between
-// the loads and the stores, which is the per-row fixed cost the block kernel above pays (its plain
-// norm stayed at 67-73% of copy bandwidth at every vectors-per-thread setting). Rows up to
-// 32 lanes x kMaxWarpItems vectors (6144 bf16 columns: LLaMA-2 7B/13B, not 70B) take it; wider
-// rows take the block kernels (32 vectors per lane needed 255 registers and spilled on sm_80).
-// FASTFFN_RMS_NORM_WARP_PER_ROW=0 turns it off (for the GPU benchmark's A/B sweep).
-#ifndef FASTFFN_RMS_NORM_WARP_PER_ROW
-#define FASTFFN_RMS_NORM_WARP_PER_ROW 1
-#endif
-constexpr int kMaxWarpItems = 24;
-constexpr int kWarpRowsPerBlock = 4;
-
-template <typename T, int V, int kItems, bool kResidual>
-__global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
-rms_norm_fwd_warp_kernel(const T* __restrict__ x, const T* __restrict__ residual,
-                         const T* __restrict__ weight, T* __restrict__ out,
-                         T* __restrict__ sum_out, float* __restrict__ rstd, int64_t rows,
-                         int64_t cols, float epsilon) {
-  const int lane = threadIdx.x & 31;
-  const int64_t vecs = cols / V;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpRowsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + (threadIdx.x >> 5);
-       row < rows; row += warps) {
-    Vec<T, V> xv[kItems];
-    float sq = 0.f;
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = lane + static_cast<int64_t>(it) * 32;
-      if (i < vecs) xv[it] = load_vec<V>(x + row * cols + i * V);
-    }
-    if constexpr (kResidual) {
-#pragma unroll
-      for (int it = 0; it < kItems; ++it) {
-        const int64_t i = lane + static_cast<int64_t>(it) * 32;
-        if (i < vecs) {
-          const Vec<T, V> rv = load_vec<V>(residual + row * cols + i * V);
-#pragma unroll
-          for (int k = 0; k < V; ++k)
-            xv[it].v[k] = from_float<T>(to_float(xv[it].v[k]) + to_float(rv.v[k]));
-          store_vec<V>(sum_out + row * cols + i * V, xv[it]);
-        }
-      }
-    }
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = lane + static_cast<int64_t>(it) * 32;
-      if (i < vecs)
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float f = to_float(xv[it].v[k]);
-          sq += f * f;
-        }
-    }
-    const float inv = rsqrtf(warp_sum(sq) / static_cast<float>(cols) + epsilon);
-    if (lane == 0) rstd[row] = inv;
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = lane + static_cast<int64_t>(it) * 32;
-      if (i < vecs) {
-        const Vec<T, V> w = load_vec<V>(weight + i * V);  // L1/L2-resident: every row reads it
-        Vec<T, V> ov;
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-          ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv[it].v[k]) * inv) * to_float(w.v[k]));
-        store_vec<V>(out + row * cols + i * V, ov);
-      }
-    }
-  }
-}
-
-template <typename Fn>
-fastffn_status warp_items_switch(int64_t items, Fn&& fn) {
-  if (items <= 4) return fn(std::integral_constant<int, 4>{});
-  if (items <= 8) return fn(std::integral_constant<int, 8>{});
-  if (items <= 16) return fn(std::integral_constant<int, 16>{});
-  if (items <= 20) return fn(std::integral_constant<int, 20>{});  // 5120 bf16 columns (13B)
-  return fn(std::integral_constant<int, 24>{});
 }
 
 template <typename T, int V, bool kResidual>
@@ -290,95 +214,6 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
       for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc(i, k);
 }
 
-// Backward with everything a block needs in registers: each persistent block's threads own fixed
-// columns (kItems vectors each) for every row the block reduces, so the weight, the row of x and
-// d_out, and the weight-gradient partials all stay in registers; x and d_out are read once (the
-// loop kernel above reads them twice) and the partials cost no shared-memory traffic. Rows up to
-// kMaxBwdThreads x kMaxBwdItems vectors (8192 bf16 columns) take it. At most 256 threads, so
-// that ptxas may give each up to 255 registers (with 512 threads and a 128-register cap the
-// bf16 variants spilled on sm_80 and sm_90a).
-// FASTFFN_RMS_NORM_BWD_CACHED=0 turns it off (for the GPU benchmark's A/B sweep).
-#ifndef FASTFFN_RMS_NORM_BWD_CACHED
-#define FASTFFN_RMS_NORM_BWD_CACHED 1
-#endif
-constexpr int kMaxBwdItems = 4;
-constexpr int kMaxBwdThreads = 256;
-
-int bwd_cached_threads(int64_t vecs) {
-  const int threads = cached_threads(vecs);
-  return threads < kMaxBwdThreads ? threads : kMaxBwdThreads;
-}
-
-template <typename T, int V, int kItems, bool kDSum>
-__global__ void __launch_bounds__(kMaxBwdThreads)
-rms_norm_bwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ weight,
-                           const float* __restrict__ rstd, const T* __restrict__ d_out,
-                           const T* __restrict__ d_sum, T* __restrict__ d_x,
-                           float* __restrict__ d_weight_partial, int64_t rows, int64_t cols) {
-  __shared__ float scratch[32];
-  const int64_t vecs = cols / V;
-  Vec<T, V> wv[kItems];
-  float acc[kItems][V];
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-    if (i < vecs) wv[it] = load_vec<V>(weight + i * V);
-#pragma unroll
-    for (int k = 0; k < V; ++k) acc[it][k] = 0.f;
-  }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float inv = rstd[row];
-    // d_sum is loaded with x and d_out, before the reduction: all of a row's loads in flight.
-    Vec<T, V> xv[kItems], dv[kItems], sv[kDSum ? kItems : 1];
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-      if (i < vecs) {
-        xv[it] = load_vec<V>(x + row * cols + i * V);
-        dv[it] = load_vec<V>(d_out + row * cols + i * V);
-        if constexpr (kDSum) sv[it] = load_vec<V>(d_sum + row * cols + i * V);
-      }
-    }
-    float dot = 0.f;
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-      if (i < vecs)
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float n = to_float(xv[it].v[k]) * inv;
-          const float dy = to_float(dv[it].v[k]);
-          dot += dy * to_float(wv[it].v[k]) * n;
-          acc[it][k] += dy * round_to_storage<T>(n);
-        }
-    }
-    const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-      if (i < vecs) {
-        Vec<T, V> dxv;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float n = to_float(xv[it].v[k]) * inv;
-          float g = inv * (to_float(dv[it].v[k]) * to_float(wv[it].v[k]) - n * mean_dot);
-          if constexpr (kDSum) g += to_float(sv[it].v[k]);
-          dxv.v[k] = from_float<T>(g);
-        }
-        store_vec<V>(d_x + row * cols + i * V, dxv);
-      }
-    }
-  }
-  float* partial = d_weight_partial + blockIdx.x * cols;
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-    if (i < vecs)
-#pragma unroll
-      for (int k = 0; k < V; ++k) partial[i * V + k] = acc[it][k];
-  }
-}
-
 // d_weight[c] = sum over blocks of partial[b][c]: 32 columns x 8 block-lanes per CUDA block.
 template <typename T>
 __global__ void reduce_partials_kernel(const float* __restrict__ partial, T* __restrict__ d_weight,
@@ -434,20 +269,6 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
         constexpr int V = kVector ? kVecWidth<T> : 1;
         const unsigned int grid = static_cast<unsigned int>(a.rows < kMaxRowBlocks ? a.rows : kMaxRowBlocks);
         const int64_t vecs = a.cols / V;
-        const int64_t warp_items = (vecs + 31) / 32;
-        if (FASTFFN_RMS_NORM_WARP_PER_ROW && kVector && warp_items <= kMaxWarpItems) {
-          return warp_items_switch(warp_items, [&](auto items_tag) {
-            constexpr int kItems = decltype(items_tag)::value;
-            const int64_t blocks = (a.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
-            rms_norm_fwd_warp_kernel<T, V, kItems, kResidual>
-                <<<static_cast<unsigned int>(blocks < kMaxRowBlocks ? blocks : kMaxRowBlocks),
-                   32 * kWarpRowsPerBlock, 0, s>>>(
-                    static_cast<const T*>(x), static_cast<const T*>(residual),
-                    static_cast<const T*>(weight), static_cast<T*>(out), static_cast<T*>(sum_out),
-                    rstd, a.rows, a.cols, a.epsilon);
-            return launch_status();
-          });
-        }
         const int threads = cached_threads(vecs);
         const int64_t items = (vecs + threads - 1) / threads;
         if (items <= kMaxCachedItems) {
@@ -492,25 +313,6 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
     const fastffn_status status = FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
       return FASTFFN_BOOL_SWITCH(d_sum != nullptr, kDSum, [&] {
         constexpr int V = kVector ? kVecWidth<T> : 1;
-        const int64_t vecs = a.cols / V;
-        const int threads = bwd_cached_threads(vecs);
-        const int64_t items = (vecs + threads - 1) / threads;
-        if (FASTFFN_RMS_NORM_BWD_CACHED && kVector && items <= kMaxBwdItems) {
-          return items_switch(items, [&](auto items_tag) {
-            constexpr int kItems = decltype(items_tag)::value;
-            if constexpr (kItems <= kMaxBwdItems) {
-              if (a.rows > 0)
-                rms_norm_bwd_cached_kernel<T, V, kItems, kDSum>
-                    <<<static_cast<unsigned int>(plan.blocks), threads, 0, s>>>(
-                        static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
-                        static_cast<const T*>(d_out), static_cast<const T*>(d_sum),
-                        static_cast<T*>(d_x), partial, a.rows, a.cols);
-              return launch_status();
-            } else {
-              return FASTFFN_STATUS_INVALID_ARGUMENT;  // unreachable: items <= kMaxBwdItems
-            }
-          });
-        }
         return FASTFFN_BOOL_SWITCH(plan.shared_partials != 0, kSharedPartials, [&] {
           auto kernel = rms_norm_bwd_kernel<T, V, kDSum, kSharedPartials>;
           if (plan.shared_bytes > 48 * 1024 &&
