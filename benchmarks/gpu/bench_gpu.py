@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import subprocess
 import time
@@ -430,10 +431,21 @@ def ffn_section(token_list, liger, compile_tokens):
 
 # --- decoder layer ------------------------------------------------------------------------------
 
+def _load_composition():
+    """paddle_fastffn/integration/composition.py by path (no Paddle here)."""
+    spec = importlib.util.spec_from_file_location(
+        "paddle_fastffn_composition", harness.REPO / "paddle_fastffn" / "integration" / "composition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LLAMA_DECODER_LAYER
+
+
 class FastDecoderLayer(torch.nn.Module):
-    """The decoder layer of the Paddle fast path: fused add+RMSNorm, one QKV GEMM, our rotary on
-    strided q/k views of the QKV output, SDPA, output GEMM, fused add+RMSNorm, fused FFN. Takes
-    and returns (hidden, residual): the final residual add is fused into the next layer's norm."""
+    """The decoder layer of the Paddle fast path, executed step by step from the shared
+    composition list (paddle_fastffn/integration/composition.py), which a CPU test checks against
+    a traced patched PaddleNLP layer. Each step reads and writes the layer's running state."""
+
+    STEPS = _load_composition()
 
     def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True):
         super().__init__()
@@ -447,15 +459,42 @@ class FastDecoderLayer(torch.nn.Module):
         self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
         self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
 
-    def forward(self, hidden, residual, cos, sin):
-        b, s, h = hidden.shape
-        normed, residual = harness.AddRMSNorm.apply(hidden, residual, self.w_in, self.eps)
-        q, k, v = harness.QKVRotary.apply(normed @ self.w_qkv.t(), self.heads, self.kv_heads, cos, sin)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=True, enable_gqa=self.heads != self.kv_heads)
-        attn = attn.transpose(1, 2).reshape(b, s, h)
-        normed, residual = harness.AddRMSNorm.apply(attn @ self.w_o.t(), residual, self.w_post, self.eps)
-        return harness.fused_ffn(normed, self.w_gate_up, self.w_down, self.recompute), residual
+    def rms_norm(self, st):
+        st["residual"], st["x"] = st["x"], harness.RMSNorm.apply(st["x"], self.w_in, self.eps)
+
+    def qkv_proj(self, st):
+        st["x"] = st["x"] @ self.w_qkv.t()
+
+    def rotary(self, st):
+        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"])
+
+    def attention(self, st):
+        b, s, _ = st["residual"].shape
+        out = F.scaled_dot_product_attention(st["q"].transpose(1, 2), st["k"].transpose(1, 2),
+                                             st["v"].transpose(1, 2), is_causal=True,
+                                             enable_gqa=self.heads != self.kv_heads)
+        st["x"] = out.transpose(1, 2).reshape(b, s, -1)
+
+    def o_proj(self, st):
+        st["x"] = st["x"] @ self.w_o.t()
+
+    def add_rms_norm(self, st):
+        st["x"], st["residual"] = harness.AddRMSNorm.apply(st["x"], st["residual"], self.w_post, self.eps)
+
+    def gate_up_proj(self, st):
+        st["x"] = st["x"] @ self.w_gate_up.t()
+
+    def swiglu_down_proj(self, st):
+        st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
+
+    def residual_add(self, st):
+        st["x"] = st["residual"] + st["x"]
+
+    def forward(self, hidden, cos, sin):
+        state = {"x": hidden, "cos": cos, "sin": sin}
+        for step in self.STEPS:
+            getattr(self, step)(state)
+        return state["x"]
 
 
 def kernel_breakdown(run, reps=3):
@@ -524,7 +563,7 @@ def decoder_section(liger):
                  + 2 * 2 * batch * seq * seq * hidden * 0.5)
     layers = {"hf_eager": (hf_call(hf), [x])}
     fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps).to("cuda")
-    layers["ours"] = (lambda x, r: fast(x, r, cos32, sin32), [x, residual])
+    layers["ours"] = (lambda x: fast(x, cos32, sin32), [x])
     if liger:
         try:
             from liger_kernel.transformers import apply_liger_kernel_to_llama
@@ -539,7 +578,7 @@ def decoder_section(liger):
     for name, (fn, inputs) in layers.items():
         try:
             params = list(fast.parameters()) if name == "ours" else []
-            upstream = [dy, torch.zeros_like(dy)] if name == "ours" else [dy]
+            upstream = [dy]
 
             def run(fn=fn, inputs=inputs, upstream=upstream, params=params):
                 for t in inputs + params:

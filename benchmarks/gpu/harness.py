@@ -335,6 +335,29 @@ class QKVRotary(torch.autograd.Function):
         return d_qkv, None, None, None, None
 
 
+class SwiGLUDownProj(torch.autograd.Function):
+    """out = swiglu(gate_up) @ W_d^T: what the Paddle patch's MLP runs after its gate_up_fused_proj
+    GEMM (ops.swiglu_down_proj with reuse_gate_up_memory). With recompute only gate_up is kept;
+    the backward writes d_gate_up over it and the recomputed SwiGLU output over d_hidden."""
+
+    @staticmethod
+    def forward(ctx, gate_up, w_down, recompute=True):
+        hidden = kernels().swiglu_fwd(gate_up)
+        ctx.recompute = recompute
+        ctx.save_for_backward(gate_up, w_down, None if recompute else hidden)
+        return hidden @ w_down.t()
+
+    @staticmethod
+    def backward(ctx, d_out):
+        gate_up, w_down, hidden = ctx.saved_tensors
+        d_hidden = d_out @ w_down
+        d_gate_up, recomputed = kernels().swiglu_bwd(gate_up, d_hidden, recompute=ctx.recompute, in_place=True)
+        hidden = recomputed if ctx.recompute else hidden
+        rows = hidden.numel() // hidden.shape[-1]
+        d_w_down = d_out.reshape(rows, -1).t() @ hidden.reshape(rows, -1)
+        return d_gate_up, d_w_down, None
+
+
 class FusedFFN(torch.autograd.Function):
     """y = swiglu(x @ W_gu^T) @ W_d^T on PaddleNLP's fused gate_up weight (torch Linear layout
     here: W_gu [2I, H] = [W_gate; W_up], W_d [H, I]).

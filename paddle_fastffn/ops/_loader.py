@@ -28,6 +28,9 @@ _registered = False
 # How often each compiled op ran in this process: tests assert the kernels ran (a silent
 # fallback to the *_ref path would leave these at zero).
 CALL_COUNTS: Counter = Counter()
+# When a list, each compiled-op call is appended to it in order (a test traces a layer's
+# composition with it); None, the default, costs nothing.
+CALL_LOG: list | None = None
 
 
 class FastFFNBuildError(RuntimeError):
@@ -130,5 +133,7 @@ def run_op(name: str, *args):
     """Calls a registered custom op in dynamic mode; returns a list of output tensors."""
     ensure_loaded()
     CALL_COUNTS[name] += 1
+    if CALL_LOG is not None:
+        CALL_LOG.append((name, args))
     outputs = paddle._C_ops._run_custom_op(name, *args)
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]

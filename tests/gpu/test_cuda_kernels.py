@@ -217,6 +217,59 @@ def test_fused_ffn_matches_eager_in_fp32(split_gemms):
             close(got, want, torch.float32, f"ffn {name} (recompute={recompute})", reduced_rows=34)
 
 
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "stored"])
+def test_swiglu_down_proj_matches_eager_in_fp32(recompute):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gate_up = rand((2, 17, 2 * 96), torch.float32).requires_grad_()
+    w_d = (rand((64, 96), torch.float32) * 0.1).requires_grad_()
+    d_y = rand((2, 17, 64), torch.float32)
+    ref_in = gate_up.detach().clone().requires_grad_()
+    g, u = ref_in.chunk(2, -1)
+    ref = (torch.nn.functional.silu(g) * u) @ w_d.t()
+    ref_grads = torch.autograd.grad(ref, [ref_in, w_d], d_y)
+    y = harness.SwiGLUDownProj.apply(gate_up * 1.0, w_d, recompute)  # * 1.0: a private intermediate
+    grads = torch.autograd.grad(y, [gate_up, w_d], d_y)
+    close(y, ref, torch.float32, "swiglu_down_proj out")
+    close(grads[0], ref_grads[0], torch.float32, "d_gate_up")
+    close(grads[1], ref_grads[1], torch.float32, "d_w_down", reduced_rows=34)
+
+
+def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
+    """The decoder layer the benchmark times (the shared composition, step by step) computes what
+    Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    from benchmarks.gpu.bench_gpu import FastDecoderLayer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_attention_heads=4,
+                                      num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.float32)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
+    x = rand((2, 33, 256), torch.float32).requires_grad_()
+    position_ids = torch.arange(33, device="cuda").expand(2, 33)
+    cos, sin = rope(x, position_ids)
+    out = hf(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos, sin))
+    ref = out[0] if isinstance(out, tuple) else out
+    got = fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+    d_y = rand(ref.shape, torch.float32)
+    ref_grads = torch.autograd.grad(ref, [x, hf.self_attn.q_proj.weight, hf.mlp.down_proj.weight], d_y)
+    grads = torch.autograd.grad(got, [x, fast.w_qkv, fast.w_down], d_y)
+    # fp32 throughout: only summation order differs (SDPA backends, fused vs separate GEMMs). The
+    # layer chains about ten reductions, the longest over K = 688 terms (the down GEMM), and
+    # fp32 summation-order error grows like sqrt(K): the absolute tolerance scales with it.
+    for got_t, want, name in ((got, ref, "out"), (grads[0], ref_grads[0], "d_x"),
+                              (grads[1][:256], ref_grads[1], "d_w_q"), (grads[2], ref_grads[2], "d_w_down")):
+        close(got_t, want, torch.float32, f"decoder layer {name}", reduced_rows=688)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
 def test_qkv_rotary_gradient_lands_in_one_buffer(dtype, heads):
