@@ -1,0 +1,188 @@
+"""FP8 linear layers: y = x @ W (+ b) with both GEMM operands quantised per tensor, and the
+backward's two GEMMs on the same quantised tensors:
+
+    forward  y  = q(x) @ q(W)             x, W in the forward format (e4m3)
+    dgrad    dx = q(dy) @ q(W)^T          dy in the backward format (e5m2), W's cached copy
+    wgrad    dW = q(x)^T @ q(dy)          x kept in FP8 from the forward (1 byte per element)
+    dbias    db = sum over tokens of dy   unquantised, as Transformer Engine does
+
+This is the emulated path: the GEMMs run in fp32 on the dequantised values (exact: every FP8 value
+and every product of two is exact in fp32), so it has FP8 training's numerics without its speed.
+It runs wherever Paddle runs (CPU CI included); the cuBLASLt FP8 GEMMs of csrc/ are not wired into
+Paddle yet. Paddle's weight layout is [in, out].
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import paddle
+import paddle.nn.functional as F
+from paddle.autograd import PyLayer
+
+from ..ops._fallback import raise_if_strict
+from .formats import dequantize, from_fp8, quantize_dequantize
+from .recipe import Fp8Recipe, LinearScalingStates
+from .weight_cache import WeightCache
+
+# cuBLASLt runs FP8 only with both operands K-major, 16-byte aligned rows: every GEMM dimension
+# that is a K of the forward, dgrad or wgrad (in, out, tokens) must be a multiple of 16. The GPU
+# path will pad tokens with zero rows (they change neither amax nor any GEMM result), which the
+# emulation needs not; in and out are the weight's, so a misaligned weight keeps its layer in bf16.
+FP8_ALIGNMENT = 16
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, category=UserWarning):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, category, stacklevel=3)
+
+
+class _Fp8LinearFunction(PyLayer):
+    @staticmethod
+    def forward(ctx, x, weight, bias, states: LinearScalingStates, weight_cache):
+        x2d = x.reshape([-1, x.shape[-1]])
+        qx = states.input.quantize(x2d)
+        if weight_cache is None:
+            qw = states.weight.quantize(weight)
+        else:
+            qw = weight_cache.get(weight, states.weight)
+        y = paddle.matmul(dequantize(qx), dequantize(qw))
+        if bias is not None:
+            y = y + bias.astype(paddle.float32)
+        ctx.save_for_backward(qx.data, qx.scale_inv, qw.data, qw.scale_inv)
+        ctx.grad_state = states.grad_output
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.x_shape = x.shape
+        ctx.needs = (not x.stop_gradient, not weight.stop_gradient,
+                     bias is not None and not bias.stop_gradient)
+        return y.astype(x.dtype).reshape(x.shape[:-1] + [weight.shape[1]])
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x_data, x_scale_inv, w_data, w_scale_inv = ctx.saved_tensor()
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        need_dx, need_dw, need_db = ctx.needs
+        dy2d = grad_output.reshape([-1, grad_output.shape[-1]])
+        dy = dequantize(ctx.grad_state.quantize(dy2d))
+        dx = dw = db = None
+        if need_dx:
+            dx = paddle.matmul(dy, from_fp8(w_data, w_scale_inv), transpose_y=True)
+            dx = dx.astype(x_dtype).reshape(ctx.x_shape)
+        if need_dw:
+            dw = paddle.matmul(from_fp8(x_data, x_scale_inv), dy, transpose_x=True).astype(w_dtype)
+        if need_db:
+            db = dy2d.astype(paddle.float32).sum(axis=0).astype(b_dtype)
+        return (dx, dw) if b_dtype is None else (dx, dw, db)
+
+
+def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
+               states: LinearScalingStates, weight_cache: WeightCache | None = None) -> paddle.Tensor:
+    """FP8 linear, emulated: x [..., in] (fp32/bf16/fp16) @ weight [in, out] (+ bias [out]).
+
+    Quantisation: x and weight in states.input / states.weight's format and scale, the output
+    gradient in states.grad_output's (see the module docstring); GEMMs in fp32; y and dx in
+    x.dtype, dW in weight.dtype, db in bias.dtype. States are updated by every call (delayed
+    scaling records amaxes). weight_cache: reuse the weight's FP8 copy until it changes (one
+    quantisation per optimizer step); without one the weight is quantised on every call.
+    Any shape works here; Fp8Linear decides which layers are worth and able to run in FP8."""
+    _warn_once("emulated", "paddle_fastffn.fp8: FP8 GEMMs are emulated (fp32 GEMMs on FP8-rounded "
+               "values): FP8 training numerics without its speed-up")
+    return _Fp8LinearFunction.apply(x, weight, bias, states, weight_cache)
+
+
+def fp8_linear_ref(x, weight, bias=None, grad_output=None, *, input_scale, weight_scale,
+                   grad_scale=None, forward_format: str = "e4m3", backward_format: str = "e5m2"):
+    """Reference of fp8_linear with given scales, by the formulas of the module docstring, no
+    autograd. Returns y, or (y, dx, dw, db) when grad_output is given (db None without bias)."""
+    xq = quantize_dequantize(x.reshape([-1, x.shape[-1]]), input_scale, forward_format)
+    wq = quantize_dequantize(weight, weight_scale, forward_format)
+    y = xq @ wq + (0 if bias is None else bias.astype(paddle.float32))
+    y = y.astype(x.dtype).reshape(x.shape[:-1] + [weight.shape[1]])
+    if grad_output is None:
+        return y
+    dy2d = grad_output.reshape([-1, grad_output.shape[-1]])
+    dyq = quantize_dequantize(dy2d, grad_scale, backward_format)
+    dx = (dyq @ wq.t()).astype(x.dtype).reshape(x.shape)
+    dw = (xq.t() @ dyq).astype(weight.dtype)
+    db = None if bias is None else dy2d.astype(paddle.float32).sum(axis=0).astype(bias.dtype)
+    return y, dx, dw, db
+
+
+def _in_fp32_on_cpu(fn, *tensors):
+    """fn(*tensors), upcast to fp32 where Paddle CPU lacks the 16-bit kernels (matmul, add,
+    dropout) and cast back to the first tensor's dtype; fn as is elsewhere."""
+    dtype = tensors[0].dtype
+    if not (tensors[0].place.is_cpu_place() and dtype in (paddle.bfloat16, paddle.float16)):
+        return fn(*tensors)
+    up = [None if t is None else t.astype(paddle.float32) for t in tensors]
+    return fn(*up).astype(dtype)
+
+
+def _is_lora(layer) -> bool:
+    # PaddleNLP's LoRALinear, recognised by its attributes so that paddlenlp stays optional here.
+    return all(hasattr(layer, name) for name in ("lora_A", "lora_B", "scaling", "merged", "lora_dropout"))
+
+
+class Fp8Linear:
+    """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's LoRALinear (base GEMM in FP8,
+    adapters in the activation dtype: LoRALinear.forward's math). Not a Layer: the wrapped layer
+    keeps its parameters, names and checkpoints; this object holds the FP8 scaling states and
+    the weight cache, and `fp8_state_dict` / `set_fp8_state_dict` save and restore the states.
+
+    GEMMs stay in the activation dtype (bf16 in training) for a layer the recipe keeps out of FP8
+    (first/last decoder layer), below recipe.min_gemm_size, and for weights whose in/out are not
+    multiples of 16 (cuBLASLt's FP8 alignment; a warning, an error under PADDLE_FASTFFN_STRICT=1)."""
+
+    def __init__(self, linear: paddle.nn.Linear, recipe: Fp8Recipe, layer_index: int | None = None,
+                 num_layers: int | None = None):
+        if not isinstance(linear, paddle.nn.Linear):
+            raise TypeError(f"Fp8Linear wraps paddle.nn.Linear (or PaddleNLP's LoRALinear), got "
+                            f"{type(linear).__name__}; tensor-parallel layers are not supported yet")
+        self.linear, self.recipe = linear, recipe
+        self.states = recipe.linear_states()
+        self.weight_cache = WeightCache()
+        self.in_features, self.out_features = linear.weight.shape
+        self.layer_in_fp8 = layer_index is None or recipe.layer_uses_fp8(layer_index, num_layers)
+        self.aligned = self.in_features % FP8_ALIGNMENT == 0 and self.out_features % FP8_ALIGNMENT == 0
+        if self.layer_in_fp8 and not self.aligned:
+            message = (f"Fp8Linear: weight [{self.in_features}, {self.out_features}] is not a multiple "
+                       f"of {FP8_ALIGNMENT} in both dimensions (cuBLASLt FP8 alignment); this layer "
+                       f"stays in bf16")
+            raise_if_strict(message)
+            _warn_once(f"align{self.in_features}x{self.out_features}", message, RuntimeWarning)
+
+    def uses_fp8(self, tokens: int) -> bool:
+        return (self.layer_in_fp8 and self.aligned
+                and self.recipe.gemm_uses_fp8(tokens, self.out_features, self.in_features))
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        layer = self.linear
+        if not _is_lora(layer):
+            return self._base(x)
+        if getattr(layer, "pissa", False) and not layer.apply_pissa:  # as LoRALinear.forward: PiSSA init on first use
+            layer.pissa_init(layer.r)
+            layer.apply_pissa = True
+        base = self._base(x)
+        if layer.merged:  # eval with merge_weights: the adapters are inside the weight
+            return base
+
+        def add_adapters(x, base, lora_a, lora_b):
+            return base + (layer.lora_dropout(x) @ lora_a @ lora_b) * layer.scaling
+
+        return _in_fp32_on_cpu(add_adapters, x, base, layer.lora_A, layer.lora_B)
+
+    def _base(self, x):
+        weight, bias = self.linear.weight, self.linear.bias
+        if self.uses_fp8(math.prod(x.shape[:-1])):
+            return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache)
+        return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
+                               None if bias is None else bias.astype(x.dtype))
+
+    def fp8_state_dict(self) -> dict:
+        return self.states.state_dict()
+
+    def set_fp8_state_dict(self, state: dict):
+        self.states.set_state_dict(state)

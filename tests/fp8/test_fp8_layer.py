@@ -1,0 +1,156 @@
+"""Fp8Linear: the FP8 path of a paddle.nn.Linear or a PaddleNLP LoRALinear, which GEMMs stay in
+high precision (first/last layer, small GEMMs, misaligned weights: warnings and strict mode)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+import pytest
+
+from paddle_fastffn.fp8 import Fp8Linear, Fp8Recipe, WeightCache, fp8_linear
+from paddle_fastffn.fp8 import linear as fp8_linear_module
+from paddle_fastffn.ops._fallback import UnrequestedFallbackError
+from tolerances import assert_close
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(fp8_linear_module, "_warned", set())
+
+
+def twin(recipe):
+    """fp8_linear with states and cache as a fresh Fp8Linear's, to run beside it."""
+    states, cache = recipe.linear_states(), WeightCache()
+    return lambda x, layer: fp8_linear(x, layer.weight, layer.bias, states=states, weight_cache=cache)
+
+
+def test_plain_linear_is_fp8_linear_and_keeps_its_parameters():
+    recipe = Fp8Recipe()
+    layer = paddle.nn.Linear(48, 32)
+    names = list(layer.state_dict())
+    fp8, reference = Fp8Linear(layer, recipe), twin(recipe)
+    for _ in range(2):
+        x = paddle.randn([5, 48])
+        np.testing.assert_array_equal(fp8(x).numpy(), reference(x, layer).numpy())
+    assert list(layer.state_dict()) == names and fp8.weight_cache.quantizations == 1
+    saved = fp8.fp8_state_dict()
+    other = Fp8Linear(layer, recipe)
+    other.set_fp8_state_dict(saved)
+    np.testing.assert_array_equal(other.states.input.amax_history.numpy(),
+                                  fp8.states.input.amax_history.numpy())
+
+
+def high_precision(layer, x):
+    up = [t.astype(paddle.float32) for t in (x, layer.weight, layer.bias)]
+    return F.linear(*up).astype(x.dtype)
+
+
+def test_first_and_last_layers_stay_high_precision():
+    recipe = Fp8Recipe(first_last_bf16=True)
+    layer, x = paddle.nn.Linear(32, 16), paddle.randn([4, 32])
+    for index, fp8_expected in [(0, False), (1, True), (2, True), (3, False)]:
+        fp8 = Fp8Linear(layer, recipe, layer_index=index, num_layers=4)
+        assert fp8.uses_fp8(4) is fp8_expected
+        same = np.array_equal(fp8(x).numpy(), high_precision(layer, x).numpy())
+        assert same is not fp8_expected, index
+
+
+def test_small_gemms_stay_high_precision_without_warnings():
+    recipe = Fp8Recipe(min_gemm_size=8 * 16 * 32)
+    layer = paddle.nn.Linear(32, 16)
+    fp8 = Fp8Linear(layer, recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        x = paddle.randn([7, 32])  # 7 * 16 * 32 < min_gemm_size: by design, not a fallback
+        np.testing.assert_array_equal(fp8(x).numpy(), high_precision(layer, x).numpy())
+    assert fp8.weight_cache.quantizations == 0
+    fp8(paddle.randn([8, 32]))
+    assert fp8.weight_cache.quantizations == 1
+
+
+def test_misaligned_weight_warns_and_stays_high_precision(allow_fallback, fresh_warnings):
+    layer = paddle.nn.Linear(40, 24)  # 40 % 16 != 0
+    with pytest.warns(RuntimeWarning, match=r"weight \[40, 24\] is not a multiple of 16"):
+        fp8 = Fp8Linear(layer, Fp8Recipe())
+    x = paddle.randn([3, 40])
+    np.testing.assert_array_equal(fp8(x).numpy(), high_precision(layer, x).numpy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        Fp8Linear(paddle.nn.Linear(40, 24), Fp8Recipe())  # once per shape
+        Fp8Linear(paddle.nn.Linear(40, 24), Fp8Recipe(first_last_bf16=True), layer_index=0, num_layers=2)
+
+
+def test_misaligned_weight_is_an_error_in_strict_mode():
+    with pytest.raises(UnrequestedFallbackError, match="not a multiple of 16"):
+        Fp8Linear(paddle.nn.Linear(32, 20), Fp8Recipe())
+
+
+def test_only_linear_layers():
+    with pytest.raises(TypeError, match="wraps paddle.nn.Linear"):
+        Fp8Linear(paddle.nn.Conv1D(4, 4, 1), Fp8Recipe())
+
+
+@pytest.mark.parametrize("min_gemm_size", [0, 10**9], ids=["fp8", "high_precision"])
+def test_bf16_activations(min_gemm_size):
+    """bf16 in, bf16 out on both paths (Paddle CPU has no bf16 matmul: the high-precision path
+    computes in fp32 there); gradients reach bf16 weights."""
+    layer = paddle.nn.Linear(32, 16)
+    layer.to(dtype=paddle.bfloat16)
+    x = paddle.randn([6, 32]).astype(paddle.bfloat16)
+    x.stop_gradient = False
+    recipe = Fp8Recipe(min_gemm_size=min_gemm_size)
+    y = Fp8Linear(layer, recipe)(x)
+    assert y.dtype == paddle.bfloat16
+    y.astype(paddle.float32).sum().backward()
+    assert x.grad.dtype == paddle.bfloat16 and layer.weight.grad.dtype == paddle.bfloat16
+    expected = high_precision(layer, x) if min_gemm_size else twin(recipe)(x, layer)
+    np.testing.assert_array_equal(y.astype(paddle.float32).numpy(), expected.astype(paddle.float32).numpy())
+
+
+@pytest.fixture
+def lora_layer():
+    from paddlenlp.peft.lora.lora_layers import LoRALinear
+
+    layer = LoRALinear(in_features=48, out_features=32, r=4, lora_alpha=8, merge_weights=True)
+    layer.lora_B.set_value(paddle.randn(layer.lora_B.shape) * 0.1)  # PaddleNLP initialises B to 0
+    return layer
+
+
+def test_lora_base_in_fp8_adapters_in_high_precision(lora_layer):
+    recipe = Fp8Recipe()
+    fp8, reference = Fp8Linear(lora_layer, recipe), twin(recipe)
+    x = paddle.randn([5, 48])
+    dy = paddle.randn([5, 32])
+    y = fp8(x)
+    y.backward(dy)
+    base = reference(x, lora_layer)
+    adapters = lambda a, b: (x @ a @ b) * lora_layer.scaling  # noqa: E731  LoRALinear.forward's math
+    assert_close(y, base + adapters(lora_layer.lora_A, lora_layer.lora_B), paddle.float32, "y")
+    a, b = (paddle.to_tensor(p.numpy(), stop_gradient=False) for p in (lora_layer.lora_A, lora_layer.lora_B))
+    adapters(a, b).backward(dy)
+    assert_close(lora_layer.lora_A.grad, a.grad, paddle.float32, "lora_A grad")
+    assert_close(lora_layer.lora_B.grad, b.grad, paddle.float32, "lora_B grad")
+    assert lora_layer.weight.grad is None, "the base weight stays frozen"
+
+
+def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lora_layer):
+    recipe = Fp8Recipe(scaling="current")  # the twin below then needs no history
+    fp8 = Fp8Linear(lora_layer, recipe)
+    opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=lora_layer.parameters())
+    for _ in range(3):
+        (fp8(paddle.randn([4, 48])) ** 2).mean().backward()
+        opt.step()
+        opt.clear_grad()
+    assert fp8.weight_cache.quantizations == 1, "frozen base weight: one quantisation"
+    lora_layer.eval()  # merges the adapters into the weight (set_value)
+    x = paddle.randn([4, 48])
+    merged = fp8(x)
+    assert fp8.weight_cache.quantizations == 2
+    np.testing.assert_array_equal(merged.numpy(), twin(recipe)(x, lora_layer).numpy(),
+                                  "merged: the base GEMM alone, on the merged weight")
+    lora_layer.train()  # unmerges
+    fp8(x)
+    assert fp8.weight_cache.quantizations == 3

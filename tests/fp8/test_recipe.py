@@ -1,0 +1,196 @@
+"""Recipe logic: options and their validation, TE's scale formula, current scaling, delayed
+scaling's amax history (order, window, reduction) and what happens to 0 / NaN / Inf amaxes."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_fastffn.fp8 import FP8_MAX, Fp8Recipe, scale_from_amax
+
+SCALING = ["current", "delayed"]
+
+
+def tensor_with_amax(amax: float, n: int = 64) -> paddle.Tensor:
+    """Values in [-amax, amax] with max |x| exactly amax (also for 0, NaN, Inf)."""
+    x = paddle.uniform([n], min=-0.5, max=0.5) * (amax if np.isfinite(amax) else 1.0)
+    return paddle.concat([x, paddle.to_tensor([amax], paddle.float32)])
+
+
+def expected_scale(amax, fmt="e4m3", margin=0.0):
+    return np.float32(np.float32(FP8_MAX[fmt]) * np.float32(2.0**-margin)) / np.float32(amax)
+
+
+def scale_used(q) -> float:
+    return float(1.0 / q.scale_inv)
+
+
+def test_defaults_are_transformer_engines():
+    r = Fp8Recipe()
+    assert (r.scaling, r.forward_format, r.backward_format) == ("delayed", "e4m3", "e5m2")
+    assert (r.amax_history_len, r.amax_compute_algo, r.margin) == (1024, "max", 0.0)
+    assert (r.first_last_bf16, r.min_gemm_size) == (False, 0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(scaling="dynamic"), "scaling must be one of"),
+    (dict(amax_compute_algo="mean"), "amax_compute_algo must be one of"),
+    (dict(forward_format="e3m4"), "unknown FP8 format"),
+    (dict(backward_format="fp8"), "unknown FP8 format"),
+    (dict(amax_history_len=0), "amax_history_len must be >= 1"),
+    (dict(amax_history_len=True), "amax_history_len must be int"),
+    (dict(amax_history_len=16.0), "amax_history_len must be int"),
+    (dict(margin=float("nan")), "margin must be a finite number"),
+    (dict(margin="1"), "margin must be a finite number"),
+    (dict(min_gemm_size=-1), "min_gemm_size must be >= 0"),
+    (dict(first_last_bf16="yes"), "first_last_bf16 must be bool"),
+])
+def test_invalid_options_raise(bad, message):
+    with pytest.raises(ValueError, match=message):
+        Fp8Recipe(**bad)
+
+
+def test_from_dict_takes_prefixed_fields():
+    args = {"fp8_scaling": "current", "fp8_margin": 1, "fp8_first_last_bf16": True,
+            "learning_rate": 3e-4, "use_fast_ffn": True}
+    r = Fp8Recipe.from_dict(args, prefix="fp8_")
+    assert (r.scaling, r.margin, r.first_last_bf16, r.amax_history_len) == ("current", 1, True, 1024)
+    assert Fp8Recipe.from_dict(r.as_dict()) == r
+    with pytest.raises(ValueError, match=r"unknown FP8 recipe options \['fp8_history'\]"):
+        Fp8Recipe.from_dict({"fp8_history": 16}, prefix="fp8_")
+
+
+def test_weights_use_current_scaling_under_both_recipes():
+    for scaling in SCALING:
+        states = Fp8Recipe(scaling=scaling).linear_states()
+        modes = (states.input.mode, states.weight.mode, states.grad_output.mode)
+        assert modes == (scaling, "current", scaling)
+        assert (states.input.fmt, states.weight.fmt, states.grad_output.fmt) == ("e4m3", "e4m3", "e5m2")
+
+
+def test_first_last_layers_and_min_gemm_size():
+    r = Fp8Recipe(first_last_bf16=True, min_gemm_size=4096 * 4096 * 4096)
+    assert [r.layer_uses_fp8(i, 4) for i in range(4)] == [False, True, True, False]
+    assert all(Fp8Recipe().layer_uses_fp8(i, 4) for i in range(4))
+    assert r.gemm_uses_fp8(4096, 4096, 4096) and not r.gemm_uses_fp8(4095, 4096, 4096)
+    assert Fp8Recipe().gemm_uses_fp8(1, 1, 1)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("margin", [0.0, 1.0, 2.5])
+def test_scale_formula(fmt, margin):
+    amax = paddle.to_tensor([3.7])
+    got = scale_from_amax(amax, fmt, margin, previous=paddle.ones([1]))
+    assert got.numpy()[0] == expected_scale(3.7, fmt, margin)
+
+
+@pytest.mark.parametrize("amax", [0.0, float("nan"), float("inf"), -float("inf")])
+def test_scale_keeps_previous_for_unusable_amax(amax):
+    previous = paddle.to_tensor([12.5])
+    assert scale_from_amax(paddle.to_tensor([amax]), "e4m3", 0.0, previous).numpy()[0] == 12.5
+
+
+def test_scale_of_tiny_amax_stays_finite_and_zeros_stay_zero():
+    state = Fp8Recipe(scaling="current").new_state("e4m3")
+    q = state.quantize(paddle.to_tensor([1e-40, 0.0, -1e-40]))  # fp32 subnormal amax: 448 / amax = Inf
+    assert np.isfinite(state.scale.numpy()).all()
+    values = (q.data.astype(paddle.float32) * q.scale_inv).numpy()
+    assert not np.isnan(values).any() and values[1] == 0
+
+
+@pytest.mark.parametrize("margin", [0.0, 1.0])
+def test_current_scaling_uses_this_tensors_amax(margin):
+    state = Fp8Recipe(scaling="current", margin=margin).new_state("e4m3")
+    for amax in [2.0, 300.0, 0.01]:
+        x = tensor_with_amax(amax)
+        q = state.quantize(x)
+        assert scale_used(q) == pytest.approx(float(expected_scale(amax, margin=margin)), rel=1e-6)
+        top = q.data.astype(paddle.float32).abs().max()
+        assert float(top) == FP8_MAX["e4m3"] * 2.0**-margin, "amax maps onto the format's max / 2^margin"
+
+
+def test_current_scaling_keeps_the_scale_for_zero_and_nan_tensors():
+    state = Fp8Recipe(scaling="current").new_state("e4m3")
+    state.quantize(tensor_with_amax(4.0))
+    before = float(state.scale)
+    q = state.quantize(paddle.zeros([8]))
+    assert float(state.scale) == before and not q.data.astype(paddle.float32).abs().max()
+    q = state.quantize(paddle.to_tensor([1.0, float("nan")]))
+    assert float(state.scale) == before
+    assert np.isnan(q.data.astype(paddle.float32).numpy()[1]), "NaN stays visible"
+
+
+@pytest.mark.parametrize("history_len", [1, 2, 3])
+def test_delayed_scaling_uses_the_history_up_to_the_previous_step(history_len):
+    """Step t's scale comes from the amaxes of the last `len` steps before t (step 0: the initial
+    scale 1); after step t the history is TE's: [0] = 0 (the next step's slot), then the steps
+    t - len + 2 .. t, oldest first."""
+    state = Fp8Recipe(amax_history_len=history_len).new_state("e4m3")
+    amaxes = [2.0, 8.0, 1.0, 0.5, 0.25, 4.0]
+    for t, amax in enumerate(amaxes):
+        q = state.quantize(tensor_with_amax(amax))
+        window = amaxes[max(0, t - history_len):t]
+        expected = 1.0 if not window else float(expected_scale(max(window)))
+        assert scale_used(q) == pytest.approx(expected, rel=1e-6), f"step {t}"
+        kept = amaxes[:t + 1][-(history_len - 1):] if history_len > 1 else []
+        expected_history = [0.0] * (history_len - len(kept)) + kept
+        assert state.amax_history.numpy().tolist() == expected_history, f"step {t}"
+    # after the last step: the next scale covers the last `len` amaxes
+    assert float(state.scale) == pytest.approx(float(expected_scale(max(amaxes[-history_len:]))), rel=1e-6)
+    assert float(state.scale_inv) == pytest.approx(1 / float(state.scale), rel=1e-7)
+
+
+def test_delayed_most_recent_uses_the_last_amax_only():
+    state = Fp8Recipe(amax_history_len=16, amax_compute_algo="most_recent").new_state("e5m2")
+    for amax in [100.0, 1.0]:
+        state.quantize(tensor_with_amax(amax))
+    assert float(state.scale) == pytest.approx(float(expected_scale(1.0, "e5m2")), rel=1e-6)
+
+
+def test_delayed_margin():
+    state = Fp8Recipe(margin=2).new_state("e4m3")
+    state.quantize(tensor_with_amax(7.0))
+    assert float(state.scale) == pytest.approx(448.0 / 7.0 / 4.0, rel=1e-6)
+
+
+def test_delayed_zero_and_nan_amax_keep_the_scale():
+    for algo in ("most_recent", "max"):
+        state = Fp8Recipe(amax_history_len=4, amax_compute_algo=algo).new_state("e4m3")
+        state.quantize(tensor_with_amax(3.0))
+        kept = float(state.scale)
+        state.quantize(paddle.zeros([4]))
+        state.quantize(tensor_with_amax(float("nan")))
+        assert float(state.scale) == kept, algo
+        assert np.isnan(state.amax_history.numpy()[-1]), "the NaN amax is recorded (visible)"
+
+
+def test_delayed_max_ignores_nan_and_holds_on_inf_until_it_leaves_the_window():
+    """TE's fmaxf reduction: NaN entries drop out of the max; an Inf one makes the amax Inf, which
+    keeps the previous scale for as long as it stays in the window."""
+    state = Fp8Recipe(amax_history_len=2).new_state("e4m3")
+    state.quantize(tensor_with_amax(float("nan")))
+    state.quantize(tensor_with_amax(2.0))
+    assert float(state.scale) == pytest.approx(224.0, rel=1e-6), "NaN ignored next to a finite amax"
+    state.quantize(tensor_with_amax(float("inf")))
+    assert float(state.scale) == pytest.approx(224.0, rel=1e-6), "Inf in the window: scale kept"
+    state.quantize(tensor_with_amax(4.0))
+    assert float(state.scale) == pytest.approx(224.0, rel=1e-6)
+    state.quantize(tensor_with_amax(8.0))
+    assert float(state.scale) == pytest.approx(56.0, rel=1e-6), "Inf left the window"
+
+
+def test_state_dict_round_trip():
+    recipe = Fp8Recipe(amax_history_len=4)
+    states = recipe.linear_states()
+    for amax in (1.0, 5.0):
+        states.input.quantize(tensor_with_amax(amax))
+        states.grad_output.quantize(tensor_with_amax(amax / 1000))
+    restored = recipe.linear_states()
+    restored.set_state_dict(states.state_dict())
+    for role in ("input", "weight", "grad_output"):
+        for name in ("scale", "scale_inv", "amax_history"):
+            np.testing.assert_array_equal(getattr(getattr(restored, role), name).numpy(),
+                                          getattr(getattr(states, role), name).numpy())
+    with pytest.raises(ValueError, match="amax_history_len"):
+        Fp8Recipe(amax_history_len=8).linear_states().set_state_dict(states.state_dict())
