@@ -9,6 +9,11 @@ Shapes and precision, row-major throughout:
   dequantize  q [R, C] fp8 -> y [R, C] bf16/fp16/fp32 = q * scale_inv (fp32 product)
   gemm        D[M, N] = alpha * A[M, K] @ B[N, K]^T (+ D), fp32 accumulation; FP8 needs both
               operands K-major (pass the q_t copies for dgrad/wgrad)
+  swiglu_fwd_fp8   gate_up [T, 2I] 16/32-bit -> h = silu(g) * u in fp32 -> q(h) [T, I] and/or
+              q(h)^T [I, T], amax of h; neither: the amax-only pass of current scaling
+  swiglu_bwd_fp8   gate_up [T, 2I], d_h [T, I] -> q(d_gate_up) [T, 2I] (+ [2I, T]) and the
+              recomputed h (FP8 [T, I] / [I, T], or 16/32-bit [T, I])
+  compute_scale, update_amax_history   per-tensor scales on the device (current / delayed)
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ class Fp8Kernels:
         self.lib.fastffn_gemm_init_cuda.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
         self.lib.fastffn_gemm_last_error.restype = ctypes.c_char_p
         self.lib.fastffn_status_string.restype = ctypes.c_char_p
+        self._declare_swiglu_fp8()
 
     def _check(self, status: int, op: str, gemm: bool = False):
         if status == 0:
@@ -176,6 +182,106 @@ class Fp8Kernels:
         transposed copies, each with its scale_inv."""
         return self.gemm(a.data_t if a_t else a.data, b.data_t if b_t else b.data, out_dtype,
                          a_scale_inv=a.scale_inv, b_scale_inv=b.scale_inv, **kw)
+
+    # --- SwiGLU fused with quantisation, scale updates (swiglu_fp8.cu) -------------------------
+    def _declare_swiglu_fp8(self):
+        lib, f32, ptr = self.lib, ctypes.c_float, ctypes.c_void_p
+        lib.fastffn_swiglu_fwd_fp8_cuda.argtypes = [Tensor, Tensor, Tensor, ptr]
+        lib.fastffn_swiglu_bwd_fp8_cuda.argtypes = [Tensor] * 6 + [ptr]
+        lib.fastffn_fp8_compute_scale_cuda.argtypes = [ptr, ptr, ptr, f32, f32, ptr]
+        lib.fastffn_fp8_update_amax_history_cuda.argtypes = [ptr, ctypes.c_int64, ctypes.c_int, ptr,
+                                                             ptr, f32, f32, ptr]
+        for name in ("fastffn_swiglu_fwd_fp8_cuda", "fastffn_swiglu_bwd_fp8_cuda",
+                     "fastffn_fp8_compute_scale_cuda", "fastffn_fp8_update_amax_history_cuda"):
+            getattr(lib, name).restype = ctypes.c_int
+
+    def raw_status(self, name: str, *args) -> int:
+        """The raw status of fastffn_<name> for hand-made arguments (argument-check tests); the
+        current stream is appended."""
+        return getattr(self.lib, f"fastffn_{name}")(*args, self._stream())
+
+    @staticmethod
+    def _fresh_amax(amax, track: bool, device):
+        if amax is not None or not track:
+            return amax
+        return torch.zeros(1, dtype=torch.float32, device=device)
+
+    def swiglu_fwd_fp8(self, gate_up: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor | None = None,
+                       rowwise: bool = True, transpose: bool = False, amax: torch.Tensor | None = None,
+                       track_amax: bool = True, out: torch.Tensor | None = None,
+                       out_t: torch.Tensor | None = None) -> Quantized:
+        """gate_up [T, 2I] ([gate | up] rows) -> Quantized h = silu(g) * u: data [T, I] (rowwise),
+        data_t [I, T] (transpose). `amax` is max-accumulated (a fresh zero when None, NULL when
+        track_amax is False). rowwise = transpose = False is the amax-only pass: scale and
+        scale_inv are not touched (scale_inv is None in the result)."""
+        rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
+        amax = self._fresh_amax(amax, track_amax, gate_up.device)
+        converts = rowwise or transpose or out is not None or out_t is not None
+        scale_inv = empty((1,), torch.float32, gate_up.device) if converts else None
+        if rowwise and out is None:
+            out = empty((rows, cols), fp8, gate_up.device)
+        if transpose and out_t is None:
+            out_t = empty((cols, rows), fp8, gate_up.device)
+        status = self.lib.fastffn_swiglu_fwd_fp8_cuda(
+            describe(gate_up), describe(out, fp8, scale, scale_inv, amax, (rows, cols)),
+            describe(out_t, fp8, shape=(cols, rows)), self._stream())
+        self._check(status, "swiglu_fwd_fp8")
+        return Quantized(out, out_t, scale, scale_inv, amax)
+
+    def swiglu_bwd_fp8(self, gate_up: torch.Tensor, d_h: torch.Tensor, fp8: torch.dtype = torch.float8_e5m2,
+                       scale: torch.Tensor | None = None, rowwise: bool = True, transpose: bool = True,
+                       amax: torch.Tensor | None = None, track_amax: bool = True,
+                       h: torch.dtype | None = None, h_scale: torch.Tensor | None = None,
+                       h_rowwise: bool = False, h_transpose: bool = True,
+                       h_amax: torch.Tensor | None = None):
+        """gate_up [T, 2I], d_h [T, I] -> (Quantized d_gate_up: data [T, 2I], data_t [2I, T];
+        the recomputed h or None). `h`: None (not written), an FP8 dtype (Quantized with h_scale:
+        data [T, I] when h_rowwise, data_t [I, T] when h_transpose, h_amax accumulated when
+        given) or gate_up's dtype (a [T, I] tensor). rowwise = transpose = False with h None is
+        the amax-only pass of d_gate_up."""
+        rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
+        device = gate_up.device
+        amax = self._fresh_amax(amax, track_amax, device)
+        scale_inv = empty((1,), torch.float32, device) if rowwise or transpose else None
+        dgu = empty((rows, 2 * cols), fp8, device) if rowwise else None
+        dgu_t = empty((2 * cols, rows), fp8, device) if transpose else None
+        h_desc = describe(None, torch.float32)
+        h_t_desc = describe(None, torch.float32)
+        h_out = None
+        if h in FP8_DTYPES:
+            h_scale_inv = empty((1,), torch.float32, device)
+            h_data = empty((rows, cols), h, device) if h_rowwise else None
+            h_data_t = empty((cols, rows), h, device) if h_transpose else None
+            h_desc = describe(h_data, h, h_scale, h_scale_inv, h_amax, (rows, cols))
+            h_t_desc = describe(h_data_t, h, shape=(cols, rows))
+            h_out = Quantized(h_data, h_data_t, h_scale, h_scale_inv, h_amax)
+        elif h is not None:
+            h_out = empty((rows, cols), h, device)
+            h_desc = describe(h_out)
+        status = self.lib.fastffn_swiglu_bwd_fp8_cuda(
+            describe(gate_up), describe(d_h), describe(dgu, fp8, scale, scale_inv, amax, (rows, 2 * cols)),
+            describe(dgu_t, fp8, shape=(2 * cols, rows)), h_desc, h_t_desc, self._stream())
+        self._check(status, "swiglu_bwd_fp8")
+        return Quantized(dgu, dgu_t, scale, scale_inv, amax), h_out
+
+    def compute_scale(self, amax: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor | None,
+                      fmt_max: float, margin: float = 0.0):
+        """scale = fmt_max * 2^-margin / amax on the device (previous scale kept for an amax that
+        is 0 or not finite), scale_inv = 1 / scale; fp32 [1] tensors, updated in place."""
+        status = self.lib.fastffn_fp8_compute_scale_cuda(_ptr(amax), _ptr(scale), _ptr(scale_inv),
+                                                         fmt_max, margin, self._stream())
+        self._check(status, "fp8_compute_scale")
+
+    def update_amax_history(self, history: torch.Tensor, scale: torch.Tensor,
+                            scale_inv: torch.Tensor | None, fmt_max: float, margin: float = 0.0,
+                            most_recent: bool = False):
+        """Delayed scaling's end of step: the scale from max(history) (or history[0]), then the
+        history rolls (TE's amax_and_scale_update); all fp32, updated in place."""
+        assert history.dim() == 1 and history.is_contiguous() and history.dtype == torch.float32
+        status = self.lib.fastffn_fp8_update_amax_history_cuda(
+            _ptr(history), history.numel(), int(most_recent), _ptr(scale), _ptr(scale_inv), fmt_max,
+            margin, self._stream())
+        self._check(status, "fp8_update_amax_history")
 
 
 _KERNELS: Fp8Kernels | None = None

@@ -142,6 +142,101 @@ fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
 // zero (the kernels are built with --use_fast_math): keep scale_inv above ~2^-100.
 fastffn_status fastffn_fp8_dequantize_cuda(fastffn_tensor q, fastffn_tensor y, void* stream);
 
+// ---------------------------------------------------------------------------------------------
+// SwiGLU fused with FP8 quantisation (swiglu_fp8.cu): the FFN's activation between the gate_up
+// GEMM and the down GEMM (benchmarks/gpu/fp8_ffn.py composes the FP8 FFN from these entry points
+// and the GEMM above).
+//
+// Forward, one pass over gate_up [T, 2I] (BFLOAT16, FLOAT16 or FLOAT32, any row stride; row r is
+// [gate | up], the layout of the fused gate_up GEMM's output):
+//
+//   h = silu(g) * u                                 fp32, fastffn_swiglu_fwd_cuda's expression
+//   q = saturate(round_to_nearest_even(h * scale))  scale = *out_h.scale (NULL = 1)
+//
+// written to out_h.data [T, I] (the down GEMM's input) and out_h_t.data [I, T] (the transposed
+// copy, K-major for the down projection's wgrad); either may be NULL. out_h.dtype is FP8_E4M3 or
+// FP8_E5M2 (out_h_t.dtype the same). out_h also carries:
+//   out_h.amax       *amax = max(*amax, max |h|) over all of h, written or not (NULL: skipped);
+//                    initialise it to 0. A NaN h makes it NaN.
+//   out_h.scale_inv  1 / scale, correctly rounded, when a quantised output is written (may be NULL)
+// Values: fastffn_fp8_quantize_cuda's rules with h as its x. An h that overflows fp32 (finite
+// inputs whose product exceeds FLT_MAX) is Inf there: e5m2 +-Inf, e4m3 NaN.
+//
+// Both recipes of per-tensor scaling:
+//   delayed  the scale comes from earlier steps (fastffn_fp8_update_amax_history_cuda): one pass,
+//            out_h.amax = the current slot of the tensor's amax history
+//   current  the scale comes from this tensor's own amax, known only after a pass over it:
+//            1. out_h.data = out_h_t.data = NULL: the amax-only pass (scale and scale_inv are
+//               neither read nor written)
+//            2. fastffn_fp8_compute_scale_cuda(amax -> scale, scale_inv) on the device
+//            3. the quantising pass with that scale (amax NULL, or the same pointer again)
+//            Three launches on one stream, no host synchronisation; the pass reads gate_up twice
+//            instead of writing and re-reading a 16-bit h (the same bytes, and no [T, I] buffer).
+// Returns UNSUPPORTED_DTYPE for other dtypes, INVALID_ARGUMENT for an odd gate_up.cols, shapes
+// that do not match, or aliased scale / scale_inv / amax.
+// ---------------------------------------------------------------------------------------------
+fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor out_h,
+                                           fastffn_tensor out_h_t, void* stream);
+
+// Backward, one pass over gate_up [T, 2I] and d_h [T, I] (one dtype: BFLOAT16, FLOAT16 or
+// FLOAT32), fp32 math with fastffn_swiglu_bwd_cuda's expressions, sig = sigmoid(g):
+//
+//   d_gate = d_h * u * sig * (1 + g * (1 - sig))    d_up = d_h * silu(g)    h = silu(g) * u
+//
+// (h recomputed, bit-identical to the forward's fp32 h).
+// d_gate_up: FP8 [T, 2I] with [d_gate | d_up] in each row (gate_up's layout), quantised with
+//   *d_gate_up.scale; d_gate_up.amax accumulates max(|d_gate|, |d_up|) over all of [T, 2I];
+//   d_gate_up.scale_inv as in the forward. d_gate_up.data may be NULL, its dtype is required
+//   (FP8_E5M2 for gradients; E4M3 accepted).
+// d_gate_up_t: [2I, T] FP8 of d_gate_up's dtype, rows [0, I) d_gate^T and [I, 2I) d_up^T: the
+//   K-major copy that the gate_up projection's wgrad needs; NULL for none.
+// h: the recomputed forward output, for the down projection's wgrad, one of
+//   FP8 (h.dtype FP8_E4M3 / E5M2): quantised with *h.scale (the forward's scale: the bytes are
+//     then the ones the forward wrote), h.scale_inv written, h.amax accumulated (each may be
+//     NULL); h.data [T, I] and h_t.data [I, T] (the wgrad's K-major copy, h's dtype), each
+//     optional;
+//   gate_up's dtype: h rounded to it (fastffn_swiglu_bwd_cuda's recomputed_out), h.data
+//     [T, I]; h_t.data and h's scale, scale_inv and amax must be NULL;
+//   nothing: h.data, h_t.data and h.amax all NULL (h.dtype is then not read).
+// Current scaling of d_gate_up: the amax-only pass (d_gate_up.data = d_gate_up_t.data = NULL,
+// no h), fastffn_fp8_compute_scale_cuda, then the quantising pass.
+// Outputs must not overlap the inputs. d_gate_up's and h's scale_inv and amax must be distinct
+// from every other of their scalars (the two scales may be one). With d_gate_up_t and h_t both
+// given a block holds three 16 KiB tiles in dynamic shared memory (with the opt-in, which every
+// sm_80+ device has). Returns UNSUPPORTED_DTYPE / INVALID_ARGUMENT as the forward.
+fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor d_h,
+                                           fastffn_tensor d_gate_up, fastffn_tensor d_gate_up_t,
+                                           fastffn_tensor h, fastffn_tensor h_t, void* stream);
+
+// ---------------------------------------------------------------------------------------------
+// Per-tensor scale updates on the device (one tiny kernel each, no host synchronisation). With
+// scaled_max = fmt_max * 2^-margin in fp32 (computed on the host, as Transformer Engine does;
+// fmt_max 448 for E4M3, 57344 for E5M2; margin >= 0 leaves headroom for growth):
+//
+//   scale = scaled_max / amax    (IEEE division) for a finite amax > 0; FLT_MAX if that overflows
+//   scale = the previous *scale  for amax 0, negative, Inf or NaN (nothing to learn from)
+//   *scale_inv = 1 / scale       (IEEE), when scale_inv is not NULL
+//
+// which is TE's delayed-scaling update (amax_and_scale_update). Current scaling uses the same
+// rule here; TE's current-scaling quantiser returns 1 instead of keeping the previous scale.
+// INVALID_ARGUMENT for NULL amax / scale, aliased pointers, or a scaled_max that is not a
+// positive normal float.
+// ---------------------------------------------------------------------------------------------
+fastffn_status fastffn_fp8_compute_scale_cuda(const float* amax, float* scale, float* scale_inv,
+                                              float fmt_max, float margin, void* stream);
+
+// Delayed scaling's end of step for one tensor, as TE's amax_and_scale_update. amax_history
+// [history_len] fp32: [0] holds the amax of the step that ends (the kernels accumulate into
+// &amax_history[0]), the rest the amaxes of the history_len - 1 steps before it. The scale
+// follows the rule above with amax = the max over the history (fmaxf: a NaN entry is skipped,
+// as in TE) or, with most_recent != 0, amax_history[0]. Then the history rolls by one:
+// [len - 1] = the old [0], [i] = the old [i + 1] for 0 < i < len - 1 (the oldest leaves), and
+// [0] = 0, the next step's slot. scale and scale_inv must not point into the history.
+fastffn_status fastffn_fp8_update_amax_history_cuda(float* amax_history, int64_t history_len,
+                                                    int most_recent, float* scale,
+                                                    float* scale_inv, float fmt_max, float margin,
+                                                    void* stream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

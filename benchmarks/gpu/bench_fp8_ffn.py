@@ -1,0 +1,180 @@
+"""FP8 FFN forward+backward on the H200, everything in one run and interleaved: ours FP8 with
+current and with delayed scaling (benchmarks/gpu/fp8_ffn.py, the C entry points the Paddle GPU path
+calls), ours bf16 (harness.fused_ffn), the six FP8 GEMMs of our composition alone on pre-quantised
+operands (the floor of the FP8 design), torchao float8 tensorwise and rowwise under torch.compile,
+the same FFN in bf16 under torch.compile, and eager bf16. Time (CUDA events, median of interleaved
+repeats) and the activation memory each keeps for backward.
+
+Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case;
+with gradient accumulation the weight casts amortise), as torchao does.
+
+    python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.gpu import fp8_ffn, fp8_harness, harness
+from benchmarks.gpu.bench_gpu import (DT, ceilings, environment, fwd_bwd, leaf, peak_bytes,
+                                      saved_activation_bytes, timeit_interleaved)
+
+# hidden, intermediate: LLaMA-2 7B / 13B / 70B and Llama-3-8B.
+WIDTHS = {"llama2_7b": (4096, 11008), "llama2_13b": (5120, 13824), "llama2_70b": (8192, 28672),
+          "llama3_8b": (4096, 14336)}
+
+
+class TorchFFN(torch.nn.Module):
+    """LLaMA's MLP with PaddleNLP's fused gate_up weight, as torch Linear layers (what torchao
+    converts)."""
+
+    def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor):
+        super().__init__()
+        inter, hidden = w_down.shape[1], w_down.shape[0]
+        self.gate_up = torch.nn.Linear(hidden, 2 * inter, bias=False, device="cuda", dtype=DT)
+        self.down = torch.nn.Linear(inter, hidden, bias=False, device="cuda", dtype=DT)
+        with torch.no_grad():
+            self.gate_up.weight.copy_(w_gate_up)
+            self.down.weight.copy_(w_down)
+
+    def forward(self, x):  # eager_ffn's math through the Linear modules torchao replaces
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down(F.silu(gate) * up)
+
+
+def eager_ffn(x, w_gate_up, w_down):
+    gate, up = (x @ w_gate_up.t()).chunk(2, -1)
+    return (F.silu(gate) * up) @ w_down.t()
+
+
+def torchao_ffn(w_gate_up, w_down, recipe: str):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    module = TorchFFN(w_gate_up, w_down)
+    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(recipe))
+    return torch.compile(module)
+
+
+def module_step(module, x, dy):
+    def run():
+        x.grad = None
+        for p in module.parameters():
+            p.grad = None
+        module(x).backward(dy)
+    return run
+
+
+def six_fp8_gemms(x, w_gate_up, w_down, dy):
+    """The GEMMs of fp8_ffn's composition (its docstring's table) on operands quantised once,
+    outside the timing: what an FP8 FFN cannot go below."""
+    k = fp8_harness.kernels()
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    inter = w_down.shape[1]
+    with torch.no_grad():
+        gate_up = x @ w_gate_up.t()
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        q = {name: k.quantize(t, fmt, transpose=True)
+             for name, t, fmt in (("x", x, e4m3), ("w_gu", w_gate_up, e4m3), ("w_d", w_down, e4m3),
+                                  ("h", h, e4m3), ("dy", dy, e5m2), ("d_gu", gate_up, e5m2))}
+
+    def run():
+        k.gemm_q(q["x"], q["w_gu"], fast_accum=True)           # gate_up  [T, 2I]
+        k.gemm_q(q["h"], q["w_d"], fast_accum=True)            # y        [T, H]
+        k.gemm_q(q["dy"], q["w_d"], b_t=True)                  # d_h      [T, I]
+        k.gemm_q(q["dy"], q["h"], a_t=True, b_t=True)          # d_W_d    [H, I]
+        k.gemm_q(q["d_gu"], q["w_gu"], b_t=True)               # d_x      [T, H]
+        k.gemm_q(q["d_gu"], q["x"], a_t=True, b_t=True)        # d_W_gu   [2I, H]
+    return run
+
+
+def ours_fp8(x, w_gate_up, w_down, dy, kind):
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
+
+    def forward(x, w_gu, w_d):
+        state.cache.invalidate()  # one optimizer step per iteration
+        return fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
+    return forward
+
+
+def ffn_rows(model, hidden, inter, tokens):
+    torch.manual_seed(0)
+    w_gate_up = (torch.randn(2 * inter, hidden, device="cuda") * 0.02).to(DT).requires_grad_()
+    w_down = (torch.randn(hidden, inter, device="cuda") * 0.02).to(DT).requires_grad_()
+    x = leaf((tokens, hidden))
+    dy = torch.randn(tokens, hidden, device="cuda", dtype=DT)
+    functional = {
+        "eager_bf16": (eager_ffn, [x, w_gate_up, w_down]),
+        "ours_bf16": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gate_up, w_down]),
+        "ours_fp8_current": (ours_fp8(x, w_gate_up, w_down, dy, "current"), [x, w_gate_up, w_down]),
+        "ours_fp8_delayed": (ours_fp8(x, w_gate_up, w_down, dy, "delayed"), [x, w_gate_up, w_down]),
+    }
+    rows, runs = [], {}
+    for name, (fn, inputs) in functional.items():
+        try:
+            run = fwd_bwd(fn, inputs, [dy])
+            runs[name] = (run, peak_bytes(run), saved_activation_bytes(fn, inputs))
+        except Exception as error:  # noqa: BLE001
+            rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
+    modules = {"torch_compile_bf16": lambda: torch.compile(TorchFFN(w_gate_up.detach(), w_down.detach())),
+               "torchao_tensorwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "tensorwise"),
+               "torchao_rowwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "rowwise")}
+    for name, build in modules.items():
+        try:
+            module = build()
+            run = module_step(module, x, dy)
+            run()  # compile outside the timing
+            runs[name] = (run, peak_bytes(run), saved_activation_bytes(module, [x]))
+        except Exception as error:  # noqa: BLE001
+            rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
+    try:
+        runs["six_fp8_gemms_alone"] = (six_fp8_gemms(x.detach(), w_gate_up.detach(), w_down.detach(), dy), None, None)
+    except Exception as error:  # noqa: BLE001
+        rows.append({"model": model, "tokens": tokens, "impl": "six_fp8_gemms_alone", "error": repr(error)})
+    timings = timeit_interleaved({name: r[0] for name, r in runs.items()}, reps=12 if tokens >= 16384 else 20)
+    flops = 3 * 2 * tokens * hidden * 3 * inter  # bf16-equivalent: 3 GEMMs forward, 6 in all, x3 of fwd
+    for name, (_, peak, saved) in runs.items():
+        rows.append({"model": model, "tokens": tokens, "impl": name, **timings[name], "peak_bytes": peak,
+                     "saved_activation_bytes": saved, "tflops": flops / (timings[name]["p50_ms"] * 1e-3) / 1e12})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192])
+    parser.add_argument("--models", nargs="+", default=list(WIDTHS))
+    args = parser.parse_args()
+    started = time.time()
+    report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.bench_fp8_ffn " +
+              " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+              "note": "fwd+bwd of LLaMA's SwiGLU FFN, bf16 activations; FP8 = e4m3 forward, e5m2 gradients, "
+                      "per-tensor scales, weights re-quantised every step",
+              "ceilings": ceilings(), "ffn": []}
+    try:
+        import torchao
+        report["environment"]["torchao"] = torchao.__version__
+    except Exception as error:  # noqa: BLE001
+        report["environment"]["torchao"] = f"unavailable: {error!r}"
+    for model in args.models:
+        hidden, inter = WIDTHS[model]
+        for tokens in args.tokens:
+            report["ffn"] += ffn_rows(model, hidden, inter, tokens)
+            torch.cuda.empty_cache()
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+            print(f"{model} T={tokens} done at {time.time() - started:.0f}s", flush=True)
+    for row in report["ffn"]:
+        if "p50_ms" in row:
+            print(f"{row['model']:11s} {row['tokens']:6d} {row['impl']:22s} {row['p50_ms']:8.3f} ms "
+                  f"{row['tflops']:7.1f} TFLOP/s  saved {(row['saved_activation_bytes'] or 0) / 2**30:.3f} GiB")
+        else:
+            print(f"{row['model']:11s} {row['tokens']:6d} {row['impl']:22s} ERROR {row['error'][:200]}")
+
+
+if __name__ == "__main__":
+    main()

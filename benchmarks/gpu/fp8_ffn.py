@@ -1,0 +1,268 @@
+"""The FP8 FFN (LLaMA's SwiGLU MLP) composed from the C entry points of fastffn/scaled_tensor.h
+through the ctypes harness, the composition the Paddle GPU path makes of the same calls. torch
+only allocates, supplies the stream and runs autograd around it.
+
+Shapes, precision, and where precision changes (W_gu [2I, H] = [W_gate; W_up], W_d [H, I], the
+torch Linear layout; T tokens; e4m3 for activations and weights, e5m2 for gradients, TE's HYBRID):
+
+  forward   q(x), q(x)^T        e4m3 = quantize(x [T, H] 16/32-bit)          one pass
+            gate_up [T, 2I]     x.dtype = gemm(q(x), q(W_gu))              fast accumulation
+            q(h)                e4m3 = swiglu_fwd_fp8(gate_up)             h only in fp32 registers
+            y [T, H]            x.dtype = gemm(q(h), q(W_d))               fast accumulation
+            kept for backward:  q(x)^T, gate_up (for the SwiGLU recompute), h's scale; the
+                                cached weight copies. x itself and q(x) are dropped.
+  backward  q(dy), q(dy)^T      e5m2 = quantize(dy)                        one pass
+            d_h [T, I]          x.dtype = gemm(q(dy), q(W_d)^T)
+            q(d_gu), q(d_gu)^T  e5m2 and q(h)^T e4m3 = swiglu_bwd_fp8(gate_up, d_h)   h recomputed
+            d_W_d [H, I]        = gemm(q(dy)^T, q(h)^T)
+            d_x [T, H]          = gemm(q(d_gu), q(W_gu)^T)
+            d_W_gu [2I, H]      = gemm(q(d_gu)^T, q(x)^T)
+  Backward GEMMs accumulate with cuBLASLt's periodic fp32 promotion (TE: fast accumulation in the
+  forward only); weight gradients come out in the weight's dtype, d_x in x's.
+
+Which copy each GEMM reads. fastffn_gemm_cuda computes D[M, N] = A[M, K] @ B[N, K]^T and takes FP8
+operands K-major only (cuBLASLt's TN, its only FP8 layout on sm_89/sm_90: no transpose flags), so
+every operand is a stored copy whose rows run along that GEMM's K:
+
+  | GEMM            | D [M, N]       | K  | A, stored [M, K]   | B, stored [N, K]                 |
+  |-----------------|----------------|----|--------------------|----------------------------------|
+  | fwd gate_up     | gate_up [T,2I] | H  | q(x)     [T, H]    | q(W_gu)   [2I, H]  (as stored)   |
+  | fwd down        | y [T, H]       | I  | q(h)     [T, I]    | q(W_d)    [H, I]   (as stored)   |
+  | dgrad down      | d_h [T, I]     | H  | q(dy)    [T, H]    | q(W_d)^T  [I, H]   (transposed)  |
+  | wgrad down      | d_W_d [H, I]   | T  | q(dy)^T  [H, T]    | q(h)^T    [I, T]   (transposed)  |
+  | dgrad gate_up   | d_x [T, H]     | 2I | q(d_gu)  [T, 2I]   | q(W_gu)^T [H, 2I]  (transposed)  |
+  | wgrad gate_up   | d_W_gu [2I, H] | T  | q(d_gu)^T [2I, T]  | q(x)^T    [H, T]   (transposed)  |
+
+  So every tensor is needed in both layouts, each written in the pass that quantises it:
+  x, dy (fastffn_fp8_quantize_cuda: out + out_t), W_gu, W_d (the same, once per step into the
+  weight cache), d_gu (swiglu_bwd_fp8: d_gate_up + d_gate_up_t), h (row-wise by swiglu_fwd_fp8 in
+  the forward; the transpose by swiglu_bwd_fp8 from the recomputed h, quantised with the forward's
+  scale, so its bytes are the forward's transposed and no [I, T] copy lives between the passes).
+  q(x) row-wise is read by the first GEMM only, so only q(x)^T is kept. Each K is one of H, I, 2I
+  and T, and each FP8 row stride one of them in bytes: all must be multiples of 16 (cuBLASLt),
+  so a token count T % 16 != 0 is rejected up front (pad the batch).
+
+Scaling recipes (per tensor, Transformer Engine's semantics; state in fp32 device tensors, no
+host synchronisation anywhere in a step):
+  current  each quantisation computes the tensor's own amax in a first pass (the kernels' amax-only
+           mode), fastffn_fp8_compute_scale_cuda turns it into scale = fmt_max * 2^-margin / amax
+           on the device, and a second pass quantises with it.
+  delayed  each quantisation uses the scale the tensor's amax history gave; its amax goes into
+           history[0]; at the end of the forward (x, h), of the backward (dy, d_gu) and after a
+           weight is quantised into the cache, fastffn_fp8_update_amax_history_cuda takes
+           max(history) (or history[0] for amax_compute_algo="most_recent"), sets the next scale
+           and rolls the history. Scales start at 1, as TE's: the first step is not calibrated.
+  An amax of 0 or not finite keeps the previous scale (TE's delayed rule, used for both here).
+
+Weights are quantised once per step into an Fp8WeightCache (both layouts); call invalidate()
+after the optimizer changes them. Using a weight that changed in place since it was cached raises
+(the version counter moved) instead of computing with stale FP8 copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.gpu import fp8_harness as fp8
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+GEMM_ALIGNMENT = 16  # every K and every FP8 row stride of the six GEMMs (see the table above)
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """Per-tensor FP8 scaling, Transformer Engine's knobs (recipe.DelayedScaling and
+    Float8CurrentScaling), with the HYBRID formats: e4m3 forward, e5m2 gradients."""
+    kind: str = "current"             # "current" | "delayed"
+    amax_history_len: int = 16        # delayed only
+    amax_compute_algo: str = "max"    # delayed only: "max" | "most_recent"
+    margin: float = 0.0               # scale = fmt_max * 2^-margin / amax
+    fast_accum_forward: bool = True   # cuBLASLt fast accumulation for the two forward GEMMs
+
+    def __post_init__(self):
+        if self.kind not in ("current", "delayed"):
+            raise ValueError(f"Fp8Recipe.kind must be 'current' or 'delayed', not {self.kind!r}")
+        if self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError("amax_compute_algo must be 'max' or 'most_recent', not "
+                             f"{self.amax_compute_algo!r}")
+        if self.amax_history_len < 1:
+            raise ValueError("amax_history_len must be at least 1")
+
+
+class ScalingState:
+    """One tensor's per-tensor scaling state, fp32 device tensors: scale [1], scale_inv [1] and
+    amax_history [L] (delayed; [1] for current scaling). amax_history[0] is the slot the kernels
+    max-accumulate this quantisation's amax into."""
+
+    def __init__(self, recipe: Fp8Recipe, fmt: torch.dtype, device="cuda"):
+        self.recipe, self.fmt, self.fmt_max = recipe, fmt, fp8.FP8_MAX[fmt]
+        length = recipe.amax_history_len if recipe.kind == "delayed" else 1
+        self.scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.scale_inv = torch.ones(1, dtype=torch.float32, device=device)
+        self.amax_history = torch.zeros(length, dtype=torch.float32, device=device)
+
+    @property
+    def amax(self) -> torch.Tensor:
+        return self.amax_history[:1]
+
+    def quantize_with(self, k: fp8.Fp8Kernels, amax_pass, quantize_pass):
+        """Current scaling: amax_pass(amax) computes this tensor's amax, the scale follows on the
+        device, then quantize_pass(scale, amax) quantises with it. Delayed: quantize_pass with the
+        scale from the history, recording the amax into history[0]. Returns what quantize_pass
+        returns (its Quantized.scale is this state's live tensor; its scale_inv its own)."""
+        if self.recipe.kind == "current":
+            self.amax.zero_()
+            amax_pass(self.amax)
+            k.compute_scale(self.amax, self.scale, self.scale_inv, self.fmt_max, self.recipe.margin)
+        return quantize_pass(self.scale, self.amax)
+
+    def quantize(self, k: fp8.Fp8Kernels, x: torch.Tensor, rowwise=True, transpose=True) -> fp8.Quantized:
+        """x [R, C] -> q(x) [R, C] and q(x)^T [C, R] (fastffn_fp8_quantize_cuda)."""
+        return self.quantize_with(
+            k, lambda amax: k.quantize(x, self.fmt, None, rowwise=False, transpose=False, amax=amax),
+            lambda scale, amax: k.quantize(x, self.fmt, scale, rowwise, transpose, amax=amax))
+
+    def end_step(self, k: fp8.Fp8Kernels):
+        """Delayed scaling: the next scale from the amax history, which then rolls."""
+        if self.recipe.kind == "delayed":
+            k.update_amax_history(self.amax_history, self.scale, self.scale_inv, self.fmt_max,
+                                  self.recipe.margin, self.recipe.amax_compute_algo == "most_recent")
+
+
+class Fp8WeightCache:
+    """FP8 copies of the FFN weights, both layouts, quantised once per step (at the first forward
+    after invalidate()). The training loop calls invalidate() after every optimizer step."""
+
+    def __init__(self):
+        self._entries: dict[str, tuple[int, int, fp8.Quantized]] = {}
+        self.quantizations = 0  # how many weight quantisations ran (tests, benchmarks)
+
+    def invalidate(self):
+        self._entries.clear()
+
+    def get(self, name: str, weight: torch.Tensor, state: ScalingState, k: fp8.Fp8Kernels) -> fp8.Quantized:
+        entry = self._entries.get(name)
+        if entry is not None:
+            pointer, version, quantized = entry
+            if pointer == weight.data_ptr() and version == weight._version:
+                return quantized
+            raise RuntimeError(
+                f"Fp8WeightCache: weight {name!r} changed since it was quantised (another tensor, "
+                f"or modified in place: version {version} -> {weight._version}); call "
+                f"invalidate() after each optimizer step")
+        quantized = state.quantize(k, weight.detach().contiguous(), rowwise=True, transpose=True)
+        state.end_step(k)  # delayed: a weight is quantised once per step
+        self._entries[name] = (weight.data_ptr(), weight._version, quantized)
+        self.quantizations += 1
+        return quantized
+
+
+class Fp8FFNState:
+    """Everything an FP8 FFN layer keeps between steps: the recipe, one ScalingState per
+    quantised tensor and the weight cache. `record`, when set to a dict, receives the
+    intermediates of each forward and backward (tests check every stage with them)."""
+
+    def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
+        self.recipe = recipe or Fp8Recipe()
+        self.x = ScalingState(self.recipe, E4M3, device)
+        self.w_gate_up = ScalingState(self.recipe, E4M3, device)
+        self.w_down = ScalingState(self.recipe, E4M3, device)
+        self.h = ScalingState(self.recipe, E4M3, device)
+        self.dy = ScalingState(self.recipe, E5M2, device)
+        self.d_gate_up = ScalingState(self.recipe, E5M2, device)
+        self.cache = Fp8WeightCache()
+        self.record: dict | None = None
+
+    def weights(self, k: fp8.Fp8Kernels, w_gate_up: torch.Tensor, w_down: torch.Tensor):
+        return (self.cache.get("gate_up", w_gate_up, self.w_gate_up, k),
+                self.cache.get("down", w_down, self.w_down, k))
+
+
+def check_shapes(tokens: int, w_gate_up: torch.Tensor, w_down: torch.Tensor, hidden: int):
+    inter = w_down.shape[1]
+    if tuple(w_gate_up.shape) != (2 * inter, hidden) or w_down.shape[0] != hidden:
+        raise ValueError(f"Fp8FFN: W_gate_up {tuple(w_gate_up.shape)} and W_down {tuple(w_down.shape)} "
+                         f"do not fit hidden {hidden} (need [2I, H] and [H, I])")
+    sizes = (("tokens T", tokens), ("hidden H", hidden), ("intermediate I", inter))
+    bad = ", ".join(f"{name} = {size}" for name, size in sizes if size <= 0 or size % GEMM_ALIGNMENT)
+    if bad:
+        raise ValueError(
+            f"Fp8FFN: {bad} not a positive multiple of {GEMM_ALIGNMENT}. cuBLASLt's FP8 GEMMs need "
+            f"every K and every FP8 row stride to be one (T is the K of both weight-gradient GEMMs "
+            f"and the row length of the transposed copies); pad the tokens to a multiple of "
+            f"{GEMM_ALIGNMENT}")
+
+
+class Fp8FFN(torch.autograd.Function):
+    """y = swiglu(x @ W_gu^T) @ W_d^T with FP8 GEMMs; see the module docstring for the data flow."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, state: Fp8FFNState):
+        k = fp8.kernels()
+        hidden = x.shape[-1]
+        x2 = x.reshape(-1, hidden)
+        check_shapes(x2.shape[0], w_gate_up, w_down, hidden)
+        fast = state.recipe.fast_accum_forward
+        qx = state.x.quantize(k, x2.contiguous())
+        wgu, wd = state.weights(k, w_gate_up, w_down)
+        gate_up = k.gemm_q(qx, wgu, x.dtype, fast_accum=fast)
+        qh = state.h.quantize_with(
+            k, lambda amax: k.swiglu_fwd_fp8(gate_up, E4M3, rowwise=False, amax=amax),
+            lambda scale, amax: k.swiglu_fwd_fp8(gate_up, E4M3, scale, amax=amax))
+        y = k.gemm_q(qh, wd, x.dtype, fast_accum=fast)
+        h_scale = state.h.scale.clone()  # the backward recomputes q(h) with this very scale
+        state.x.end_step(k)
+        state.h.end_step(k)
+        if state.record is not None:
+            state.record.update(q_x=qx, w_gate_up=wgu, w_down=wd, gate_up=gate_up, q_h=qh,
+                                h_scale=h_scale, y=y)
+        ctx.save_for_backward(qx.data_t, qx.scale_inv, gate_up, h_scale)
+        ctx.weights, ctx.state, ctx.x_shape = (wgu, wd), state, x.shape
+        ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
+        return y.reshape(*x.shape[:-1], hidden)
+
+    @staticmethod
+    def backward(ctx, dy):
+        k = fp8.kernels()
+        q_x_t, x_scale_inv, gate_up, h_scale = ctx.saved_tensors
+        wgu, wd = ctx.weights
+        state = ctx.state
+        x_dtype, w_gate_up_dtype, w_down_dtype = ctx.dtypes
+        need_x, need_w_gate_up, need_w_down = ctx.needs_input_grad[:3]
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous()
+
+        qdy = state.dy.quantize(k, dy2)
+        d_h = k.gemm(qdy.data, wd.data_t, x_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=wd.scale_inv)
+        q_dgu, q_h = state.d_gate_up.quantize_with(
+            k, lambda amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, rowwise=False, transpose=False, amax=amax),
+            lambda scale, amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, scale, amax=amax, h=E4M3,
+                                                 h_scale=h_scale, h_transpose=need_w_down))
+        record = state.record
+        if record is not None:
+            record.update(q_dy=qdy, d_h=d_h, q_d_gate_up=q_dgu, q_h_t=q_h)
+        d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
+        d_w_down = d_x = d_w_gate_up = None
+        if need_w_down:
+            d_w_down = k.gemm(qdy.data_t, q_h.data_t, w_down_dtype, a_scale_inv=qdy.scale_inv,
+                              b_scale_inv=q_h.scale_inv)
+        del qdy, q_h
+        if need_x:
+            d_x = k.gemm(q_dgu.data, wgu.data_t, x_dtype, a_scale_inv=q_dgu.scale_inv,
+                         b_scale_inv=wgu.scale_inv).reshape(ctx.x_shape)
+        if need_w_gate_up:
+            d_w_gate_up = k.gemm(q_dgu.data_t, q_x_t, w_gate_up_dtype, a_scale_inv=q_dgu.scale_inv,
+                                 b_scale_inv=x_scale_inv)
+        state.dy.end_step(k)
+        state.d_gate_up.end_step(k)
+        if record is not None:
+            record.update(d_x=d_x, d_w_gate_up=d_w_gate_up, d_w_down=d_w_down)
+        return d_x, d_w_gate_up, d_w_down, None
+
+
+def fp8_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+            state: Fp8FFNState) -> torch.Tensor:
+    """The FP8 FFN: x [..., H] (bf16; fp16/fp32 work too), W_gate_up [2I, H], W_down [H, I] ->
+    y [..., H] in x's dtype. T = x.numel() // H, H and I must be multiples of 16."""
+    return Fp8FFN.apply(x, w_gate_up, w_down, state)

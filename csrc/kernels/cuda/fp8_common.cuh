@@ -1,0 +1,232 @@
+// Shared pieces of the FP8 kernels (fp8_cast.cu, swiglu_fp8.cu): the FP8 conversion with the
+// formats' saturation and Inf/NaN rules of fastffn/scaled_tensor.h, 16-element loads and stores,
+// the 128 x 128 tile transpose through shared memory, the block amax and the persistent grid.
+//
+// Tiles: 256 threads walk a 128 x 128 tile of the (row-major) output. A thread converts 16
+// consecutive elements of a row (a "segment") into 16 FP8 bytes, stores them row-wise with one
+// 16-byte store and parks them in shared memory; after a barrier store_tile_transposed gathers
+// 16 rows x 4 columns of bytes per thread (a warp reads one 128-byte tile row per load: no bank
+// conflicts), transposes them with byte permutes and writes four 16-byte rows of the transposed
+// copy.
+//
+// amax is a max over the bit patterns of |x| as unsigned integers: for non-negative floats the
+// integer order is the float order, every NaN pattern sorts above Inf (so a NaN wins), and neither
+// flush-to-zero (--use_fast_math) nor fmaxf's NaN dropping can change it.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "cuda_common.cuh"
+#include "fastffn/scaled_tensor.h"
+
+namespace fastffn {
+namespace cuda {
+
+constexpr int kTileThreads = 256;                                   // threads of a tile block
+constexpr int kTile = 128;                                          // rows and columns per tile
+constexpr int kSeg = 16;                                            // elements per thread access
+constexpr int kSegsPerRow = kTile / kSeg;                           // 8
+constexpr int kSegsPerThread = kTile * kSegsPerRow / kTileThreads;  // 4
+constexpr int kTileWords = kTile / 4;                               // 32-bit words per tile row
+constexpr int kTileBytes = kTile * kTile;                           // one FP8 tile in shared memory
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;
+constexpr uint32_t kFp8NaN = 0x7fu;  // S.1111.111 is e4m3's NaN, S.11111.11 one of e5m2's
+
+static_assert(kTile * kSegsPerRow % kTileThreads == 0, "whole segments per thread");
+static_assert(kTileThreads / 32 * kSeg == kTile, "transpose phase: one warp per 16 tile rows");
+
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & kAbsMask; }
+
+// Two values -> two FP8 bytes (lo in the low byte), round to nearest even, finite values saturate.
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, F);
+}
+
+// The byte for a value whose x or y = x * scale is not finite, or kKeep where the saturating
+// conversion is already right (finite x whose product overflowed: +-max). Inf stays Inf in e5m2
+// and becomes NaN in e4m3 (which has no Inf); NaN becomes the canonical 0x7F.
+constexpr uint32_t kKeep = 0x100u;
+
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ uint32_t special_byte(float x, float y) {
+  if (abs_bits(x) == kInfBits)
+    return F == __NV_E5M2 ? (((__float_as_uint(x) >> 24) & 0x80u) | 0x7cu) : kFp8NaN;
+  return abs_bits(y) > kInfBits ? kFp8NaN : kKeep;
+}
+
+// 16 values -> 16 FP8 bytes, little-endian in a uint4. `special`: some x or x * scale is not
+// finite, so bytes are patched where the format's Inf/NaN rules differ from the saturating
+// conversion (rare; the common path is eight paired conversions).
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ uint4 quantize16(const float (&x)[kSeg], float scale, bool special) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float* v = x + 4 * k;
+    w[k] = fp8x2<F>(v[0] * scale, v[1] * scale) | (fp8x2<F>(v[2] * scale, v[3] * scale) << 16);
+  }
+  if (special) {
+#pragma unroll
+    for (int j = 0; j < kSeg; ++j) {
+      const uint32_t byte = special_byte<F>(x[j], x[j] * scale);
+      const int shift = 8 * (j % 4);
+      if (byte != kKeep) w[j / 4] = (w[j / 4] & ~(0xffu << shift)) | (byte << shift);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// max |x| of 16 values as bits (see the top of the file).
+__device__ __forceinline__ uint32_t amax_bits16(const float (&x)[kSeg]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 0; j < kSeg; ++j) m = max(m, abs_bits(x[j]));
+  return m;
+}
+
+// `valid` (1..16) elements at p into x (zeros after them); 16-byte loads when `vec` and full.
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, int valid, bool vec, float (&x)[kSeg]) {
+  if (vec && valid == kSeg) {
+    constexpr int V = kVecWidth<T>;
+#pragma unroll
+    for (int i = 0; i < kSeg; i += V) {
+      const Vec<T, V> v = load_vec<V>(p + i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) x[i + j] = to_float(v.v[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kSeg; ++j) x[j] = j < valid ? to_float(p[j]) : 0.f;
+  }
+}
+
+// The first `valid` bytes of q to p: one 16-byte store when `vec` and full.
+__device__ __forceinline__ void store16(uint8_t* p, const uint4& q, int valid, bool vec) {
+  if (vec && valid == kSeg) {
+    *reinterpret_cast<uint4*>(p) = q;
+    return;
+  }
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int j = 0; j < kSeg; ++j)
+    if (j < valid) p[j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+}
+
+// The first `valid` of 16 values to p, rounded to T: 16-byte stores when `vec` and full.
+template <typename T>
+__device__ __forceinline__ void store16_values(T* p, const float (&x)[kSeg], int valid, bool vec) {
+  if (vec && valid == kSeg) {
+    constexpr int V = kVecWidth<T>;
+#pragma unroll
+    for (int i = 0; i < kSeg; i += V) {
+      Vec<T, V> v;
+#pragma unroll
+      for (int j = 0; j < V; ++j) v.v[j] = from_float<T>(x[i + j]);
+      store_vec<V>(p + i, v);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kSeg; ++j)
+      if (j < valid) p[j] = from_float<T>(x[j]);
+  }
+}
+
+// 4 x 4 byte transpose: out[j] holds byte j of in[0], in[1], in[2], in[3] (in that order).
+__device__ __forceinline__ void transpose4x4(const uint32_t* in, uint32_t (&out)[4]) {
+  const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // in0.b0 in1.b0 in0.b1 in1.b1
+  const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
+  const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // in0.b2 in1.b2 in0.b3 in1.b3
+  const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
+  out[0] = __byte_perm(lo01, lo23, 0x5410);
+  out[1] = __byte_perm(lo01, lo23, 0x7632);
+  out[2] = __byte_perm(hi01, hi23, 0x5410);
+  out[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// The transposed copy of one tile: `tile` holds the FP8 bytes of rows r0 .. r0 + 127, columns
+// c0 .. c0 + 127 of a [rows, cols] matrix (tile[row * kSegsPerRow + seg] = bytes of columns
+// seg * 16 .. + 15 of tile row `row`); writes out_t[c, r] ([cols, rows], row stride
+// out_t_stride) for the elements inside the matrix. Called by all kTileThreads threads between
+// the barriers that fill and reuse `tile`.
+__device__ __forceinline__ void store_tile_transposed(const uint4* tile, int64_t r0, int64_t c0,
+                                                      int64_t rows, int64_t cols, uint8_t* out_t,
+                                                      int64_t out_t_stride, bool vec) {
+  const int lane = threadIdx.x & 31;                 // input columns c0 + 4 lane .. + 3
+  const int64_t r = r0 + (threadIdx.x >> 5) * kSeg;  // input rows r .. r + 15
+  const int64_t c = c0 + 4 * lane;
+  if (r >= rows || c >= cols) return;
+  const uint32_t* words =
+      reinterpret_cast<const uint32_t*>(tile) + (threadIdx.x >> 5) * kSeg * kTileWords + lane;
+  uint32_t w[kSeg];
+#pragma unroll
+  for (int i = 0; i < kSeg; ++i) w[i] = words[i * kTileWords];
+  uint32_t columns[4][4];  // [input column j][word k: input rows 4k .. 4k + 3]
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t out[4];
+    transpose4x4(w + 4 * k, out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) columns[j][k] = out[j];
+  }
+  const int valid = rows - r < kSeg ? static_cast<int>(rows - r) : kSeg;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (c + j < cols)
+      store16(out_t + (c + j) * out_t_stride + r,
+              make_uint4(columns[j][0], columns[j][1], columns[j][2], columns[j][3]), valid, vec);
+}
+
+// The block's max of `bits` (one per thread) into *amax with one atomicMax (skipped for 0).
+// Called by all threads of a kTileThreads block; `scratch` is kTileThreads / 32 shared words
+// that no other call of this function uses at the same time.
+__device__ __forceinline__ void block_amax_to(unsigned int* amax, uint32_t bits,
+                                              uint32_t* scratch) {
+  bits = __reduce_max_sync(0xffffffffu, bits);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 1; w < kTileThreads / 32; ++w) bits = max(bits, scratch[w]);
+    if (bits != 0) atomicMax(amax, bits);
+  }
+}
+
+// --- host-side argument helpers -------------------------------------------------------------
+
+inline bool is_fp8(fastffn_dtype dtype) {
+  return dtype == FASTFFN_DTYPE_FP8_E4M3 || dtype == FASTFFN_DTYPE_FP8_E5M2;
+}
+
+inline bool shaped(const fastffn_tensor& t, int64_t rows, int64_t cols) {
+  return t.rows == rows && t.cols == cols && t.row_stride >= cols;
+}
+
+inline bool aliased(const float* a, const float* b) { return a != nullptr && a == b; }
+
+// scale, scale_inv and amax of one FP8 output are each read or written by every block.
+inline bool scaling_aliased(const fastffn_tensor& t) {
+  return aliased(t.scale, t.scale_inv) || aliased(t.scale, t.amax) ||
+         aliased(t.scale_inv, t.amax);
+}
+
+inline bool bytes_aligned16(const void* p, int64_t row_stride) {
+  return aligned16(p) && row_stride % 16 == 0;
+}
+
+// Blocks of a persistent grid: every SM filled to the kernel's occupancy, never more than tiles.
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, int64_t tiles, int sm_count, size_t dynamic_shared = 0) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads,
+                                                    dynamic_shared) != cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const int64_t cap = static_cast<int64_t>(per_sm) * (sm_count > 0 ? sm_count : 1);
+  return tiles < 1 ? 1 : (tiles < cap ? tiles : cap);
+}
+
+}  // namespace cuda
+}  // namespace fastffn

@@ -1,0 +1,469 @@
+// SwiGLU fused with per-tensor FP8 quantisation, and the scale updates of per-tensor FP8 scaling
+// (contracts in fastffn/scaled_tensor.h).
+//
+// Both SwiGLU kernels walk the [T, I] output in 128 x 128 tiles over a persistent grid, like
+// fp8_cast.cu: a thread loads 16 consecutive gate and up values of a row (and, backward, 16 of
+// d_h) with 16-byte loads, computes in fp32 with swiglu.cu's expressions (so the fused kernels and
+// the unfused ones then fastffn_fp8_quantize_cuda agree bit for bit), converts to FP8 with
+// fp8_common.cuh's rules, stores row-wise with 16-byte stores and parks the bytes in shared
+// memory for the transposed copies (one 16 KiB tile per transposed output). The backward can
+// write three transposed outputs (d_gate^T, d_up^T, h^T), 48 KiB of tiles: dynamic shared memory
+// with the opt-in, sized to the outputs asked for.
+#include <cfloat>
+#include <cmath>
+
+#include "fp8_common.cuh"
+
+namespace fastffn {
+namespace cuda {
+namespace {
+
+constexpr int kTileSegs = kTile * kSegsPerRow;  // uint4 entries of one shared FP8 tile
+constexpr size_t kTileSharedBytes = kTileSegs * sizeof(uint4);
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // per block without the opt-in
+constexpr size_t kBwdStaticShared = 2 * kTileThreads / 32 * sizeof(uint32_t);  // warp_amax
+
+// swiglu.cu's sigmoid, the same expression (see there for why __fdividef).
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+
+// --- forward -----------------------------------------------------------------------------------
+
+template <typename T>
+struct FwdParams {
+  const T* gate;  // row r at gate + r * in_stride; up = gate + cols
+  const T* up;
+  uint8_t* out;    // [rows, cols] or NULL
+  uint8_t* out_t;  // [cols, rows] or NULL
+  int64_t rows, cols, in_stride, out_stride, out_t_stride;
+  int64_t col_tiles, tiles;
+  const float* scale;
+  float* scale_inv;
+  unsigned int* amax;
+  bool vec_gate, vec_up, vec_out, vec_out_t;
+};
+
+template <typename T, __nv_fp8_interpretation_t F>
+__global__ void __launch_bounds__(kTileThreads) swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
+  __shared__ uint4 tile[kTileSegs];
+  __shared__ uint32_t warp_amax[kTileThreads / 32];
+  const bool transpose = p.out_t != nullptr;
+  const bool convert = p.out != nullptr || transpose;
+  const float scale = convert && p.scale != nullptr ? *p.scale : 1.f;
+  const bool scale_finite = abs_bits(scale) < kInfBits;
+  if (convert && p.scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    *p.scale_inv = __frcp_rn(scale);
+  uint32_t amax = 0;
+
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t r0 = t / p.col_tiles * kTile;
+    const int64_t c0 = t % p.col_tiles * kTile;
+    // As in fp8_cast.cu: sm_80 emulates the FP8 conversion, unrolling there only costs registers.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#pragma unroll
+#else
+#pragma unroll 1
+#endif
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const int s = i * kTileThreads + threadIdx.x;
+      const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
+      const int64_t r = r0 + row, c = c0 + seg * kSeg;
+      if (r >= p.rows || c >= p.cols) continue;
+      const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+      float g[kSeg], h[kSeg];
+      load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
+      load16(p.up + r * p.in_stride + c, valid, p.vec_up, h);
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j) h[j] = g[j] * sigmoid(g[j]) * h[j];  // swiglu_fwd_kernel's
+      const uint32_t seg_amax = amax_bits16(h);
+      amax = max(amax, seg_amax);
+      if (!convert) continue;
+      const uint4 q = quantize16<F>(h, scale, seg_amax >= kInfBits || !scale_finite);
+      if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
+      if (transpose) tile[row * kSegsPerRow + seg] = q;
+    }
+    if (transpose) {
+      __syncthreads();
+      store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+      __syncthreads();  // the next tile overwrites `tile`
+    }
+  }
+  if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax);
+}
+
+// --- backward ----------------------------------------------------------------------------------
+
+template <typename T>
+struct BwdParams {
+  const T* gate;  // row r at gate + r * in_stride; up = gate + cols
+  const T* up;
+  const T* d_h;
+  int64_t rows, cols, in_stride, d_h_stride;
+  // d_gate_up [rows, 2 cols] (d_gate then d_up in each row) and its transpose [2 cols, rows]
+  uint8_t* dgu;
+  uint8_t* dgu_t;
+  int64_t dgu_stride, dgu_t_stride;
+  const float* dgu_scale;
+  float* dgu_scale_inv;
+  unsigned int* dgu_amax;
+  // recomputed h [rows, cols]: FP8 (h_fp8) or T; its FP8 transpose [cols, rows]
+  void* h;
+  uint8_t* h_t;
+  int64_t h_stride, h_t_stride;
+  const float* h_scale;
+  float* h_scale_inv;
+  unsigned int* h_amax;
+  bool h_fp8;
+  int64_t col_tiles, tiles;
+  bool vec_gate, vec_up, vec_d_h, vec_dg, vec_du, vec_dgu_t, vec_h, vec_h_t;
+};
+
+template <typename T, __nv_fp8_interpretation_t FD, __nv_fp8_interpretation_t FH>
+__global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdParams<T> p) {
+  // Transposed outputs' tiles, in this order: d_gate^T, d_up^T (when dgu_t), h^T (when h_t).
+  extern __shared__ uint4 tiles[];
+  __shared__ uint32_t warp_amax[2][kTileThreads / 32];  // kBwdStaticShared bytes
+  const bool dgu_transpose = p.dgu_t != nullptr;
+  const bool h_transpose = p.h_t != nullptr;
+  const bool dgu_convert = p.dgu != nullptr || dgu_transpose;
+  const bool h_convert = p.h_fp8 && (p.h != nullptr || h_transpose);
+  const bool h_needed = p.h != nullptr || h_transpose || p.h_amax != nullptr;
+  const float dgu_scale = dgu_convert && p.dgu_scale != nullptr ? *p.dgu_scale : 1.f;
+  const float h_scale = h_convert && p.h_scale != nullptr ? *p.h_scale : 1.f;
+  const bool dgu_scale_finite = abs_bits(dgu_scale) < kInfBits;
+  const bool h_scale_finite = abs_bits(h_scale) < kInfBits;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (dgu_convert && p.dgu_scale_inv != nullptr) *p.dgu_scale_inv = __frcp_rn(dgu_scale);
+    if (h_convert && p.h_scale_inv != nullptr) *p.h_scale_inv = __frcp_rn(h_scale);
+  }
+  uint4* tile_dg = tiles;
+  uint4* tile_du = tiles + kTileSegs;
+  uint4* tile_h = tiles + (dgu_transpose ? 2 * kTileSegs : 0);
+  uint32_t dgu_amax = 0, h_amax = 0;
+
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t r0 = t / p.col_tiles * kTile;
+    const int64_t c0 = t % p.col_tiles * kTile;
+    // Not unrolled: four 16-value fp32 arrays are live per segment (ptxas, nvcc 13.0: 107-128
+    // registers, so 2 blocks of 256 threads per SM; __launch_bounds__ for 3 blocks spilled 120-190
+    // bytes). One segment in flight per thread is 96 bytes of loads, 48 KiB per SM.
+#pragma unroll 1
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const int s = i * kTileThreads + threadIdx.x;
+      const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
+      const int64_t r = r0 + row, c = c0 + seg * kSeg;
+      if (r >= p.rows || c >= p.cols) continue;
+      const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+      float g[kSeg], u[kSeg], dg[kSeg], du[kSeg];
+      load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
+      load16(p.up + r * p.in_stride + c, valid, p.vec_up, u);
+      load16(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h, du);  // d_h, then d_up in place
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j) {  // swiglu_bwd_kernel's expressions; u becomes h
+        const float x = g[j], dy = du[j];
+        const float sig = sigmoid(x);
+        const float silu = x * sig;
+        dg[j] = dy * u[j] * sig * (1.f + x * (1.f - sig));
+        du[j] = dy * silu;
+        u[j] = silu * u[j];
+      }
+      dgu_amax = max(dgu_amax, max(amax_bits16(dg), amax_bits16(du)));
+      if (dgu_convert) {
+        const bool special = !dgu_scale_finite;
+        const uint4 qg = quantize16<FD>(dg, dgu_scale, special || amax_bits16(dg) >= kInfBits);
+        const uint4 qu = quantize16<FD>(du, dgu_scale, special || amax_bits16(du) >= kInfBits);
+        if (p.dgu != nullptr) {
+          uint8_t* dst = p.dgu + r * p.dgu_stride + c;
+          store16(dst, qg, valid, p.vec_dg);
+          store16(dst + p.cols, qu, valid, p.vec_du);
+        }
+        if (dgu_transpose) {
+          tile_dg[row * kSegsPerRow + seg] = qg;
+          tile_du[row * kSegsPerRow + seg] = qu;
+        }
+      }
+      if (!h_needed) continue;
+      const uint32_t seg_h_amax = amax_bits16(u);
+      h_amax = max(h_amax, seg_h_amax);
+      if (h_convert) {
+        const uint4 qh = quantize16<FH>(u, h_scale, seg_h_amax >= kInfBits || !h_scale_finite);
+        if (p.h != nullptr)
+          store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, qh, valid, p.vec_h);
+        if (h_transpose) tile_h[row * kSegsPerRow + seg] = qh;
+      } else if (!p.h_fp8 && p.h != nullptr) {
+        store16_values(static_cast<T*>(p.h) + r * p.h_stride + c, u, valid, p.vec_h);
+      }
+    }
+    if (dgu_transpose || h_transpose) {
+      __syncthreads();
+      if (dgu_transpose) {
+        store_tile_transposed(tile_dg, r0, c0, p.rows, p.cols, p.dgu_t, p.dgu_t_stride,
+                              p.vec_dgu_t);
+        store_tile_transposed(tile_du, r0, c0, p.rows, p.cols, p.dgu_t + p.cols * p.dgu_t_stride,
+                              p.dgu_t_stride, p.vec_dgu_t);
+      }
+      if (h_transpose)
+        store_tile_transposed(tile_h, r0, c0, p.rows, p.cols, p.h_t, p.h_t_stride, p.vec_h_t);
+      __syncthreads();  // the next tile overwrites the tiles
+    }
+  }
+  if (p.dgu_amax != nullptr) block_amax_to(p.dgu_amax, dgu_amax, warp_amax[0]);
+  if (p.h_amax != nullptr) block_amax_to(p.h_amax, h_amax, warp_amax[1]);
+}
+
+// --- scales ------------------------------------------------------------------------------------
+
+// Transformer Engine's delayed-scaling update: scaled_max / amax for a finite amax > 0 (IEEE
+// division: --use_fast_math would otherwise make it approximate), the previous scale for an amax
+// that is 0, negative, Inf or NaN, and FLT_MAX where the quotient overflows (amax tiny).
+__device__ __forceinline__ float scale_from_amax(float amax, float previous, float scaled_max) {
+  const uint32_t bits = __float_as_uint(amax);
+  if (bits == 0 || bits >= kInfBits) return previous;  // +0; sign bit set, Inf and NaN sort above
+  const float scale = __fdiv_rn(scaled_max, amax);
+  return abs_bits(scale) >= kInfBits ? FLT_MAX : scale;
+}
+
+__device__ __forceinline__ void write_scale(float scale, float* out, float* out_inv) {
+  *out = scale;
+  if (out_inv != nullptr) *out_inv = __frcp_rn(scale);
+}
+
+__global__ void compute_scale_kernel(const float* amax, float* scale, float* scale_inv,
+                                     float scaled_max) {
+  write_scale(scale_from_amax(*amax, *scale, scaled_max), scale, scale_inv);
+}
+
+constexpr int kHistoryThreads = 256;
+
+// One block. history[0] holds the amax of the step that ends (the kernels accumulate into it);
+// as TE's amax_and_scale_update: amax = max over the whole history (fmaxf: a NaN entry is
+// skipped) or history[0] (most_recent), then the history rolls by one: history[len - 1] =
+// the old history[0], history[i] = the old history[i + 1] for 0 < i < len - 1, history[0] = 0.
+__global__ void __launch_bounds__(kHistoryThreads)
+update_history_kernel(float* history, int64_t len, bool most_recent, float* scale,
+                      float* scale_inv, float scaled_max) {
+  __shared__ float warp_max[kHistoryThreads / 32];
+  const float last = history[0];
+  float amax = 0.f;
+  for (int64_t off = 0; off < len; off += kHistoryThreads) {
+    const int64_t i = off + threadIdx.x;
+    float a = 0.f;
+    if (i < len) {
+      a = i < len - 1 ? history[i + 1] : last;
+      amax = fmaxf(amax, a);
+    }
+    __syncthreads();  // every read of this chunk before its in-place writes
+    if (i < len) history[i] = i > 0 ? a : 0.f;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int w = 1; w < kHistoryThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  write_scale(scale_from_amax(most_recent ? last : amax, *scale, scaled_max), scale, scale_inv);
+}
+
+// --- host helpers ------------------------------------------------------------------------------
+
+// fmt_max * 2^-margin in fp32 (TE computes it on the host the same way), or 0 when the result
+// is not a positive normal float (then the entry point returns INVALID_ARGUMENT).
+float scaled_max_of(float fmt_max, float margin) {
+  const double value = static_cast<double>(fmt_max) * std::exp2(-static_cast<double>(margin));
+  const float scaled = static_cast<float>(value);
+  return scaled >= FLT_MIN && scaled <= FLT_MAX ? scaled : 0.f;
+}
+
+bool valid_2d(const fastffn_tensor& t) {
+  const bool empty = t.rows == 0 || t.cols == 0;
+  return t.rows >= 0 && t.cols >= 0 && t.row_stride >= t.cols && (t.data != nullptr || empty);
+}
+
+// The gate | up input of both kernels: [T, 2I], 2I even.
+bool valid_gate_up(const fastffn_tensor& t) { return valid_2d(t) && t.cols % 2 == 0; }
+
+// No two of the scaling scalars alias where one is written (both scales may be one tensor).
+bool scalars_distinct(const fastffn_tensor& a, const fastffn_tensor& b) {
+  const float* written[] = {a.scale_inv, a.amax, b.scale_inv, b.amax};
+  const float* all[] = {a.scale, b.scale, a.scale_inv, a.amax, b.scale_inv, b.amax};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 6; ++j)
+      if (j != i + 2 && aliased(written[i], all[j])) return false;
+  return true;
+}
+
+template <typename T>
+bool rows_aligned16(const void* p, int64_t stride_elems) {
+  return aligned16(p) && stride_aligned16<T>(stride_elems);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace fastffn
+
+using namespace fastffn::cuda;
+
+extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor out_h,
+                                                      fastffn_tensor out_h_t, void* stream) {
+  if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (!is_fp8(out_h.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
+  if (out_h.data != nullptr && !shaped(out_h, rows, cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (out_h_t.data != nullptr && (out_h_t.dtype != out_h.dtype || !shaped(out_h_t, cols, rows)))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (scaling_aliased(out_h)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  fastffn_device_limits limits;
+  const fastffn_status queried = current_device_limits(&limits);
+  if (queried != FASTFFN_STATUS_OK) return queried;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(gate_up.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    FwdParams<T> p;
+    p.gate = static_cast<const T*>(gate_up.data);
+    p.up = p.gate + cols;
+    p.out = static_cast<uint8_t*>(out_h.data);
+    p.out_t = static_cast<uint8_t*>(out_h_t.data);
+    p.rows = rows;
+    p.cols = cols;
+    p.in_stride = gate_up.row_stride;
+    p.out_stride = out_h.row_stride;
+    p.out_t_stride = out_h_t.row_stride;
+    p.col_tiles = (cols + kTile - 1) / kTile;
+    p.tiles = rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * p.col_tiles;
+    p.scale = out_h.scale;
+    p.scale_inv = out_h.scale_inv;
+    p.amax = reinterpret_cast<unsigned int*>(out_h.amax);
+    p.vec_gate = rows_aligned16<T>(p.gate, gate_up.row_stride);
+    p.vec_up = rows_aligned16<T>(p.up, gate_up.row_stride);
+    p.vec_out = bytes_aligned16(out_h.data, out_h.row_stride);
+    p.vec_out_t = bytes_aligned16(out_h_t.data, out_h_t.row_stride);
+    return FASTFFN_BOOL_SWITCH(out_h.dtype == FASTFFN_DTYPE_FP8_E5M2, kE5M2, [&] {
+      auto kernel = swiglu_fwd_fp8_kernel<T, kE5M2 ? __NV_E5M2 : __NV_E4M3>;
+      const int64_t blocks = persistent_blocks(kernel, p.tiles, limits.sm_count);
+      kernel<<<static_cast<unsigned int>(blocks), kTileThreads, 0, s>>>(p);
+      return launch_status();
+    });
+  });
+}
+
+extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor d_h,
+                                                      fastffn_tensor d_gate_up,
+                                                      fastffn_tensor d_gate_up_t, fastffn_tensor h,
+                                                      fastffn_tensor h_t, void* stream) {
+  if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
+  if (d_h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (!valid_2d(d_h) || d_h.rows != rows || d_h.cols != cols)
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (!is_fp8(d_gate_up.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (d_gate_up.data != nullptr && !shaped(d_gate_up, rows, 2 * cols))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (d_gate_up_t.data != nullptr &&
+      (d_gate_up_t.dtype != d_gate_up.dtype || !shaped(d_gate_up_t, 2 * cols, rows)))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const bool h_wanted = h.data != nullptr || h_t.data != nullptr || h.amax != nullptr;
+  const bool h_fp8 = h_wanted && is_fp8(h.dtype);
+  if (h_wanted && !h_fp8) {  // the recomputed h in the input dtype, as fastffn_swiglu_bwd_cuda's
+    if (h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+    if (h_t.data != nullptr || h.scale != nullptr || h.scale_inv != nullptr || h.amax != nullptr)
+      return FASTFFN_STATUS_INVALID_ARGUMENT;  // a transpose and scaling are FP8-only
+  }
+  if (h.data != nullptr && !shaped(h, rows, cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (h_t.data != nullptr && (h_t.dtype != h.dtype || !shaped(h_t, cols, rows)))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const fastffn_tensor h_scaling = h_fp8 ? h : fastffn_tensor{};
+  if (!scalars_distinct(d_gate_up, h_scaling)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+
+  fastffn_device_limits limits;
+  const fastffn_status queried = current_device_limits(&limits);
+  if (queried != FASTFFN_STATUS_OK) return queried;
+  const int tiles_needed = (d_gate_up_t.data != nullptr ? 2 : 0) + (h_t.data != nullptr ? 1 : 0);
+  const size_t shared = tiles_needed * kTileSharedBytes;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(gate_up.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    BwdParams<T> p;
+    p.gate = static_cast<const T*>(gate_up.data);
+    p.up = p.gate + cols;
+    p.d_h = static_cast<const T*>(d_h.data);
+    p.rows = rows;
+    p.cols = cols;
+    p.in_stride = gate_up.row_stride;
+    p.d_h_stride = d_h.row_stride;
+    p.dgu = static_cast<uint8_t*>(d_gate_up.data);
+    p.dgu_t = static_cast<uint8_t*>(d_gate_up_t.data);
+    p.dgu_stride = d_gate_up.row_stride;
+    p.dgu_t_stride = d_gate_up_t.row_stride;
+    p.dgu_scale = d_gate_up.scale;
+    p.dgu_scale_inv = d_gate_up.scale_inv;
+    p.dgu_amax = reinterpret_cast<unsigned int*>(d_gate_up.amax);
+    p.h = h.data;
+    p.h_t = static_cast<uint8_t*>(h_t.data);
+    p.h_stride = h.row_stride;
+    p.h_t_stride = h_t.row_stride;
+    p.h_scale = h_scaling.scale;
+    p.h_scale_inv = h_scaling.scale_inv;
+    p.h_amax = reinterpret_cast<unsigned int*>(h_scaling.amax);
+    p.h_fp8 = h_fp8;
+    p.col_tiles = (cols + kTile - 1) / kTile;
+    p.tiles = rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * p.col_tiles;
+    p.vec_gate = rows_aligned16<T>(p.gate, gate_up.row_stride);
+    p.vec_up = rows_aligned16<T>(p.up, gate_up.row_stride);
+    p.vec_d_h = rows_aligned16<T>(d_h.data, d_h.row_stride);
+    p.vec_dg = bytes_aligned16(p.dgu, p.dgu_stride);
+    p.vec_du = p.dgu != nullptr && bytes_aligned16(p.dgu + cols, p.dgu_stride);
+    p.vec_dgu_t = bytes_aligned16(p.dgu_t, p.dgu_t_stride);
+    p.vec_h = h_fp8 ? bytes_aligned16(h.data, h.row_stride)
+                    : rows_aligned16<T>(h.data, h.row_stride);
+    p.vec_h_t = bytes_aligned16(p.h_t, p.h_t_stride);
+    const bool d_e5m2 = d_gate_up.dtype == FASTFFN_DTYPE_FP8_E5M2;
+    const bool h_e5m2 = h_fp8 && h.dtype == FASTFFN_DTYPE_FP8_E5M2;
+    return FASTFFN_BOOL_SWITCH(d_e5m2, kDE5M2, [&] {
+      return FASTFFN_BOOL_SWITCH(h_e5m2, kHE5M2, [&] {
+        auto kernel = swiglu_bwd_fp8_kernel<T, kDE5M2 ? __NV_E5M2 : __NV_E4M3,
+                                            kHE5M2 ? __NV_E5M2 : __NV_E4M3>;
+        if (shared + kBwdStaticShared > kDefaultSharedBytes) {  // 3 tiles: needs the opt-in
+          if (shared + kBwdStaticShared > static_cast<size_t>(limits.max_shared_bytes_per_block))
+            return FASTFFN_STATUS_INVALID_ARGUMENT;  // not on any device of sm_80 or newer
+          if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared)) != cudaSuccess)
+            return FASTFFN_STATUS_CUDA_ERROR;
+        }
+        const int64_t blocks = persistent_blocks(kernel, p.tiles, limits.sm_count, shared);
+        kernel<<<static_cast<unsigned int>(blocks), kTileThreads, shared, s>>>(p);
+        return launch_status();
+      });
+    });
+  });
+}
+
+extern "C" fastffn_status fastffn_fp8_compute_scale_cuda(const float* amax, float* scale,
+                                                         float* scale_inv, float fmt_max,
+                                                         float margin, void* stream) {
+  const float scaled_max = scaled_max_of(fmt_max, margin);
+  if (amax == nullptr || scale == nullptr || scaled_max == 0.f || aliased(amax, scale) ||
+      aliased(scale_inv, scale) || aliased(scale_inv, amax))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  compute_scale_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(amax, scale, scale_inv,
+                                                                       scaled_max);
+  return launch_status();
+}
+
+extern "C" fastffn_status fastffn_fp8_update_amax_history_cuda(float* amax_history,
+                                                               int64_t history_len,
+                                                               int most_recent, float* scale,
+                                                               float* scale_inv, float fmt_max,
+                                                               float margin, void* stream) {
+  const float scaled_max = scaled_max_of(fmt_max, margin);
+  if (amax_history == nullptr || history_len < 1 || scale == nullptr || scaled_max == 0.f ||
+      aliased(scale_inv, scale))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const auto inside = [&](const float* p) {
+    return p != nullptr && p >= amax_history && p < amax_history + history_len;
+  };
+  if (inside(scale) || inside(scale_inv)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  update_history_kernel<<<1, kHistoryThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      amax_history, history_len, most_recent != 0, scale, scale_inv, scaled_max);
+  return launch_status();
+}
