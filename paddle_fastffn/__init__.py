@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = True,
                             rotary: bool = True, attention: bool = True,
                             fuse_projections: bool = True, swiglu_recompute: bool = True,
-                            save_fused_checkpoint: bool = False) -> int:
+                            save_fused_checkpoint: bool = False,
+                            fused_cross_entropy: bool = True) -> int:
     """Patch PaddleNLP's LLaMA decoder layers with the fused paths (class level: every layer
     built or run afterwards), and `model`'s settings when given. Returns the number of decoder
     layers of `model` on the fast path (0 without a model). Undo with revert_fast_ffn().
@@ -24,10 +25,15 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
     projections (plain Linear weights only: LoRA and tensor-parallel layers keep PaddleNLP's
     sub-layers) and SwiGLU recompute; save_pretrained still writes the stock unfused LLaMA
     checkpoint unless save_fused_checkpoint. Fused projections are chosen when a model is built:
-    an existing `model` keeps its projections."""
+    an existing `model` keeps its projections.
+
+    fused_cross_entropy: LlamaForCausalLM's training loss (a forward with labels in train mode)
+    through ops.linear_cross_entropy, which never builds the [tokens, vocab] logits; that forward
+    returns logits=None. Eval, generation and forwards without labels keep the stock head."""
     options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
                              fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute,
-                             save_fused_checkpoint=save_fused_checkpoint)
+                             save_fused_checkpoint=save_fused_checkpoint,
+                             fused_cross_entropy=fused_cross_entropy)
     if model is None:
         _enable(options)
         return 0

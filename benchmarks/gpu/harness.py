@@ -416,3 +416,116 @@ def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
     sequential run had suggested the split layout at small T; that was drift, see
     results/history/README.md.)"""
     return FusedFFN.apply(x, w_gate_up, w_down, recompute, split_gemms)
+
+
+# --- fused linear cross-entropy (paddle_fastffn/ops/linear_cross_entropy.py's composition) ------
+
+class CrossEntropyArgs(ctypes.Structure):
+    _fields_ = [("rows", ctypes.c_int64), ("vocab", ctypes.c_int64), ("row_stride", ctypes.c_int64),
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_float), ("with_grad", ctypes.c_int),
+                ("dtype", ctypes.c_int), ("label_error", ctypes.c_void_p)]
+
+
+# One chunk's logits at most, counted in fp32 (chunk_tokens * vocab * 4 bytes): the Paddle op's GPU
+# default (paddle_fastffn/ops/linear_cross_entropy.py says what it was measured against).
+GPU_CHUNK_BYTES = 1 << 30
+
+
+def _raise_if_label_error(error, vocab, ignore_index):
+    if int(error.item()) != 0:
+        raise ValueError(f"cross_entropy: `labels` holds a label outside the vocabulary [0, {vocab}) that is "
+                         f"not ignore_index ({ignore_index})")
+
+
+def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=True, error=None):
+    """The fused kernel in place on logits [rows, V] (fp32/fp16/bf16, unit column stride): returns
+    the fp32 [rows] losses; with_grad, logits becomes (softmax - onehot) * grad_scale (0 on ignored
+    rows and rows whose loss is not > 0). Labels (int64) outside [0, V) that are not ignore_index
+    raise ValueError, read back from the kernel's device flag as the Paddle binding does; with
+    `error` (a zeroed device int32 [1]) the flag is left there for the caller to read once."""
+    k = kernels()
+    k.lib.fastffn_cross_entropy_cuda.restype = ctypes.c_int
+    rows, vocab = logits.shape
+    assert logits.stride(1) == 1 and labels.dtype == torch.int64 and labels.is_contiguous()
+    loss = k.empty((rows,), torch.float32, logits.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=logits.device) if error is None else error
+    args = CrossEntropyArgs(rows, vocab, logits.stride(0) if rows > 1 else vocab, ignore_index, grad_scale,
+                            int(with_grad), _DTYPES[logits.dtype], flag.data_ptr())
+    k._check(k.lib.fastffn_cross_entropy_cuda(args, k._ptr(logits), k._ptr(labels), k._ptr(loss), k._stream()),
+             "cross_entropy")
+    if error is None:
+        _raise_if_label_error(flag, vocab, ignore_index)
+    return loss
+
+
+def _gemm_fp32_out(out, a, b, accumulate=False, alpha=1.0):
+    """out (fp32) = alpha * a @ b (+ out): torch's cuBLAS with fp32 output for 16-bit inputs
+    (torch.addmm's out_dtype), so d_weight sums every chunk in fp32 without rounding each chunk's
+    product to bf16 first."""
+    beta = 1.0 if accumulate else 0.0
+    if a.dtype == torch.float32:
+        return torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
+    return torch.addmm(out, a, b, out_dtype=torch.float32, beta=beta, alpha=alpha, out=out)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """PaddleNLP's LlamaPretrainingCriterion(hidden @ weight) in chunks of tokens (the Paddle op's
+    composition, torch's cuBLAS for Paddle's matmul): per chunk the logits in the inputs' dtype
+    (fp32 accumulation, as the stock LM head), the fused kernel in place, then
+    d_hidden_chunk = d_logits @ W^T and d_W += hidden_chunk^T @ d_logits into fp32 buffers held
+    for backward. weight: [H, V] (PaddleNLP's LM head) or [V, H] with transpose_weight (a tied
+    embedding, torch's Linear layout). fp16 logits keep the gradient unscaled (softmax values of a
+    128k vocabulary divided by the token count would underflow fp16) and apply 1/n in the GEMMs."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens):
+        tokens, width = hidden.shape
+        vocab = weight.shape[0] if transpose_weight else weight.shape[1]
+        chunk = chunk_tokens or max(1, GPU_CHUNK_BYTES // (4 * vocab))
+        n_labelled = int((labels != ignore_index).sum().item())
+        mean_scale = 1.0 / n_labelled if n_labelled else 1.0
+        kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
+        w = weight.t() if transpose_weight else weight  # [H, V] view
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        d_hidden = Kernels.empty((tokens, width), torch.float32, hidden.device) if need_h else None
+        d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        error = torch.zeros(1, dtype=torch.int32, device=hidden.device)  # read once, after the loop
+        losses = []
+        for start in range(0, tokens, chunk):
+            end = min(tokens, start + chunk)
+            h = hidden[start:end]
+            logits = h @ w
+            losses.append(cross_entropy(logits, labels[start:end], ignore_index, kernel_scale, need_h or need_w,
+                                        error))
+            if need_h:
+                _gemm_fp32_out(d_hidden[start:end], logits, w.t(), alpha=gemm_scale)
+            if need_w:
+                if transpose_weight:
+                    _gemm_fp32_out(d_weight, logits.t(), h, accumulate=True, alpha=gemm_scale)
+                else:
+                    _gemm_fp32_out(d_weight, h.t(), logits, accumulate=True, alpha=gemm_scale)
+            del logits
+        _raise_if_label_error(error, vocab, ignore_index)
+        loss_rows = torch.cat(losses) if losses else torch.zeros(0, device=hidden.device)
+        kept = loss_rows > 0
+        loss = loss_rows[kept].mean()  # PaddleNLP's reduction; NaN when nothing is kept
+        n_kept = int(kept.sum().item())
+        ctx.factor = n_labelled / n_kept if n_kept and n_kept != n_labelled else 1.0
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.save_for_backward(d_hidden, d_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, d_loss):
+        d_hidden, d_weight = ctx.saved_tensors
+        scale = d_loss.float() * ctx.factor
+        grads = [None if g is None else g.mul_(scale).to(dtype) for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
+        return grads[0], grads[1], None, None, None, None
+
+
+def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
+    """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
+    -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits."""
+    hidden2d = hidden.reshape(-1, hidden.shape[-1])
+    return LinearCrossEntropy.apply(hidden2d, weight, labels.reshape(-1).long().contiguous(), ignore_index,
+                                    transpose_weight, chunk_tokens)

@@ -626,6 +626,84 @@ def _unfuse_layer(owner, config) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Fused LM head + cross-entropy (FastFFNOptions.fused_cross_entropy). LlamaForCausalLM.forward with
+# labels in training mode computes the hidden states, then ops.linear_cross_entropy on the head's
+# weight: PaddleNLP's loss without the [tokens, vocab] logits, which that forward does not return
+# (logits=None; the Trainer's compute_loss reads only the loss). Forwards without labels
+# (generation) and in eval mode (the Trainer's evaluate/predict, whose prediction_step hands the
+# logits to compute_metrics) take the stock forward, as does a head the fused loss cannot read
+# (one info line).
+
+def _fused_head_weight(model):
+    """(weight, transpose_weight, None) when model's LM head is a plain weight and its criterion
+    PaddleNLP's own, else (None, False, why not)."""
+    modeling = _modeling()
+    config, head = model.config, model.lm_head
+    if type(getattr(model, "criterion", None)) is not modeling.LlamaPretrainingCriterion:
+        return None, False, f"the criterion is {type(getattr(model, 'criterion', None)).__name__}"
+    distributed = _distributed_layers(config)
+    if distributed or getattr(model.criterion, "enable_parallel_cross_entropy", False):
+        return None, False, f"{distributed or 'tensor parallel'}: the head is sharded over the vocabulary"
+    if getattr(config, "sequence_parallel", False) or (getattr(config, "sep_parallel_degree", 1) or 1) > 1:
+        return None, False, "sequence parallel gathers the hidden states inside the head"
+    if type(head) is not modeling.LlamaLMHead and not _is_plain_linear(head):
+        return None, False, f"the LM head is {type(head).__name__}, not LlamaLMHead or a plain Linear"
+    if modeling.get_env_device() not in ("cpu", "gpu"):
+        return None, False, f"the head runs {modeling.get_env_device()}'s own matmul"
+    weight = head.weight
+    if getattr(weight, "is_distributed", False):
+        return None, False, "the head's weight is distributed"
+    embedding = getattr(model.get_input_embeddings(), "weight", None)
+    # Tied: PaddleNLP's later LlamaLMHead(transpose_y=True), or 2.8.1's tie_weights(), which sets
+    # the head's weight to the [V, H] embedding; 2.8.1's own head then fails on its matmul (it
+    # applies [H, V] weights only), so the fused loss gives it the tied meaning, hidden @ E^T.
+    # (A square tied weight, V == H, keeps what 2.8.1's head computes, hidden @ E.)
+    transpose = bool(getattr(head, "transpose_y", False)) or (weight is embedding and weight.shape[0] != weight.shape[1])
+    if list(weight.shape) != ([config.vocab_size, config.hidden_size] if transpose else [config.hidden_size, config.vocab_size]):
+        return None, False, f"the head's weight {list(weight.shape)} is not [hidden, vocab] or a tied [vocab, hidden]"
+    return weight, transpose, None
+
+
+def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
+                           labels=None, use_cache=False, past_key_values=None, output_attentions=None,
+                           output_hidden_states=None, return_dict=None):
+    """LlamaForCausalLM.forward with the loss of a training step through ops.linear_cross_entropy
+    (logits=None in the result); everything else is the stock forward."""
+    stock = _ORIGINALS["causal_lm_forward"]
+    arguments = (input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache, past_key_values,
+                 output_attentions, output_hidden_states, return_dict)
+    if labels is None or not self.training:
+        return stock(self, *arguments)
+    weight, transpose, reason = _fused_head_weight(self)
+    if weight is None:
+        _info_once(f"fused_ce:{reason}", f"fused_cross_entropy: {reason}; the LM head and loss stay stock")
+        return stock(self, *arguments)
+    config = self.config
+    output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+    output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+    return_dict = return_dict if return_dict is not None else config.use_return_dict
+    outputs = self.llama(input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                         return_dict=return_dict)
+    hidden_states = outputs[0]
+    if hidden_states.dtype == weight.dtype:
+        loss = ops.linear_cross_entropy(hidden_states, weight, labels, ignore_index=self.criterion.ignore_index,
+                                        transpose_weight=transpose)
+        logits = None  # never materialised
+    else:  # AMP O1 mixes: the stock head (autocast casts its matmul) and criterion
+        _info_once("fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head weight "
+                                     f"{weight.dtype} differ (AMP O1): the LM head and loss stay stock")
+        logits = paddle.matmul(hidden_states, weight, transpose_y=True) if transpose else self.lm_head(hidden_states)
+        loss = self.criterion(logits, labels)
+    if not return_dict:
+        return (loss, logits) + tuple(outputs[1:])
+    return _modeling().CausalLMOutputWithCrossAttentions(
+        loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def apply(options: FastFFNOptions, model=None) -> None:
     """Patch the LLaMA classes (every layer built from now on, and every existing one)."""
@@ -641,6 +719,9 @@ def apply(options: FastFFNOptions, model=None) -> None:
             sdpa=modeling.scaled_dot_product_attention,
         )
     _ACTIVE = options
+    _ORIGINALS.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
+    modeling.LlamaForCausalLM.forward = (fast_causal_lm_forward if options.fused_cross_entropy
+                                         else _ORIGINALS["causal_lm_forward"])
     modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
     modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
@@ -679,6 +760,7 @@ def revert() -> None:
     modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
     modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(_ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
+    modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
     _ACTIVE = None
     _WARNED.clear()
 

@@ -27,6 +27,11 @@ class FastFFNOptions:
     # layout (qkv_proj, gate_up_fused_proj; config fuse_attention_* true) instead of the stock
     # unfused one (q/k/v_proj, gate_proj/up_proj), which is the default.
     save_fused_checkpoint: bool = False
+    # LlamaForCausalLM's training loss through ops.linear_cross_entropy: the LM head GEMM and
+    # PaddleNLP's criterion in chunks of tokens, never the [tokens, vocab] logits; where the head
+    # is a plain [H, V] weight or the tied embedding (not tensor parallel). Logits are not returned
+    # on that path (training forwards with labels only; eval and generation keep stock).
+    fused_cross_entropy: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -38,13 +38,18 @@ class FastFFNTrainingArguments(TrainingArguments):
     fast_ffn_save_fused_checkpoint: bool = field(default=False, metadata={
         "help": "Save PaddleNLP's fused layout (qkv_proj, gate_up_fused_proj, fuse_attention_* in "
                 "config.json) instead of the stock unfused LLaMA layout that the fast path saves by default."})
+    fast_ffn_fused_cross_entropy: bool = field(default=True, metadata={
+        "help": "Training loss of LlamaForCausalLM as one fused LM head + cross-entropy in chunks of tokens "
+                "(never the [tokens, vocab] fp32 logits; PaddleNLP's loss). Needs a plain LM head weight or "
+                "tied embeddings, not tensor parallel; the training forward then returns no logits."})
 
     def fast_ffn_options(self) -> FastFFNOptions:
         fuse = self.fast_ffn_fuse_projections and not self._checkpoint_writer_without_split()
         return FastFFNOptions(swiglu=self.fast_ffn_swiglu, rms_norm=self.fast_ffn_rms_norm,
                               rotary=self.fast_ffn_rotary, attention=self.fast_ffn_attention,
                               fuse_projections=fuse, swiglu_recompute=self.fast_ffn_swiglu_recompute,
-                              save_fused_checkpoint=self.fast_ffn_save_fused_checkpoint)
+                              save_fused_checkpoint=self.fast_ffn_save_fused_checkpoint,
+                              fused_cross_entropy=self.fast_ffn_fused_cross_entropy)
 
     def _checkpoint_writer_without_split(self) -> str | None:
         """The option whose checkpoint writer saves model.state_dict() as it is (no save_pretrained

@@ -65,3 +65,13 @@ def test_each_fast_config_differs_from_its_stock_twin_only_in_the_flag_and_outpu
         differ = {k for k in fast.keys() | stock.keys() if fast.get(k) != stock.get(k)}
         assert differ == {"use_fast_ffn", "output_dir"}, fast_file.name
         assert fast["use_fast_ffn"] is True and stock["use_fast_ffn"] is False
+
+
+def test_fused_cross_entropy_is_on_by_default_and_switchable(tmp_path, monkeypatch):
+    args = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true"], tmp_path, monkeypatch)
+    assert args.fast_ffn_fused_cross_entropy and args.fast_ffn_options().fused_cross_entropy
+    assert enabled_options().fused_cross_entropy
+    paddle_fastffn.revert_fast_ffn()
+    args = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true", "--fast_ffn_fused_cross_entropy", "false"],
+                  tmp_path, monkeypatch)
+    assert not args.fast_ffn_options().fused_cross_entropy and not enabled_options().fused_cross_entropy

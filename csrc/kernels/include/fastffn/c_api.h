@@ -171,6 +171,40 @@ fastffn_status fastffn_rotary_cuda(fastffn_rotary_args args, const void* q, cons
                                    const int64_t* position_ids, void* q_out, void* k_out,
                                    void* stream);
 
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy over the rows of logits [rows, vocab] (row stride in elements), fused with its
+// gradient and written over the logits, so that the fused LM head + loss (ops.linear_cross_entropy)
+// needs no second pass and no [tokens, vocab] buffer beyond one chunk. Per row r, y = labels[r]:
+//   y == ignore_index:  loss[r] = 0, and (with_grad) the row becomes 0
+//   otherwise:          m = max_j x_j,  lse = m + log(sum_j exp(x_j - m)),  loss[r] = lse - x_y
+//                       (with_grad) the row becomes (softmax(x) - onehot(y)) * grad_scale when
+//                       loss[r] > 0, and 0 when it is not (exactly 0, or NaN): PaddleNLP's
+//                       LlamaPretrainingCriterion drops the tokens whose loss is not > 0 from its
+//                       mean, and so their gradient.
+// grad_scale is 1 / (the number of tokens in the mean) for a mean loss. fp32 math for fp16/bf16/
+// fp32 logits (float64 computes in double, CPU only); loss is fp32 [rows]. with_grad = 0 computes
+// the loss only and leaves the logits untouched.
+// Labels outside [0, vocab) that are not ignore_index: the CPU entry point checks every label
+// first and returns INVALID_ARGUMENT without writing anything. On CUDA (labels on the device) such
+// rows get a NaN loss and a NaN row, and the kernel sets *label_error to 1 (a device int32 the
+// caller zeroes and reads after the launch; NULL = not reported).
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+  int64_t rows;
+  int64_t vocab;
+  int64_t row_stride;  // >= vocab
+  int64_t ignore_index;
+  float grad_scale;
+  int with_grad;
+  fastffn_dtype dtype;    // of the logits
+  int32_t* label_error;   // CUDA only, see above
+} fastffn_cross_entropy_args;
+
+fastffn_status fastffn_cross_entropy_cpu(fastffn_cross_entropy_args args, void* logits,
+                                         const int64_t* labels, float* loss);
+fastffn_status fastffn_cross_entropy_cuda(fastffn_cross_entropy_args args, void* logits,
+                                          const int64_t* labels, float* loss, void* stream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif
