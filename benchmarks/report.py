@@ -46,14 +46,24 @@ def cpu_sections(out):
         out.append("")
 
 
-def gpu_sections(out, gpu, plots):
-    env, ceil = gpu["environment"], gpu["ceilings"]
-    out.append(f"## GPU: {env['device']} (driver {env['driver']}, torch {env['torch']}, {env['nvcc']}, "
-               f"Liger-Kernel {env['liger_kernel']}, transformers {env['transformers']})\n")
-    out.append(f"`{gpu['command']}` on {env['date']}. {gpu['note']} Ceilings measured in the same run: "
-               f"device copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), bf16 GEMM 8192^3 "
+def run_header(out, title, run):
+    """A section's title and the run it comes from: command, date, device, versions, ceilings."""
+    env, ceil = run["environment"], run["ceilings"]
+    versions = ", ".join(f"{name} {env[key]}" for key, name in (
+        ("torch", "torch"), ("liger_kernel", "Liger-Kernel"), ("transformers", "transformers"),
+        ("torchao", "torchao")) if env.get(key))
+    out.append(f"### {title}\n")
+    out.append(f"`{run['command']}` on {env['date']}, {env['device']} (driver {env['driver']}, {versions}, "
+               f"{env['nvcc']}). {run.get('note', '').rstrip('.') + '.' if run.get('note') else ''} Ceilings measured in the same run: device copy "
+               f"{ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), bf16 GEMM 8192^3 "
                f"{ceil['bf16_gemm_tflops']:.0f} TFLOP/s.\n")
-    out.append("### Kernels (bf16, 8192 tokens; CUDA-graph replay, median)\n")
+
+
+def gpu_sections(out, kernels_run, ffn_run, plots):
+    out.append("## GPU (NVIDIA H200, standalone harness: our kernels through ctypes, torch's cuBLAS and SDPA "
+               "standing in for Paddle's GEMMs and flash attention; FP8 GEMMs through our cuBLASLt provider)\n")
+    gpu = kernels_run
+    run_header(out, "Kernels (bf16, 8192 tokens; CUDA-graph replay, median)", gpu)
     out.append("Fraction = bytes (each input read once, each output written once) / time / copy bandwidth. "
                "A read-heavy kernel can exceed a 50/50 copy's rate.\n")
     rows = []
@@ -65,7 +75,8 @@ def gpu_sections(out, gpu, plots):
                      f"{r['GB_per_s']:.0f}", f"{r['fraction_of_copy'] * 100:.0f}%"])
     out.append(_table(["op", "widths", "pass", "impl", "µs", "GB/s", "of copy"], rows))
     out.append("")
-    out.append("### FFN forward+backward (bf16; interleaved timing, median)\n")
+    gpu = ffn_run
+    run_header(out, "FFN forward+backward (bf16; interleaved timing, median)", gpu)
     out.append("`ours` = gate_up GEMM + our SwiGLU (recompute in backward, gradient in place) + down GEMM. "
                "`gemms alone` = the same GEMM calls without our kernel: the floor of this design. "
                "Saved activations = memory held between forward and backward; peak = max allocated during "
@@ -88,13 +99,14 @@ def gpu_sections(out, gpu, plots):
     out.append(_table(["model", "tokens", "ours ms", "eager unfused", "eager fused gate_up", "Liger", "torch.compile",
                        "gemms alone", "ours / best peer", "outside GEMMs", "saved act. vs eager", "peak vs eager"], rows))
     out.append("")
+    gpu = kernels_run
     dec = gpu.get("decoder_layer")
     if dec:
         shape = dec["shape"]
-        out.append(f"### Decoder layer forward+backward (7B shape, batch {shape['batch']} x {shape['seq']}, bf16)\n")
+        run_header(out, f"Decoder layer forward+backward (7B shape, batch {shape['batch']} x {shape['seq']}, bf16)", gpu)
         out.append(f"Model FLOPs: {shape['flops_convention']}. Kernel time by category from torch.profiler. "
-                   "Ours is a steady-state layer: it takes (hidden, residual) and fuses the final residual add "
-                   "into the next layer's norm, as in a stack.\n")
+                   "Ours executes the Paddle patch's composition step by step "
+                   "(paddle_fastffn/integration/composition.py; a CPU test traces the patch against it).\n")
         rows = []
         for name in ("hf_eager", "hf_liger", "ours"):
             r = dec.get(name)
@@ -123,6 +135,36 @@ def gpu_sections(out, gpu, plots):
         out.append("")
     for plot in plots:
         out.append(f"![{plot.stem}]({plot.name})\n")
+
+
+def fp8_section(out, run):
+    run_header(out, "FP8 FFN forward+backward (8192 tokens; interleaved timing, median)", run)
+    out.append("FP8 = e4m3 activations and weights, e5m2 gradients, per-tensor scales, weights re-quantised "
+               "every step. `six FP8 GEMMs alone` = our composition's GEMMs on pre-quantised operands: the floor. "
+               "TFLOP/s are bf16-equivalent model FLOPs (6 GEMMs).\n")
+    by = {}
+    for r in run["ffn"]:
+        if "p50_ms" in r:
+            by.setdefault((r["model"], r["tokens"]), {})[r["impl"]] = r
+    rows = []
+    for (model, tokens), d in by.items():
+        bf16, floor, tao = d["ours_bf16"]["p50_ms"], d["six_fp8_gemms_alone"]["p50_ms"], d.get("torchao_tensorwise")
+        eager_saved = d["eager_bf16"]["saved_activation_bytes"]
+        for impl in ("ours_fp8_current", "ours_fp8_delayed"):
+            r = d[impl]
+            rows.append([model, tokens, impl, f"{r['p50_ms']:.2f}", f"{r['tflops']:.0f}", f"{bf16 / r['p50_ms']:.2f}x",
+                         f"{tao['p50_ms'] / r['p50_ms']:.2f}x" if tao else "", f"{(1 - floor / r['p50_ms']) * 100:.0f}%",
+                         f"{r['saved_activation_bytes'] / eager_saved:.2f}"])
+        for impl in ("ours_bf16", "torchao_tensorwise", "torchao_rowwise", "torch_compile_bf16", "eager_bf16",
+                     "six_fp8_gemms_alone"):
+            r = d.get(impl)
+            if r:
+                saved = r["saved_activation_bytes"]
+                rows.append([model, tokens, impl, f"{r['p50_ms']:.2f}", f"{r['tflops']:.0f}", f"{bf16 / r['p50_ms']:.2f}x",
+                             "", "", f"{saved / eager_saved:.2f}" if saved else ""])
+    out.append(_table(["model", "tokens", "impl", "ms", "TFLOP/s", "vs ours bf16", "vs torchao tensorwise",
+                       "outside FP8 GEMMs", "saved act. vs eager"], rows))
+    out.append("")
 
 
 def plot_kernels(gpu) -> list[Path]:
@@ -162,9 +204,12 @@ def main():
            "Generated by `python -m benchmarks.report` from the JSON files in this folder; each JSON "
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
-    gpu = _load("gpu_h200.json")
-    if gpu:
-        gpu_sections(out, gpu, plot_kernels(gpu))
+    kernels_run, ffn_run = _load("gpu_h200_run7.json"), _load("gpu_h200.json")
+    if kernels_run and ffn_run:
+        gpu_sections(out, kernels_run, ffn_run, plot_kernels(kernels_run))
+    fp8 = _load("gpu_h200_fp8_ffn.json")
+    if fp8:
+        fp8_section(out, fp8)
     (RESULTS / "REPORT.md").write_text("\n".join(out) + "\n")
     print(f"wrote {RESULTS / 'REPORT.md'}")
 
