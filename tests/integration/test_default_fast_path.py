@@ -4,7 +4,6 @@ checkpoint; LoRA and tensor parallel keep PaddleNLP's sub-layers with one info l
 
 import copy
 import json
-import logging
 import re
 
 import numpy as np
@@ -22,24 +21,6 @@ from tolerances import assert_close
 FUSED = ("llama.layers.0.self_attn.qkv_proj.weight", "llama.layers.0.mlp.gate_up_fused_proj.weight")
 UNFUSED = tuple(f"llama.layers.0.{name}.weight" for name in (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"))
-
-
-@pytest.fixture
-def info_lines():
-    """The paddle_fastffn info lines PaddleNLP's logger prints (it does not propagate to caplog)."""
-    from paddlenlp.utils.log import logger
-
-    lines = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.getMessage().startswith("paddle_fastffn:"):
-                lines.append(record.getMessage())
-
-    handler = Collect()
-    logger.logger.addHandler(handler)
-    yield lines
-    logger.logger.removeHandler(handler)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ PaddleNLP's loss through ops.linear_cross_entropy (same losses and gradients as 
 [tokens, vocab] tensor); eval, generation, unsupported heads and the switch keep the stock head."""
 
 import importlib
-import logging
 import math
 
 import numpy as np
@@ -16,24 +15,6 @@ from tolerances import assert_close
 
 lce = importlib.import_module("paddle_fastffn.ops.linear_cross_entropy")
 VOCAB = 128  # llama_fixtures.tiny_config
-
-
-@pytest.fixture
-def info_lines():
-    """The paddle_fastffn info lines PaddleNLP's logger prints (it does not propagate to caplog)."""
-    from paddlenlp.utils.log import logger
-
-    lines = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.getMessage().startswith("paddle_fastffn:"):
-                lines.append(record.getMessage())
-
-    handler = Collect()
-    logger.logger.addHandler(handler)
-    yield lines
-    logger.logger.removeHandler(handler)
 
 
 @pytest.fixture
