@@ -49,6 +49,8 @@ _ACTIVE: FastFFNOptions | None = None
 _WARNED: set = set()
 _INFORMED: set = set()
 _HOOKS: dict = {}
+_FP8 = None  # the Fp8Recipe while FP8 GEMMs are active (FastFFNOptions.precision == "fp8" and they can run)
+_FP8_WARNED: set = set()
 # id(config) -> (weakref to it, {key: value before the fast path changed it}, save_fused_checkpoint)
 _STOCK: dict = {}
 _PATCHED_CONFIG_KEYS = ("use_flash_attention", "fuse_attention_qkv", "fuse_attention_ffn")
@@ -118,10 +120,13 @@ def fast_mlp_forward(self, x):
     recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
     if self.fuse_attention_ffn:
         gate_up = self.gate_up_fused_proj(x)
-        if recompute and _is_plain_linear(self.down_proj):
+        if recompute and _is_plain_linear(self.down_proj) and not _fp8_attached(self.down_proj):
             # gate_up is this forward's private intermediate: its memory can hold its gradient.
             return ops.swiglu_down_proj(gate_up, self.down_proj.weight, reuse_gate_up_memory=True)
-        if recompute:
+        if recompute and _fp8_attached(self.down_proj):
+            _info_once("recompute_fp8", "fast_ffn_precision=fp8: down_proj runs through Fp8Linear, so the fused "
+                                        "SwiGLU output is stored for it (swiglu_recompute reads a bf16 weight)")
+        elif recompute:
             _info_once("recompute_down_proj", f"swiglu_recompute needs a plain Linear down_proj, this one is "
                                               f"{type(self.down_proj).__name__} (LoRA or tensor parallel): "
                                               f"the SwiGLU output is stored")
@@ -704,6 +709,175 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 
 
 # ---------------------------------------------------------------------------------------------
+# FP8 GEMMs (FastFFNOptions.precision == "fp8"). The linear layers of each decoder layer (qkv_proj
+# or q/k/v_proj, o_proj, gate_up_fused_proj or gate/up_proj, down_proj) compute through
+# paddle_fastffn.fp8.Fp8Linear: plain Linear, and PaddleNLP's LoRALinear (adapters in the
+# activation dtype over an FP8 base GEMM). Fp8Linear is not a Layer: it hangs off the Linear's
+# __dict__ (`_fast_ffn_fp8`) with its scaling states and weight cache, so parameters, their
+# dtypes and state_dict names stay stock (FP8 is a compute format only). The Linear classes'
+# forwards are patched while FP8 is active and take the FP8 path only where one is attached;
+# attachment happens at each LlamaModel.forward, so layers LoRA placed after construction are
+# covered. The recipe's first/last-layer rule keeps those layers stock; its min_gemm_size and
+# the 16-alignment rule are Fp8Linear's (a misaligned weight: one warning, bf16).
+#
+# Where FP8 runs: emulated (fp32 GEMMs on FP8-rounded values) with fp8_emulate, on any device.
+# Without it: on CPU, one warning and the bf16/fp32 path; on a CUDA Paddle too, because the
+# cuBLASLt FP8 GEMMs of csrc/ are not wired into the Paddle binding yet.
+
+_FP8_TARGETS = (("self_attn", ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj")),
+                ("mlp", ("gate_up_fused_proj", "gate_proj", "up_proj", "down_proj")))
+
+
+def _fp8_warn_once(key: str, message: str) -> None:
+    """A configuration FP8 cannot honour here: one UserWarning per reason (not a kernel fallback,
+    so not an error under PADDLE_FASTFFN_STRICT)."""
+    if key not in _FP8_WARNED:
+        _FP8_WARNED.add(key)
+        warnings.warn(f"paddle_fastffn: {message}", UserWarning, stacklevel=4)
+
+
+def resolve_fp8(options: FastFFNOptions):
+    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run."""
+    if options.precision != "fp8":
+        return None
+    recipe = options.fp8_recipe()
+    if options.fp8_emulate:
+        _info_once("fp8_emulate", "fast_ffn_precision=fp8 runs emulated (fast_ffn_fp8_emulate): FP8 scaling and "
+                                  "e4m3/e5m2 rounding with fp32 GEMMs, FP8 numerics without its speed-up")
+        return recipe
+    hint = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
+    if not paddle.is_compiled_with_cuda():
+        _fp8_warn_once("fp8_cpu", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
+                                  f"build has no GPU: training in bf16/fp32 instead ({hint})")
+        return None
+    try:
+        major, minor = paddle.device.cuda.get_device_capability()
+    except Exception:  # no visible device
+        major, minor = 0, 0
+    if major < 9:
+        _fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); this device is "
+                                   f"sm_{major}{minor}: training in bf16 instead ({hint})")
+    else:
+        _fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: the CUDA FP8 GEMMs (csrc/) are not wired into the "
+                                      f"Paddle binding yet, so this release cannot run FP8 on the GPU: training in "
+                                      f"bf16 instead ({hint})")
+    return None
+
+
+def _lora_linear_class():
+    try:
+        from paddlenlp.peft.lora.lora_layers import LoRALinear
+    except ImportError:  # pragma: no cover
+        return None
+    return LoRALinear
+
+
+def _fp8_attached(linear) -> bool:
+    return _FP8 is not None and linear is not None and linear.__dict__.get("_fast_ffn_fp8") is not None
+
+
+def attach_fp8(llama_model, recipe) -> int:
+    """Give each target linear of `llama_model`'s decoder layers its Fp8Linear (kept across calls
+    while the recipe is the same); returns how many linears compute in FP8."""
+    from ..fp8.linear import FP8_ALIGNMENT, Fp8Linear
+
+    lora_class = _lora_linear_class()
+    layers = list(getattr(llama_model, "layers", []))
+    count = 0
+    for index, layer in enumerate(layers):
+        in_fp8 = recipe.layer_uses_fp8(index, len(layers))
+        for owner_name, names in _FP8_TARGETS:
+            owner = getattr(layer, owner_name, None)
+            for name in names:
+                linear = owner._sub_layers.get(name) if owner is not None else None
+                if linear is None:
+                    continue
+                existing = linear.__dict__.get("_fast_ffn_fp8")
+                if not in_fp8:
+                    linear.__dict__.pop("_fast_ffn_fp8", None)
+                    continue
+                if existing is not None and existing.recipe == recipe and existing.linear is linear:
+                    count += 1
+                    continue
+                linear.__dict__.pop("_fast_ffn_fp8", None)
+                if type(linear) is not nn.Linear and type(linear) is not lora_class:
+                    _info_once(f"fp8_layer:{type(linear).__name__}",
+                               f"fast_ffn_precision=fp8: {type(linear).__name__} layers (tensor parallel or other "
+                               f"non-plain linears) keep their stock GEMMs; FP8 covers plain Linear and LoRALinear")
+                    continue
+                in_features, out_features = linear.weight.shape
+                if in_features % FP8_ALIGNMENT or out_features % FP8_ALIGNMENT:
+                    _fp8_warn_once(f"fp8_align:{in_features}x{out_features}",
+                                   f"fast_ffn_precision=fp8: weight [{in_features}, {out_features}] is not a multiple "
+                                   f"of {FP8_ALIGNMENT} in both dimensions (the FP8 GEMM's alignment): those layers "
+                                   f"stay in bf16")
+                    continue
+                linear.__dict__["_fast_ffn_fp8"] = Fp8Linear(linear, recipe, layer_index=index,
+                                                             num_layers=len(layers))
+                count += 1
+    return count
+
+
+def fp8_layers(model) -> dict:
+    """{sub-layer name: Fp8Linear} of the linears of `model` that compute in FP8 (tests, logs)."""
+    return {name: layer.__dict__["_fast_ffn_fp8"] for name, layer in model.named_sublayers()
+            if layer.__dict__.get("_fast_ffn_fp8") is not None}
+
+
+def _fp8_forward(original_key):
+    def forward(self, input, *args, **kwargs):
+        fp8 = self.__dict__.get("_fast_ffn_fp8")
+        if fp8 is not None and _FP8 is not None:
+            return fp8(input)
+        return _ORIGINALS[original_key](self, input, *args, **kwargs)
+    return forward
+
+
+def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
+                             use_cache=None, past_key_values=None, output_attentions=False,
+                             output_hidden_states=None, return_dict=False, **kwargs):
+    """LlamaModel.forward, after attaching Fp8Linear to the decoder layers' linears (FP8 only).
+    PaddleNLP 2.8.1's signature spelled out: its Layer.__setattr__ wraps a class-level forward
+    patch that lacks output_* / return_dict and drops those arguments."""
+    if _FP8 is not None:
+        attach_fp8(self, _FP8)
+    return _ORIGINALS["llama_model_forward"](
+        self, input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+        inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
+        output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        return_dict=return_dict, **kwargs)
+
+
+def _apply_fp8(recipe) -> None:
+    global _FP8
+    modeling = _modeling()
+    lora_class = _lora_linear_class()
+    _ORIGINALS.setdefault("linear_forward", nn.Linear.forward)
+    _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
+    if lora_class is not None:
+        _ORIGINALS.setdefault("lora_forward", lora_class.forward)
+    _FP8 = recipe
+    if recipe is None:
+        _revert_fp8()
+        return
+    nn.Linear.forward = _fp8_forward("linear_forward")
+    if lora_class is not None:
+        lora_class.forward = _fp8_forward("lora_forward")
+    modeling.LlamaModel.forward = fast_llama_model_forward
+
+
+def _revert_fp8() -> None:
+    global _FP8
+    _FP8 = None
+    if "linear_forward" in _ORIGINALS:
+        nn.Linear.forward = _ORIGINALS["linear_forward"]
+        _modeling().LlamaModel.forward = _ORIGINALS["llama_model_forward"]
+        lora_class = _lora_linear_class()
+        if lora_class is not None and "lora_forward" in _ORIGINALS:
+            lora_class.forward = _ORIGINALS["lora_forward"]
+
+
+# ---------------------------------------------------------------------------------------------
 
 def apply(options: FastFFNOptions, model=None) -> None:
     """Patch the LLaMA classes (every layer built from now on, and every existing one)."""
@@ -728,6 +902,7 @@ def apply(options: FastFFNOptions, model=None) -> None:
     modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
     modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
     modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention
+    _apply_fp8(resolve_fp8(options))
     if model is not None:
         configs = [layer.config for layer in model.sublayers(include_self=True)
                    if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES]
@@ -751,8 +926,10 @@ def revert() -> None:
     only on layers the fast path built, which keep their stock checkpoint contract.)"""
     global _ACTIVE
     _INFORMED.clear()
+    _FP8_WARNED.clear()
     if not _ORIGINALS:
         return
+    _revert_fp8()
     modeling = _modeling()
     modeling.LlamaRMSNorm.forward = _ORIGINALS["rms_norm"]
     modeling.LlamaMLP.forward = _ORIGINALS["mlp"]

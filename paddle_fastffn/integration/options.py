@@ -10,7 +10,9 @@ info line says so.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+
+PRECISIONS = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,39 @@ class FastFFNOptions:
     # is a plain [H, V] weight or the tied embedding (not tensor parallel). Logits are not returned
     # on that path (training forwards with labels only; eval and generation keep stock).
     fused_cross_entropy: bool = True
+    # GEMM precision of the decoder layers' linear layers. "bf16": the activation dtype (bf16
+    # under AMP O2). "fp8": per-tensor scaled FP8 GEMMs through paddle_fastffn.fp8.Fp8Linear (plain
+    # Linear and LoRA's base GEMM; LoRA adapters stay in the activation dtype), with the recipe
+    # below. Parameters and checkpoints keep their dtypes: FP8 is a compute format only. Where FP8
+    # cannot run, one warning and the bf16 path (see integration/llama.py: resolve_fp8).
+    precision: str = "bf16"
+    # Fp8Recipe's fields, with the "fp8_" prefix (Fp8Recipe.from_dict validates them).
+    fp8_scaling: str = "delayed"
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: str = "max"
+    fp8_margin: float = 0.0
+    fp8_first_last_bf16: bool = False
+    fp8_min_gemm_size: int = 0
+    # Run FP8 emulated (same scaling, e4m3/e5m2 rounding, fp32 GEMMs) where the FP8 GEMMs cannot
+    # run: CPU CI, and checking recipes and checkpoints. No speed-up; without it FP8 on CPU warns
+    # once and trains in bf16/fp32.
+    fp8_emulate: bool = False
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"FastFFNOptions.precision (fast_ffn_precision) must be one of {list(PRECISIONS)}, "
+                             f"got {self.precision!r}")
+        if not isinstance(self.fp8_emulate, bool):
+            raise ValueError(f"FastFFNOptions.fp8_emulate must be bool, got {self.fp8_emulate!r}")
+        self.fp8_recipe()  # validates the recipe fields even while precision is bf16
+
+    def fp8_recipe(self):
+        """The Fp8Recipe of the fp8_* fields."""
+        from ..fp8.recipe import Fp8Recipe
+
+        recipe_fields = {f"fp8_{f.name}" for f in fields(Fp8Recipe)}
+        values = {name: value for name, value in asdict(self).items() if name in recipe_fields}
+        return Fp8Recipe.from_dict(values, prefix="fp8_")
 
     def as_dict(self) -> dict:
         return asdict(self)

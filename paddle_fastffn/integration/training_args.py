@@ -42,6 +42,25 @@ class FastFFNTrainingArguments(TrainingArguments):
         "help": "Training loss of LlamaForCausalLM as one fused LM head + cross-entropy in chunks of tokens "
                 "(never the [tokens, vocab] fp32 logits; PaddleNLP's loss). Needs a plain LM head weight or "
                 "tied embeddings, not tensor parallel; the training forward then returns no logits."})
+    fast_ffn_precision: str = field(default="bf16", metadata={
+        "help": "GEMM precision of the decoder layers' linear layers: \"bf16\" (the activation dtype) or \"fp8\" "
+                "(per-tensor scaled FP8 GEMMs; LoRA adapters stay bf16 over an FP8 base GEMM; parameters and "
+                "checkpoints keep their dtypes). Where FP8 cannot run: one warning, and bf16."})
+    fast_ffn_fp8_scaling: str = field(default="delayed", metadata={
+        "help": "FP8 scaling: \"delayed\" (amax history, Transformer Engine's DelayedScaling) or \"current\"."})
+    fast_ffn_fp8_amax_history_len: int = field(default=1024, metadata={
+        "help": "FP8 delayed scaling: amax history length."})
+    fast_ffn_fp8_amax_compute_algo: str = field(default="max", metadata={
+        "help": "FP8 delayed scaling: \"max\" or \"most_recent\" over the amax history."})
+    fast_ffn_fp8_margin: float = field(default=0.0, metadata={
+        "help": "FP8 scale = fp8_max / amax / 2^margin."})
+    fast_ffn_fp8_first_last_bf16: bool = field(default=False, metadata={
+        "help": "Keep the first and last decoder layers' GEMMs in bf16 under fast_ffn_precision=fp8."})
+    fast_ffn_fp8_min_gemm_size: int = field(default=0, metadata={
+        "help": "GEMMs with M*N*K below this stay bf16 under fast_ffn_precision=fp8."})
+    fast_ffn_fp8_emulate: bool = field(default=False, metadata={
+        "help": "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where "
+                "FP8 GEMMs cannot run, e.g. on CPU for tests and to check recipes and checkpoints."})
 
     def fast_ffn_options(self) -> FastFFNOptions:
         fuse = self.fast_ffn_fuse_projections and not self._checkpoint_writer_without_split()
@@ -49,7 +68,14 @@ class FastFFNTrainingArguments(TrainingArguments):
                               rotary=self.fast_ffn_rotary, attention=self.fast_ffn_attention,
                               fuse_projections=fuse, swiglu_recompute=self.fast_ffn_swiglu_recompute,
                               save_fused_checkpoint=self.fast_ffn_save_fused_checkpoint,
-                              fused_cross_entropy=self.fast_ffn_fused_cross_entropy)
+                              fused_cross_entropy=self.fast_ffn_fused_cross_entropy,
+                              precision=self.fast_ffn_precision, fp8_scaling=self.fast_ffn_fp8_scaling,
+                              fp8_amax_history_len=self.fast_ffn_fp8_amax_history_len,
+                              fp8_amax_compute_algo=self.fast_ffn_fp8_amax_compute_algo,
+                              fp8_margin=float(self.fast_ffn_fp8_margin),
+                              fp8_first_last_bf16=self.fast_ffn_fp8_first_last_bf16,
+                              fp8_min_gemm_size=self.fast_ffn_fp8_min_gemm_size,
+                              fp8_emulate=self.fast_ffn_fp8_emulate)
 
     def _checkpoint_writer_without_split(self) -> str | None:
         """The option whose checkpoint writer saves model.state_dict() as it is (no save_pretrained
@@ -65,6 +91,7 @@ class FastFFNTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        options = self.fast_ffn_options()  # validates fast_ffn_precision and the FP8 recipe fields
         if not self.use_fast_ffn:
             return
         writer = self._checkpoint_writer_without_split() if self.fast_ffn_fuse_projections else None
@@ -74,7 +101,7 @@ class FastFFNTrainingArguments(TrainingArguments):
             logger.info(f"paddle_fastffn: {writer} writes the model's own parameters: projections stay unfused "
                         f"so checkpoints keep the stock layout (fast_ffn_save_fused_checkpoint=true fuses them and "
                         f"saves PaddleNLP's fused layout)")
-        enable(self.fast_ffn_options())
+        enable(options)
         import paddle
 
         if (self.bf16 or self.fp16) and not paddle.is_compiled_with_cuda():
