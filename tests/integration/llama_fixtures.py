@@ -42,3 +42,20 @@ def loss_and_grads(model, ids, labels, mask=None):
     loss = out[0] if isinstance(out, tuple) else out.loss
     loss.backward()
     return float(loss), {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train_steps(model, steps, parameters=None, batches=2):
+    """AdamW (lr 3e-3, weight decay 0.01) for `steps` steps over `batches` fixed batches in turn
+    (few enough to memorise, so losses fall); returns the per-step losses."""
+    optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=parameters or model.parameters(),
+                                       weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        ids, labels, mask = batch(seed=step % batches)
+        out = model(ids, labels=labels, attention_mask=mask)
+        loss = out[0] if isinstance(out, tuple) else out.loss
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss))
+    return np.array(losses)

@@ -3,7 +3,7 @@ import paddle
 from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
-from llama_fixtures import batch, logits_of, tiny_model
+from llama_fixtures import batch, logits_of, tiny_model, train_steps
 from hub_checkpoints import save_hub_checkpoint
 from paddle_fastffn.finetune.checkpoint import is_hf_checkpoint
 from tolerances import assert_close
@@ -22,26 +22,12 @@ def test_hf_format_checkpoint_loads_into_the_fast_path(tmp_path):
     assert_close(got[-1, 2:], ref[-1, 2:], paddle.float32, "HF checkpoint on the fast path (padded row)")
 
 
-def _train(model, steps, seed=0):
-    optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01)
-    losses = []
-    for step in range(steps):
-        ids, labels, mask = batch(seed=seed + step % 2)  # two batches, memorisable
-        out = model(ids, labels=labels, attention_mask=mask)
-        loss = out[0] if isinstance(out, tuple) else out.loss
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        losses.append(float(loss))
-    return np.array(losses)
-
-
 def test_training_losses_match_stock_step_by_step_and_checkpoint_loads_in_stock(tmp_path):
     steps = 24
-    stock_losses = _train(tiny_model(seed=3), steps)
+    stock_losses = train_steps(tiny_model(seed=3), steps)
     paddle_fastffn.apply_fast_ffn_to_llama()
     fast = tiny_model(seed=3)
-    fast_losses = _train(fast, steps)
+    fast_losses = train_steps(fast, steps)
     # fp32 on both sides; the fused kernels reorder reductions (1e-7 relative per op) and Adam
     # divides by sqrt(v), so per-step differences grow slowly: 24 steps stay within 1e-4.
     np.testing.assert_allclose(fast_losses, stock_losses, rtol=1e-4, atol=1e-5)

@@ -12,7 +12,7 @@ import pytest
 from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
-from llama_fixtures import batch, logits_of, loss_and_grads, tiny_config, tiny_model
+from llama_fixtures import batch, logits_of, loss_and_grads, tiny_config, tiny_model, train_steps
 from paddle_fastffn.integration import llama as llama_patch
 from paddle_fastffn.integration.options import FastFFNOptions
 from paddle_fastffn.integration.registry import apply_to_model
@@ -126,23 +126,13 @@ def test_each_default_can_be_switched_off(tmp_path, kernel_calls, info_lines, no
                  paddle.float32, "fused checkpoint in stock PaddleNLP")
 
 
-def _train(model, steps=3):
-    optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters())
-    for step in range(steps):
-        ids, labels, mask = batch(seed=step)
-        out = model(ids, labels=labels, attention_mask=mask)
-        (out[0] if isinstance(out, tuple) else out.loss).backward()
-        optimizer.step()
-        optimizer.clear_grad()
-
-
 @pytest.mark.parametrize("safe_serialization", [False, True], ids=["pdparams", "safetensors"])
 def test_fast_model_saves_a_stock_checkpoint_that_stock_paddlenlp_loads(tmp_path, safe_serialization,
                                                                         no_fastffn_warnings):
     stock_keys = set(tiny_model().state_dict())
     paddle_fastffn.apply_fast_ffn_to_llama()
     fast = tiny_model(seed=5)
-    _train(fast)
+    train_steps(fast, 3, batches=3)
     ids, _, mask = batch(seed=99)
     fast_logits = logits_of(fast, ids, mask).numpy()
     expected = split_stock(fast)
@@ -181,7 +171,7 @@ def test_stock_layout_state_dict_loads_into_the_fused_model(tmp_path):
     wrote (no from_pretrained conversion in between)."""
     paddle_fastffn.apply_fast_ffn_to_llama()
     trained = tiny_model(seed=5)
-    _train(trained)
+    train_steps(trained, 3, batches=3)
     trained.save_pretrained(str(tmp_path / "ckpt"))
     fresh = tiny_model(seed=6)
     state = paddle.load(str(tmp_path / "ckpt" / "model_state.pdparams"), return_numpy=True)

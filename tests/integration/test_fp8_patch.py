@@ -14,7 +14,7 @@ from paddlenlp.trainer import PdArgumentParser
 from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
-from llama_fixtures import batch, logits_of, tiny_model
+from llama_fixtures import batch, logits_of, tiny_model, train_steps
 from paddle_fastffn.fp8 import Fp8Linear, Fp8Recipe
 from paddle_fastffn.integration import enabled_options
 from paddle_fastffn.integration import llama as fast_llama
@@ -80,29 +80,14 @@ def test_fp8_on_cpu_without_emulation_warns_once_and_keeps_the_bf16_path():
     np.testing.assert_array_equal(got, reference)
 
 
-def _train(model, steps, parameters=None, lr=3e-3):
-    optimizer = paddle.optimizer.AdamW(learning_rate=lr, parameters=parameters or model.parameters(),
-                                       weight_decay=0.01)
-    losses = []
-    for step in range(steps):
-        ids, labels, mask = batch(seed=step % 2)
-        out = model(ids, labels=labels, attention_mask=mask)
-        loss = out[0] if isinstance(out, tuple) else out.loss
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        losses.append(float(loss))
-    return np.array(losses)
-
-
 def test_emulated_fp8_trains_close_to_fp32_through_fp8_linear():
     steps = 6
     paddle_fastffn.apply_fast_ffn_to_llama()
-    fp32_losses = _train(tiny_model(seed=3, **FP8_SHAPES), steps)
+    fp32_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
     paddle_fastffn.revert_fast_ffn()
     paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED)
     model = tiny_model(seed=3, **FP8_SHAPES)
-    fp8_losses = _train(model, steps)
+    fp8_losses = train_steps(model, steps)
     assert np.isfinite(fp8_losses).all()
     # Each GEMM in FP8 is off by ~2^-4 relative norm-wise (tests/tolerances.py, e4m3); the loss
     # (a mean over tokens of log-softmax) moves far less. Budget: the e4m3 row's rtol on the loss.
@@ -131,13 +116,13 @@ def test_lora_adapters_train_over_an_fp8_base():
             p.set_value(paddle.randn(p.shape) * 0.05)
     before = {n: p.numpy().copy() for n, p in model.named_parameters()}
     trainable = [p for p in model.parameters() if not p.stop_gradient]
-    _train(model, 1, trainable)
+    train_steps(model, 1, trainable)
     layers = fast_llama.fp8_layers(model)
     lora_layers = {n: f for n, f in layers.items() if type(f.linear) is LoRALinear}
     assert len(lora_layers) == 8, sorted(layers)  # q, v, gate, down in both layers
     assert all(f.linear.weight.stop_gradient for f in lora_layers.values())
     quantized = {n: f.weight_cache.quantizations for n, f in lora_layers.items()}
-    losses = _train(model, 3, trainable)
+    losses = train_steps(model, 3, trainable)
     assert np.isfinite(losses).all()
     # The frozen base is quantised once for the run; the adapters trained, the base did not move.
     assert {n: f.weight_cache.quantizations for n, f in lora_layers.items()} == quantized == {n: 1 for n in quantized}
@@ -181,7 +166,7 @@ def test_misaligned_widths_warn_once_and_stay_high_precision():
 def test_fp8_checkpoint_is_stock_and_loads_in_stock_paddlenlp(tmp_path):
     paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED)
     model = tiny_model(seed=5, **FP8_SHAPES)
-    _train(model, 3)
+    train_steps(model, 3)
     assert fast_llama.fp8_layers(model)
     assert not any("fp8" in k or "amax" in k or "scale" in k for k in model.state_dict())
     model.save_pretrained(str(tmp_path / "fp8"))
