@@ -11,30 +11,9 @@ import torch.nn.functional as F
 
 from benchmarks.gpu import harness
 
-# (atol, rtol) per dtype: mirrors tests/tolerances.py (see its comments).
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2)}
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-IDS = ["fp32", "fp16", "bf16"]
+from gpu_checks import DTYPES, IDS, close
+
 IGNORE = -100
-
-
-@pytest.fixture(autouse=True)
-def _poison_and_seed():
-    harness.POISON_OUTPUTS = True
-    torch.manual_seed(0)
-    yield
-    harness.POISON_OUTPUTS = False
-
-
-def close(actual, expected, dtype, what):
-    atol, rtol = TOL[dtype]
-    a, e = actual.double(), expected.double()
-    assert torch.isfinite(a).all(), f"{what}: non-finite (unwritten?) at {torch.nonzero(~torch.isfinite(a))[:5].tolist()}"
-    excess = (a - e).abs() - (atol + rtol * e.abs())
-    if excess.numel() and excess.max() > 0:
-        idx = tuple(int(i) for i in torch.nonzero(excess == excess.max())[0])
-        raise AssertionError(f"{what} [{dtype}]: {(excess > 0).sum().item()}/{a.numel()} out of tolerance, "
-                             f"worst at {idx}: got {a[idx].item()}, expected {e[idx].item()}")
 
 
 def close_to_scale(actual, expected, dtype, what):

@@ -24,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_fp8_kernels import (  # noqa: E402  the FP8 references, reused
     E4M3, E5M2, FORMAT_IDS, FORMATS, assert_bytes_equal, assert_gemm_close, assert_same_floats,
     dequantized64, fold_zero, quantize_ref)
-from test_fp8_kernels import _poison_and_seed  # noqa: E402,F401  its autouse fixture: poison, seed
 
 from benchmarks.gpu import fp8_ffn  # noqa: E402
 from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
