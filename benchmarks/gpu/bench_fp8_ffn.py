@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.gpu import fp8_ffn, fp8_harness, harness
-from benchmarks.gpu.bench_gpu import (DT, ceilings, environment, fwd_bwd, leaf, peak_bytes,
-                                      saved_activation_bytes, timeit_interleaved)
+from benchmarks.gpu.bench_gpu import (DT, ceilings, environment, fwd_bwd, graphed, leaf, peak_bytes,
+                                      saved_activation_bytes, timeit, timeit_interleaved)
 
 # hidden, intermediate: LLaMA-2 7B / 13B / 70B and Llama-3-8B.
 WIDTHS = {"llama2_7b": (4096, 11008), "llama2_13b": (5120, 13824), "llama2_70b": (8192, 28672),
@@ -143,12 +143,69 @@ def ffn_rows(model, hidden, inter, tokens):
     return rows
 
 
+def quantization_kernel_rows(copy_bw, tokens=8192):
+    """Each quantisation kernel of the FP8 FFN alone, CUDA-graph timing, as a fraction of the copy
+    bandwidth measured in the same run (bytes: each input read once, each output written once;
+    an amax-only pass reads its input). The "current" rows add current scaling's amax pass and
+    scale update to the quantising pass: what that recipe pays per tensor."""
+    k = fp8_harness.kernels()
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    one = fp8_harness.scalar(1.0)
+    amax, scale, scale_inv = (fp8_harness.scalar(0.0), fp8_harness.scalar(1.0), fp8_harness.scalar(1.0))
+    rows = []
+    for model, (hidden, inter) in WIDTHS.items():
+        x = torch.randn(tokens, hidden, device="cuda", dtype=DT)
+        gate_up = torch.randn(tokens, 2 * inter, device="cuda", dtype=DT)
+        d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
+        x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
+
+        def scale_update():
+            k.compute_scale(amax, scale, scale_inv, 448.0)
+
+        kernels = {
+            # x [T, H] -> q(x) and q(x)^T (the FFN input; dy [T, H] is the same kernel in e5m2)
+            "quantize_cast_transpose": (lambda: k.quantize(x, e4m3, one, amax=amax), x_bytes + x_bytes // 2 * 2),
+            "quantize_amax_only": (lambda: k.quantize(x, e4m3, None, rowwise=False, transpose=False, amax=amax),
+                                   x_bytes),
+            # gate_up [T, 2I] -> q(h) [T, I]
+            "swiglu_fwd_fp8": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, one, amax=amax), gu_bytes + h_bytes // 2),
+            "swiglu_fwd_fp8_amax_only": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, rowwise=False, amax=amax), gu_bytes),
+            # gate_up, d_h -> q(d_gu) [T, 2I] and q(d_gu)^T, and the recomputed q(h)^T [I, T]
+            "swiglu_bwd_fp8": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one),
+                               gu_bytes + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
+            "swiglu_bwd_fp8_amax_only": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, rowwise=False, transpose=False,
+                                                                  amax=amax), gu_bytes + h_bytes),
+        }
+        for name, (fn, nbytes) in kernels.items():
+            t = timeit(graphed(fn))
+            rows.append({"model": model, "tokens": tokens, "kernel": name, "bytes": nbytes, **t,
+                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+        for name, amax_pass, quant in (("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose"),
+                                       ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8"),
+                                       ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8")):
+            first, second = kernels[amax_pass][0], kernels[quant][0]
+
+            def composite(first=first, second=second):
+                amax.zero_()
+                first()
+                scale_update()
+                second()
+            t = timeit(graphed(composite))
+            nbytes = kernels[quant][1]
+            rows.append({"model": model, "tokens": tokens, "kernel": f"{name}_current_scaling", "bytes": nbytes, **t,
+                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192])
     parser.add_argument("--models", nargs="+", default=list(WIDTHS))
+    parser.add_argument("--sections", default="quantization,ffn")
     args = parser.parse_args()
+    sections = args.sections.split(",")
     started = time.time()
     report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.bench_fp8_ffn " +
               " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
@@ -160,7 +217,14 @@ def main():
         report["environment"]["torchao"] = torchao.__version__
     except Exception as error:  # noqa: BLE001
         report["environment"]["torchao"] = f"unavailable: {error!r}"
-    for model in args.models:
+    if "quantization" in sections:
+        report["quantization_kernels"] = quantization_kernel_rows(report["ceilings"]["copy_bytes_per_s"])
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        for row in report["quantization_kernels"]:
+            print(f"{row['model']:11s} {row['kernel']:40s} {row['p50_ms'] * 1e3:8.1f} us "
+                  f"{row['fraction_of_copy']:.1%} of copy", flush=True)
+    for model in (args.models if "ffn" in sections else []):
         hidden, inter = WIDTHS[model]
         for tokens in args.tokens:
             report["ffn"] += ffn_rows(model, hidden, inter, tokens)

@@ -18,8 +18,8 @@ SDPA stand in for Paddle's GEMMs and flash attention.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
-import importlib.util
 import json
 import subprocess
 import time
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from benchmarks.common import percentiles
 from benchmarks.gpu import harness
+from benchmarks.gpu.llama_model import FastDecoderLayer
 
 DT = torch.bfloat16
 MODELS = {"7B": (4096, 11008, 32, 32), "13B": (5120, 13824, 40, 40), "70B": (8192, 28672, 64, 8)}
@@ -431,70 +432,9 @@ def ffn_section(token_list, liger, compile_tokens):
 
 # --- decoder layer ------------------------------------------------------------------------------
 
-def _load_composition():
-    """paddle_fastffn/integration/composition.py by path (no Paddle here)."""
-    spec = importlib.util.spec_from_file_location(
-        "paddle_fastffn_composition", harness.REPO / "paddle_fastffn" / "integration" / "composition.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.LLAMA_DECODER_LAYER
-
-
-class FastDecoderLayer(torch.nn.Module):
-    """The decoder layer of the Paddle fast path, executed step by step from the shared
-    composition list (paddle_fastffn/integration/composition.py), which a CPU test checks against
-    a traced patched PaddleNLP layer. Each step reads and writes the layer's running state."""
-
-    STEPS = _load_composition()
-
-    def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True):
-        super().__init__()
-        attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
-        cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
-        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-        self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
-        self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
-        self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
-        self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
-        self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
-
-    def rms_norm(self, st):
-        st["residual"], st["x"] = st["x"], harness.RMSNorm.apply(st["x"], self.w_in, self.eps)
-
-    def qkv_proj(self, st):
-        st["x"] = st["x"] @ self.w_qkv.t()
-
-    def rotary(self, st):
-        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"])
-
-    def attention(self, st):
-        b, s, _ = st["residual"].shape
-        out = F.scaled_dot_product_attention(st["q"].transpose(1, 2), st["k"].transpose(1, 2),
-                                             st["v"].transpose(1, 2), is_causal=True,
-                                             enable_gqa=self.heads != self.kv_heads)
-        st["x"] = out.transpose(1, 2).reshape(b, s, -1)
-
-    def o_proj(self, st):
-        st["x"] = st["x"] @ self.w_o.t()
-
-    def add_rms_norm(self, st):
-        st["x"], st["residual"] = harness.AddRMSNorm.apply(st["x"], st["residual"], self.w_post, self.eps)
-
-    def gate_up_proj(self, st):
-        st["x"] = st["x"] @ self.w_gate_up.t()
-
-    def swiglu_down_proj(self, st):
-        st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
-
-    def residual_add(self, st):
-        st["x"] = st["residual"] + st["x"]
-
-    def forward(self, hidden, cos, sin):
-        state = {"x": hidden, "cos": cos, "sin": sin}
-        for step in self.STEPS:
-            getattr(self, step)(state)
-        return state["x"]
+# Our csrc/kernels CUDA kernels, by the names the profiler shows.
+FASTFFN_KERNELS = ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials", "quantize_kernel",
+                   "compute_scale_kernel", "update_history_kernel", "cross_entropy_kernel")
 
 
 def kernel_breakdown(run, reps=3):
@@ -518,7 +458,7 @@ def kernel_breakdown(run, reps=3):
             cats["gemm"] += t
         elif any(s in name for s in ("flash", "fmha", "attention", "cudnn", "sdpa")):
             cats["attention"] += t
-        elif any(s in name for s in ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials")):
+        elif any(s in name for s in FASTFFN_KERNELS):
             cats["fastffn"] += t
         else:
             cats["other"] += t
@@ -528,73 +468,140 @@ def kernel_breakdown(run, reps=3):
     return per_run
 
 
-def decoder_section(liger):
+# Decoder-layer shapes: LLaMA-2 7B at 4 x 2048 tokens, Llama-3-8B (GQA 32/8) at 2 x 4096.
+DECODER_CONFIGS = {"llama2_7b": dict(batch=4, seq=2048, hidden=4096, inter=11008, heads=32, kv_heads=32),
+                   "llama3_8b": dict(batch=2, seq=4096, hidden=4096, inter=14336, heads=32, kv_heads=8)}
+
+
+class liger_patched:
+    """apply_liger_kernel_to_llama for the models built inside the block, and Hugging Face's own
+    functions and classes back afterwards: Liger replaces them at module level
+    (modeling_llama.apply_rotary_pos_emb, LlamaRMSNorm, LlamaMLP, LlamaForCausalLM.forward), so an
+    "eager" model built or run after an unrestored patch would silently run Liger's kernels."""
+
+    NAMES = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
+
+    def __init__(self, fused_linear_cross_entropy=False):
+        self.flce = fused_linear_cross_entropy
+
+    def __enter__(self):
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        from transformers.models.llama import modeling_llama
+
+        self.saved = {name: getattr(modeling_llama, name) for name in self.NAMES}
+        self.saved_forward = modeling_llama.LlamaForCausalLM.forward
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=self.flce)
+        return self
+
+    def __exit__(self, *exc):
+        from transformers.models.llama import modeling_llama
+
+        for name, value in self.saved.items():
+            setattr(modeling_llama, name, value)
+        modeling_llama.LlamaForCausalLM.forward = self.saved_forward
+        return False
+
+
+def decoder_flops(batch, seq, hidden, inter, heads, kv_heads, **_):
+    """Model FLOPs of one decoder layer's fwd+bwd: 3x the forward, causal attention at half."""
+    kv = kv_heads * hidden // heads
+    tokens = batch * seq
+    return 3 * (2 * tokens * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter)
+                + 2 * 2 * batch * seq * seq * hidden * 0.5)
+
+
+def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
+    """Per configuration: Hugging Face's LlamaDecoderLayer eager, under torch.compile and patched
+    by Liger; ours (the composition list) in bf16 and with FP8 linears (current and delayed
+    scaling, the weights re-quantised every iteration as after an optimizer step)."""
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
-    batch, seq = 4, 2048
-    hidden, inter, heads, kv_heads = MODELS["7B"]
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, rms_norm_eps=1e-5, max_position_embeddings=4096)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.02)
-    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
-    x = leaf((batch, seq, hidden))
-    residual = leaf((batch, seq, hidden))
-    position_ids = torch.arange(seq, device="cuda").expand(batch, seq)
-    cos_hf, sin_hf = rope(x, position_ids)
-    cos32 = cos_hf[0].float().contiguous()
-    sin32 = sin_hf[0].float().contiguous()
-    dy = torch.randn_like(x)
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
 
-    def hf_call(layer):
-        def run(x):
-            out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos_hf, sin_hf))
-            return out[0] if isinstance(out, tuple) else out
-        return run
+    report = {}
+    for config_name in configs:
+        shape = DECODER_CONFIGS[config_name]
+        batch, seq, hidden, inter = shape["batch"], shape["seq"], shape["hidden"], shape["inter"]
+        heads, kv_heads = shape["heads"], shape["kv_heads"]
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+                             num_key_value_heads=kv_heads, rms_norm_eps=1e-5, max_position_embeddings=max(4096, seq))
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
+        with torch.no_grad():
+            for p in hf.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.02)
+        rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
+        x = leaf((batch, seq, hidden))
+        position_ids = torch.arange(seq, device="cuda").expand(batch, seq)
+        cos_hf, sin_hf = rope(x, position_ids)
+        cos32 = cos_hf[0].float().contiguous()
+        sin32 = sin_hf[0].float().contiguous()
+        dy = torch.randn_like(x)
 
-    results = {}
-    flops = 3 * (2 * batch * seq * (2 * hidden * hidden + 2 * hidden * (kv_heads * hidden // heads) + 3 * hidden * inter)
-                 + 2 * 2 * batch * seq * seq * hidden * 0.5)
-    layers = {"hf_eager": (hf_call(hf), [x])}
-    fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps).to("cuda")
-    layers["ours"] = (lambda x: fast(x, cos32, sin32), [x])
-    if liger:
-        try:
-            from liger_kernel.transformers import apply_liger_kernel_to_llama
-            apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                        fused_linear_cross_entropy=False)
-            torch.manual_seed(0)
+        def hf_call(layer):
+            def run(x):
+                out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos_hf, sin_hf))
+                return out[0] if isinstance(out, tuple) else out
+            return run, list(layer.parameters())
+
+        def ours(fp8_kind=None):
+            recipe = None if fp8_kind is None else Fp8Recipe(kind=fp8_kind)
+            fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps, fp8_recipe=recipe).to("cuda")
+
+            def run(x):
+                fast.invalidate_fp8_weights()  # one optimizer step per iteration
+                return fast(x, cos32, sin32)
+            return run, list(fast.parameters())
+
+        def compiled():
+            layer = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
+            layer.load_state_dict(hf.state_dict())
+            return hf_call(torch.compile(layer))
+
+        def liger_layer():  # built and measured inside liger_patched (the loop below)
             lig = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
             lig.load_state_dict(hf.state_dict())
-            layers["hf_liger"] = (hf_call(lig), [x])
-        except Exception as error:  # noqa: BLE001
-            results["hf_liger"] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
-    for name, (fn, inputs) in layers.items():
-        try:
-            params = list(fast.parameters()) if name == "ours" else []
-            upstream = [dy]
+            return hf_call(lig)
 
-            def run(fn=fn, inputs=inputs, upstream=upstream, params=params):
-                for t in inputs + params:
-                    t.grad = None
-                outs = fn(*inputs)
-                outs = outs if isinstance(outs, tuple) else (outs,)
-                torch.autograd.backward(outs, upstream)
+        builders = {"hf_eager": lambda: hf_call(hf), "hf_torch_compile": compiled, "ours": ours,
+                    "ours_fp8_current": lambda: ours("current"), "ours_fp8_delayed": lambda: ours("delayed")}
+        if liger:
+            builders["hf_liger"] = liger_layer
+        flops = decoder_flops(**shape)
+        results = {}
+        for name, build in builders.items():
+            patch = liger_patched() if name == "hf_liger" else contextlib.nullcontext()
+            try:
+                patch.__enter__()
+                fn, params = build()
 
-            t = timeit(run, reps=15)
-            results[name] = {**t, "peak_bytes": peak_bytes(run), "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
-                             "kernel_ms": kernel_breakdown(run)}
-        except Exception as error:  # noqa: BLE001
-            results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
-    results["shape"] = {"batch": batch, "seq": seq, "hidden": hidden, "intermediate": inter,
-                        "heads": heads, "kv_heads": kv_heads, "flops_convention": "3x forward; causal attention at half"}
-    return results
+                def run(fn=fn, params=params):
+                    for t in [x] + params:
+                        t.grad = None
+                    out = fn(x)
+                    torch.autograd.backward((out,), (dy,))
+
+                run()  # compile / first-call work outside the timing
+                t = timeit(run, reps=15)
+                results[name] = {**t, "peak_bytes": peak_bytes(run),
+                                 "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
+                                 "kernel_ms": kernel_breakdown(run)}
+                del fn, params
+            except Exception as error:  # noqa: BLE001
+                results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
+            finally:
+                patch.__exit__(None, None, None)
+            torch.cuda.empty_cache()
+            print(f"decoder {config_name} {name}: {results[name].get('p50_ms', results[name].get('error'))}", flush=True)
+        results["shape"] = {**shape, "flops_convention": "3x forward; causal attention at half; "
+                            "FP8 rows count the same (bf16-equivalent) FLOPs"}
+        report[config_name] = results
+        torch.cuda.empty_cache()
+    return report
 
 
 def main():
@@ -633,6 +640,7 @@ def main():
         print(f"ffn done at {time.time() - started:.0f}s", flush=True)
     if "decoder" in sections:
         report["decoder_layer"] = decoder_section(liger)
+        save()
         print(f"decoder done at {time.time() - started:.0f}s", flush=True)
     save()
     print("wrote", args.out)

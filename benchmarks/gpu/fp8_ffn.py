@@ -47,11 +47,12 @@ host synchronisation anywhere in a step):
   current  each quantisation computes the tensor's own amax in a first pass (the kernels' amax-only
            mode), fastffn_fp8_compute_scale_cuda turns it into scale = fmt_max * 2^-margin / amax
            on the device, and a second pass quantises with it.
-  delayed  each quantisation uses the scale the tensor's amax history gave; its amax goes into
-           history[0]; at the end of the forward (x, h), of the backward (dy, d_gu) and after a
-           weight is quantised into the cache, fastffn_fp8_update_amax_history_cuda takes
+  delayed  each activation and gradient quantisation uses the scale the tensor's amax history
+           gave; its amax goes into history[0]; at the end of the forward (x, h) and of the
+           backward (dy, d_gu), fastffn_fp8_update_amax_history_cuda takes
            max(history) (or history[0] for amax_compute_algo="most_recent"), sets the next scale
            and rolls the history. Scales start at 1, as TE's: the first step is not calibrated.
+           Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe).
   An amax of 0 or not finite keeps the previous scale (TE's delayed rule, used for both here).
 
 Weights are quantised once per step into an Fp8WeightCache (both layouts); call invalidate()
@@ -61,7 +62,7 @@ after the optimizer changes them. Using a weight that changed in place since it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -76,7 +77,7 @@ class Fp8Recipe:
     """Per-tensor FP8 scaling, Transformer Engine's knobs (recipe.DelayedScaling and
     Float8CurrentScaling), with the HYBRID formats: e4m3 forward, e5m2 gradients."""
     kind: str = "current"             # "current" | "delayed"
-    amax_history_len: int = 16        # delayed only
+    amax_history_len: int = 1024      # delayed only; TE's and paddle_fastffn.fp8.Fp8Recipe's default
     amax_compute_algo: str = "max"    # delayed only: "max" | "most_recent"
     margin: float = 0.0               # scale = fmt_max * 2^-margin / amax
     fast_accum_forward: bool = True   # cuBLASLt fast accumulation for the two forward GEMMs
@@ -89,6 +90,13 @@ class Fp8Recipe:
                              f"{self.amax_compute_algo!r}")
         if self.amax_history_len < 1:
             raise ValueError("amax_history_len must be at least 1")
+
+    @property
+    def weight_recipe(self) -> "Fp8Recipe":
+        """Weights use current scaling under both recipes, as paddle_fastffn/fp8/recipe.py (whose
+        docstring says why): a weight is quantised once per optimizer step, so its own amax costs
+        one reduction per step, and a delayed scale would pin a frozen weight to the initial 1."""
+        return replace(self, kind="current")
 
 
 class ScalingState:
@@ -153,7 +161,7 @@ class Fp8WeightCache:
                 f"or modified in place: version {version} -> {weight._version}); call "
                 f"invalidate() after each optimizer step")
         quantized = state.quantize(k, weight.detach().contiguous(), rowwise=True, transpose=True)
-        state.end_step(k)  # delayed: a weight is quantised once per step
+        state.end_step(k)  # a no-op for the current-scaled weights (Fp8Recipe.weight_recipe)
         self._entries[name] = (weight.data_ptr(), weight._version, quantized)
         self.quantizations += 1
         return quantized
@@ -167,8 +175,8 @@ class Fp8FFNState:
     def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
         self.recipe = recipe or Fp8Recipe()
         self.x = ScalingState(self.recipe, E4M3, device)
-        self.w_gate_up = ScalingState(self.recipe, E4M3, device)
-        self.w_down = ScalingState(self.recipe, E4M3, device)
+        self.w_gate_up = ScalingState(self.recipe.weight_recipe, E4M3, device)
+        self.w_down = ScalingState(self.recipe.weight_recipe, E4M3, device)
         self.h = ScalingState(self.recipe, E4M3, device)
         self.dy = ScalingState(self.recipe, E5M2, device)
         self.d_gate_up = ScalingState(self.recipe, E5M2, device)

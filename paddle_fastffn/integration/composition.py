@@ -2,7 +2,7 @@
 
 One list for both sides: the Paddle patch (integration/llama.py) runs these steps, which
 tests/integration/test_composition.py checks by tracing a patched layer; the GPU benchmark's
-decoder layer (benchmarks/gpu/bench_gpu.py, FastDecoderLayer) executes exactly this list, so the
+decoder layer (benchmarks/gpu/llama_model.py, FastDecoderLayer) executes exactly this list, so the
 layer that is benchmarked is the layer users run. Pure data (no Paddle, no torch): the GPU machine
 reads it by path.
 """

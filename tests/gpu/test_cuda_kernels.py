@@ -216,7 +216,7 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
 
-    from benchmarks.gpu.bench_gpu import FastDecoderLayer
+    from benchmarks.gpu.llama_model import FastDecoderLayer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -602,14 +602,15 @@ def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind):
     out = run_ffn(fp8_fn(state), x, w_gu, w_d, dy)
     current = kind == "current"
 
-    def used_scale(q, ref32, fmt):  # what the recipe must have used (delayed, first step: 1)
+    def used_scale(q, ref32, fmt, weight=False):  # what the recipe must have used (delayed, first step: 1)
         amax = float(ref32.abs().max())
-        expected = scale_rule(amax, 1.0, fp8.FP8_MAX[fmt], 0.0) if current else np.float32(1)
+        own = current or weight  # weights are current-scaled under both recipes (Fp8Recipe.weight_recipe)
+        expected = scale_rule(amax, 1.0, fp8.FP8_MAX[fmt], 0.0) if own else np.float32(1)
         assert np.float32(q.scale_inv.item()) == np.float32(1) / expected, "scale_inv = 1 / the recipe's scale"
         return fp8.scalar(float(expected))
 
-    def check_quantised(q, value32, fmt, what, transposed=True):
-        scale = used_scale(q, value32, fmt)
+    def check_quantised(q, value32, fmt, what, transposed=True, weight=False):
+        scale = used_scale(q, value32, fmt, weight)
         expected = quantize_ref(value32, scale, fmt)
         if q.data is not None:
             assert_bytes_equal(q.data, expected, f"{what} row-wise")
@@ -620,8 +621,8 @@ def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind):
         assert_gemm_close(d, a64 @ b64.t(), a64.abs() @ b64.abs().t(), kk, "fp8_fast" if fast else "fp8", what)
 
     check_quantised(rec["q_x"], x.float(), E4M3, "q(x)")
-    check_quantised(rec["w_gate_up"], w_gu.float(), E4M3, "q(W_gu)")
-    check_quantised(rec["w_down"], w_d.float(), E4M3, "q(W_d)")
+    check_quantised(rec["w_gate_up"], w_gu.float(), E4M3, "q(W_gu)", weight=True)
+    check_quantised(rec["w_down"], w_d.float(), E4M3, "q(W_d)", weight=True)
     x64, wgu64, wd64 = (dequantized64(rec[n]) for n in ("q_x", "w_gate_up", "w_down"))
     check_gemm(rec["gate_up"], x64, wgu64, hidden, True, "gate_up = q(x) q(W_gu)^T")
     h32 = unfused_fwd32(rec["gate_up"])

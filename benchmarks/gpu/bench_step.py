@@ -1,0 +1,274 @@
+"""A whole fine-tune step on the H200, every contender in the same run:
+
+    python3 -m benchmarks.gpu.bench_step --out step.json [--sections loss,step] [--configs ...]
+
+1. loss: the LM head GEMM + cross-entropy, forward and backward, at 8192 tokens x hidden 4096 and
+   vocabularies 32000 / 128256: Hugging Face's path (bf16 logits, fp32 upcast, cross_entropy),
+   the same under torch.compile, Liger's fused linear cross-entropy and ours
+   (harness.linear_cross_entropy, the Paddle op's chunked composition). Time and peak memory.
+2. step: embedding, 8 decoder layers, final norm, LM head + loss, and AdamW on fp32 master
+   weights (llama_model.MasterWeightAdamW, the same for every contender), 8192 tokens per step,
+   at LLaMA-2-7B width (vocab 32000, 4 x 2048) and Llama-3-8B width (GQA 32/8, vocab 128256,
+   2 x 4096). Ours (llama_model.FastLlama: the Paddle fast path's composition, bf16, and with FP8
+   linears under both recipes) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by
+   Liger (rope, RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile.
+   Tokens/s, model TFLOP/s (bf16-equivalent FLOPs for FP8) and peak memory.
+
+Contenders run one after another (each holds its own model and optimizer state: two would not
+fit beside each other at Llama-3-8B width), so "ours" is measured again at the end of each
+configuration to show how far the machine drifted during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import percentiles
+from benchmarks.gpu import harness
+from benchmarks.gpu.bench_gpu import (DT, _liger_version, _time_once, decoder_flops, environment, leaf,
+                                      liger_patched, peak_bytes, timeit_interleaved)
+
+STEP_CONFIGS = {
+    "llama2_7b_8layers": dict(batch=4, seq=2048, hidden=4096, inter=11008, heads=32, kv_heads=32, layers=8,
+                              vocab=32000),
+    "llama3_8b_8layers": dict(batch=2, seq=4096, hidden=4096, inter=14336, heads=32, kv_heads=8, layers=8,
+                              vocab=128256, rope_theta=500000.0),
+}
+
+
+def step_flops(batch, seq, hidden, vocab, layers, **shape):
+    """Model FLOPs of one training step: the decoder layers' fwd+bwd (3x forward, causal attention
+    at half) and the LM head's three GEMMs; the optimizer and the loss's elementwise work are not
+    counted."""
+    tokens = batch * seq
+    return layers * decoder_flops(batch=batch, seq=seq, hidden=hidden, **shape) + 3 * 2 * tokens * hidden * vocab
+
+
+# --- loss -----------------------------------------------------------------------------------------
+
+def hf_loss(hidden, weight, labels):
+    """What LlamaForCausalLM's loss does with unshifted inputs: bf16 logits, fp32 upcast."""
+    return F.cross_entropy(F.linear(hidden, weight).float(), labels)
+
+
+def loss_section(vocabs=(32000, 128256), tokens=8192, width=4096, liger=True):
+    rows = []
+    for vocab in vocabs:
+        torch.manual_seed(0)
+        hidden = leaf((tokens, width))
+        w_vh = (torch.randn(vocab, width, device="cuda") * 0.02).to(DT).requires_grad_()  # HF / Liger layout
+        w_hv = w_vh.detach().t().contiguous().requires_grad_()  # PaddleNLP's LM head layout [H, V]
+        labels = torch.randint(0, vocab, (tokens,), device="cuda")
+        labels[::17] = -100  # some ignored positions, as padding and prompts give
+        compiled_hf_loss = torch.compile(hf_loss)
+        impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
+                 "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
+                 "ours": (lambda h, w: harness.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
+        if liger:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+            liger_loss = LigerFusedLinearCrossEntropyLoss()
+            impls["liger_flce"] = (lambda h, w: liger_loss(w, h, labels), [hidden, w_vh])
+        runs, values = {}, {}
+        for name, (fn, inputs) in impls.items():
+            def run(fn=fn, inputs=inputs):
+                for t in inputs:
+                    t.grad = None
+                fn(*inputs).backward()
+            try:
+                run()  # compiles (torch.compile, Triton) outside the timing
+                with torch.no_grad():
+                    values[name] = float(fn(*inputs).item())
+                runs[name] = (run, peak_bytes(run))
+            except Exception as error:  # noqa: BLE001
+                rows.append({"vocab": vocab, "impl": name, "error": repr(error), "trace": traceback.format_exc()[-1500:]})
+        timings = timeit_interleaved({n: r[0] for n, r in runs.items()}, reps=15)
+        grad_bytes = hidden.numel() * 2 + w_vh.numel() * 2
+        for name, (_, peak) in runs.items():
+            rows.append({"vocab": vocab, "tokens": tokens, "hidden": width, "impl": name, **timings[name],
+                         "loss": values[name], "peak_bytes": peak,
+                         "peak_beyond_gradients_bytes": peak - grad_bytes})
+        rows.append({"vocab": vocab, "tokens": tokens, "impl": "reference_sizes",
+                     "logits_bf16_bytes": tokens * vocab * 2, "logits_fp32_bytes": tokens * vocab * 4,
+                     "gradient_bytes": grad_bytes})
+        del hidden, w_vh, w_hv, impls, runs
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"loss V={vocab} done", flush=True)
+    return rows
+
+
+# --- whole step -----------------------------------------------------------------------------------
+
+def hf_config(shape):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=shape["hidden"], intermediate_size=shape["inter"],
+                         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                         num_hidden_layers=shape["layers"], vocab_size=shape["vocab"], rms_norm_eps=1e-5,
+                         max_position_embeddings=max(4096, shape["seq"]), tie_word_embeddings=False,
+                         rope_theta=shape.get("rope_theta", 10000.0))
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def new_hf_model(config):
+    from transformers.models.llama import modeling_llama
+
+    with torch.device("cuda"):
+        model = modeling_llama.LlamaForCausalLM(config)
+    return model.to(DT).train()
+
+
+def measure_training(forward, model, steps=10, warmup=3):
+    """forward() -> loss; AdamW on fp32 masters after each backward. Returns timings (ms per whole
+    step: forward, backward, optimizer), the first losses and memory."""
+    from benchmarks.gpu.llama_model import MasterWeightAdamW
+
+    optimizer = MasterWeightAdamW(model.parameters(), lr=1e-5)
+    invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
+
+    def step():
+        loss = forward()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        invalidate()
+        return loss
+
+    losses = []
+    started = time.time()
+    for _ in range(warmup):  # the first step compiles (torch.compile) and allocates the masters' state
+        losses.append(float(step().item()))
+    warmup_s = time.time() - started
+    times = [_time_once(step, flush=False) for _ in range(steps)]
+    torch.cuda.synchronize()
+    resident = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return {**percentiles(times), "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
+            "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
+
+
+def step_section(configs, liger, skip_compile_after_s=None, started=None):
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+
+    started = started or time.time()
+    report = {}
+    for name in configs:
+        shape = STEP_CONFIGS[name]
+        config = hf_config(shape)
+        torch.manual_seed(0)
+        base = new_hf_model(config)
+        ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]), device="cuda")
+        labels = shift_labels(ids)
+        tokens = shape["batch"] * shape["seq"]
+        flops = step_flops(**shape)
+
+        def ours(fp8_kind=None):
+            model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(kind=fp8_kind))
+            return model, lambda: model(ids, labels)
+
+        def hf_eager():
+            model = copy.deepcopy(base)
+            return model, lambda: model(input_ids=ids, labels=ids).loss
+
+        def hf_compile():
+            model = copy.deepcopy(base)
+            compiled = torch.compile(model)
+            return model, lambda: compiled(input_ids=ids, labels=ids).loss
+
+        def hf_liger():  # built and run inside liger_patched (below)
+            model = new_hf_model(config)
+            model.load_state_dict(base.state_dict())
+            return model, lambda: model(input_ids=ids, labels=ids).loss
+
+        contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
+                      "ours_fp8_delayed": lambda: ours("delayed"), "hf_eager": hf_eager}
+        if liger:
+            contenders["hf_liger"] = hf_liger
+        contenders["hf_torch_compile"] = hf_compile
+        contenders["ours_again"] = ours
+        results = {}
+        for contender, build in contenders.items():
+            if contender == "hf_torch_compile" and skip_compile_after_s and time.time() - started > skip_compile_after_s:
+                results[contender] = {"skipped": f"time budget: {time.time() - started:.0f} s into the run"}
+                continue
+            patch = liger_patched(fused_linear_cross_entropy=True) if contender == "hf_liger" else None
+            try:
+                if patch:
+                    patch.__enter__()
+                model, forward = build()
+                row = measure_training(forward, model)
+                row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
+                row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
+                results[contender] = row
+                del model, forward
+            except Exception as error:  # noqa: BLE001
+                results[contender] = {"error": repr(error), "trace": traceback.format_exc()[-2500:]}
+            finally:
+                if patch:
+                    patch.__exit__(None, None, None)
+            if contender == "hf_torch_compile":
+                torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+            r = results[contender]
+            print(f"step {name} {contender}: {r.get('p50_ms', r.get('error'))} ms, "
+                  f"{r.get('tokens_per_s', 0):.0f} tok/s, peak {r.get('peak_bytes', 0) / 2**30:.2f} GiB, "
+                  f"losses {r.get('first_losses')} at {time.time() - started:.0f}s", flush=True)
+        results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
+                            "optimizer": "AdamW on fp32 masters (torch fused), the same for all contenders",
+                            "flops_convention": "3x forward; causal attention at half; LM head included; "
+                                                "FP8 rows count the same bf16-equivalent FLOPs"}
+        report[name] = results
+        base = None  # the next configuration's model needs the memory
+        gc.collect()
+        torch.cuda.empty_cache()
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sections", default="loss,step")
+    parser.add_argument("--configs", nargs="+", default=list(STEP_CONFIGS))
+    parser.add_argument("--skip-compile-after-s", type=float, default=None,
+                        help="skip torch.compile contenders once the run is this old (device-time budget)")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    started = time.time()
+    liger = _liger_version() is not None
+    report = {"environment": environment(),
+              "command": "python3 -m benchmarks.gpu.bench_step " + " ".join(
+                  f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+                  for k, v in vars(args).items() if v is not None),
+              "note": "Ours: the csrc/kernels CUDA sources through ctypes in the Paddle fast path's composition; "
+                      "torch's cuBLAS, SDPA, embedding and fused AdamW stand in for Paddle's."}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+    sections = args.sections.split(",")
+    if "loss" in sections:
+        report["loss"] = loss_section(liger=liger)
+        save()
+    if "step" in sections:
+        report["step"] = step_section(args.configs, liger, args.skip_compile_after_s, started)
+        save()
+    print(f"wrote {args.out} in {time.time() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The LLaMA of the Paddle fast path, built in the GPU harness from the same kernels and the same
+composition, for the benchmarks and the convergence run on the H200 (which has no Paddle):
+
+- FastDecoderLayer: the decoder layer, executed step by step from the shared composition list
+  (paddle_fastffn/integration/composition.py; tests/integration/test_composition.py checks that
+  list against a traced patched PaddleNLP layer). With an Fp8Recipe, its linears run in FP8:
+  qkv_proj and o_proj through fp8_linear, and the FFN (gate_up_proj + swiglu_down_proj) through
+  fp8_ffn (gate_up GEMM -> SwiGLU fused with quantisation -> down GEMM, SwiGLU recomputed).
+- FastLlama: embedding, the decoder layers, the final RMSNorm and the fused linear cross-entropy
+  (PaddleNLP's LM head layout [H, V] and its criterion: mean over labelled tokens, labels already
+  shifted by the data pipeline), what the patched LlamaForCausalLM computes in a training step.
+- MasterWeightAdamW: AdamW over fp32 master copies of 16-bit parameters (PaddleNLP's AMP O2 with
+  multi_precision): grads cast into fp32 buffers, torch's fused AdamW, parameters copied back.
+
+torch supplies cuBLAS GEMMs, SDPA attention, the embedding and the optimizer, standing in for
+Paddle's; everything fastffn fuses is the csrc/kernels CUDA code through ctypes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.gpu import harness
+
+
+def _load_composition():
+    """paddle_fastffn/integration/composition.py by path (no Paddle here)."""
+    spec = importlib.util.spec_from_file_location(
+        "paddle_fastffn_composition", harness.REPO / "paddle_fastffn" / "integration" / "composition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LLAMA_DECODER_LAYER
+
+
+class FastDecoderLayer(torch.nn.Module):
+    """The decoder layer of the Paddle fast path, executed step by step from the shared
+    composition list. Each step reads and writes the layer's running state. Weights are taken
+    from a Hugging Face LlamaDecoderLayer (copied, fused as PaddleNLP fuses them)."""
+
+    STEPS = _load_composition()
+
+    def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True, fp8_recipe=None):
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
+        cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
+        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
+        self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
+        self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
+        self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
+        self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
+        self.fp8 = None
+        if fp8_recipe is not None:
+            from benchmarks.gpu.fp8_ffn import Fp8FFNState
+            from benchmarks.gpu.fp8_linear import Fp8LinearState
+
+            device = self.w_qkv.device
+            self.fp8 = {"qkv": Fp8LinearState(fp8_recipe, device), "o": Fp8LinearState(fp8_recipe, device),
+                        "ffn": Fp8FFNState(fp8_recipe, device)}
+
+    def invalidate_fp8_weights(self):
+        """After each optimizer step: the FP8 weight copies are re-quantised at the next forward."""
+        for state in (self.fp8 or {}).values():
+            state.cache.invalidate()
+
+    def _linear(self, x, weight, fp8_name):
+        if self.fp8 is None:
+            return x @ weight.t()
+        from benchmarks.gpu.fp8_linear import fp8_linear
+        return fp8_linear(x, weight, self.fp8[fp8_name])
+
+    def rms_norm(self, st):
+        st["residual"], st["x"] = st["x"], harness.RMSNorm.apply(st["x"], self.w_in, self.eps)
+
+    def qkv_proj(self, st):
+        st["x"] = self._linear(st["x"], self.w_qkv, "qkv")
+
+    def rotary(self, st):
+        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"])
+
+    def attention(self, st):
+        b, s, _ = st["residual"].shape
+        out = F.scaled_dot_product_attention(st["q"].transpose(1, 2), st["k"].transpose(1, 2),
+                                             st["v"].transpose(1, 2), is_causal=True,
+                                             enable_gqa=self.heads != self.kv_heads)
+        st["x"] = out.transpose(1, 2).reshape(b, s, -1)
+
+    def o_proj(self, st):
+        st["x"] = self._linear(st["x"], self.w_o, "o")
+
+    def add_rms_norm(self, st):
+        st["x"], st["residual"] = harness.AddRMSNorm.apply(st["x"], st["residual"], self.w_post, self.eps)
+
+    def gate_up_proj(self, st):
+        # FP8: the gate_up GEMM is the first GEMM of fp8_ffn (next step), which quantises its
+        # input once for it and keeps q(x)^T for the weight gradient.
+        if self.fp8 is None:
+            st["x"] = st["x"] @ self.w_gate_up.t()
+
+    def swiglu_down_proj(self, st):
+        if self.fp8 is None:
+            st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
+        else:
+            from benchmarks.gpu.fp8_ffn import fp8_ffn
+            st["x"] = fp8_ffn(st["x"], self.w_gate_up, self.w_down, self.fp8["ffn"])
+
+    def residual_add(self, st):
+        st["x"] = st["residual"] + st["x"]
+
+    def forward(self, hidden, cos, sin):
+        state = {"x": hidden, "cos": cos, "sin": sin}
+        for step in self.STEPS:
+            getattr(self, step)(state)
+        return state["x"]
+
+
+def rope_tables(hf_config, seq: int, device="cuda"):
+    """fp32 cos/sin [seq, head_dim] from Hugging Face's rotary embedding (its inv_freq and
+    attention scaling), what the rotary kernel reads."""
+    from transformers.models.llama import modeling_llama
+
+    rope = modeling_llama.LlamaRotaryEmbedding(config=hf_config).to(device)
+    probe = torch.zeros(1, seq, 1, device=device, dtype=torch.float32)
+    cos, sin = rope(probe, torch.arange(seq, device=device)[None])
+    return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+
+class FastLlama(torch.nn.Module):
+    """LlamaForCausalLM on the fast path, weights copied from a Hugging Face LlamaForCausalLM.
+    forward(input_ids [B, S], labels [B, S] shifted, -100 ignored) -> fp32 scalar loss."""
+
+    def __init__(self, hf_model, recompute=True, fp8_recipe=None, fp8_first_last_bf16=False):
+        super().__init__()
+        config = hf_model.config
+        self.config, self.eps = config, config.rms_norm_eps
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        layers = hf_model.model.layers
+        self.embed = torch.nn.Parameter(hf_model.model.embed_tokens.weight.detach().clone())
+        self.layers = torch.nn.ModuleList(
+            FastDecoderLayer(layer, heads, kv_heads, self.eps, recompute,
+                             None if fp8_first_last_bf16 and i in (0, len(layers) - 1) else fp8_recipe)
+            for i, layer in enumerate(layers))
+        self.w_norm = torch.nn.Parameter(hf_model.model.norm.weight.detach().clone())
+        # PaddleNLP's LlamaLMHead keeps [H, V] (an untied head), the layout the fused loss reads.
+        self.w_lm_head = torch.nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous())
+        self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _tables(self, seq, device):
+        if self._rope is None or self._rope[0] < seq:
+            self._rope = (seq, *rope_tables(self.config, seq, device))
+        return self._rope[1][:seq], self._rope[2][:seq]
+
+    def invalidate_fp8_weights(self):
+        for layer in self.layers:
+            layer.invalidate_fp8_weights()
+
+    def forward(self, input_ids, labels):
+        cos, sin = self._tables(input_ids.shape[1], input_ids.device)
+        x = F.embedding(input_ids, self.embed)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        x = harness.RMSNorm.apply(x, self.w_norm, self.eps)
+        return harness.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
+
+
+def shift_labels(input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """labels[t] = input_ids[t + 1], the last position ignored: what PaddleNLP's data pipeline
+    hands its (unshifting) criterion, and what Hugging Face computes inside its loss."""
+    labels = torch.full_like(input_ids, ignore_index)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+class MasterWeightAdamW:
+    """AdamW on fp32 master weights for 16-bit parameters: each step casts the 16-bit grads into
+    fp32 buffers, runs torch's fused AdamW on the masters and copies them back into the
+    parameters (PaddleNLP's AMP O2 AdamW with multi_precision, as one set of foreach/fused
+    kernels). fp32 parameters are updated in place (no copy)."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
+        self.max_grad_norm = max_grad_norm  # clip the fp32 gradients' global norm (None: no clipping)
+        self.params = [p for p in params if p.requires_grad]
+        self.masters = [p.detach().float() if p.dtype != torch.float32 else p.detach() for p in self.params]
+        for master in self.masters:
+            master.grad = torch.zeros_like(master)
+        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           fused=True)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        with_grad = [(p, m) for p, m in zip(self.params, self.masters) if p.grad is not None]
+        torch._foreach_copy_([m.grad for _, m in with_grad], [p.grad for p, _ in with_grad])
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.masters, self.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        low = [(p, m) for p, m in zip(self.params, self.masters) if p.dtype != torch.float32]
+        if low:
+            torch._foreach_copy_([p for p, _ in low], [m for _, m in low])
+
+    def state_bytes(self) -> int:
+        """fp32 masters, their grads and AdamW's two moments."""
+        return sum(4 * m.numel() for m in self.masters) * 4
