@@ -159,12 +159,14 @@ def measure_training(forward, model, steps=10, warmup=3):
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 
-def step_section(configs, liger, skip_compile_after_s=None, started=None):
+def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None):
+    """report (a dict) receives each configuration's results as they come; save() after each
+    contender, so a run cut short keeps what it measured."""
     from benchmarks.gpu.fp8_ffn import Fp8Recipe
     from benchmarks.gpu.llama_model import FastLlama, shift_labels
 
     started = started or time.time()
-    report = {}
+    report = {} if report is None else report
     for name in configs:
         shape = STEP_CONFIGS[name]
         config = hf_config(shape)
@@ -199,7 +201,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None):
             contenders["hf_liger"] = hf_liger
         contenders["hf_torch_compile"] = hf_compile
         contenders["ours_again"] = ours
-        results = {}
+        results = report[name] = {}
         for contender, build in contenders.items():
             if contender == "hf_torch_compile" and skip_compile_after_s and time.time() - started > skip_compile_after_s:
                 results[contender] = {"skipped": f"time budget: {time.time() - started:.0f} s into the run"}
@@ -227,11 +229,11 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None):
             print(f"step {name} {contender}: {r.get('p50_ms', r.get('error'))} ms, "
                   f"{r.get('tokens_per_s', 0):.0f} tok/s, peak {r.get('peak_bytes', 0) / 2**30:.2f} GiB, "
                   f"losses {r.get('first_losses')} at {time.time() - started:.0f}s", flush=True)
+            save()
         results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
                             "optimizer": "AdamW on fp32 masters (torch fused), the same for all contenders",
                             "flops_convention": "3x forward; causal attention at half; LM head included; "
                                                 "FP8 rows count the same bf16-equivalent FLOPs"}
-        report[name] = results
         base = None  # the next configuration's model needs the memory
         gc.collect()
         torch.cuda.empty_cache()
@@ -265,7 +267,8 @@ def main():
         report["loss"] = loss_section(liger=liger)
         save()
     if "step" in sections:
-        report["step"] = step_section(args.configs, liger, args.skip_compile_after_s, started)
+        report["step"] = {}
+        step_section(args.configs, liger, args.skip_compile_after_s, started, report["step"], save)
         save()
     print(f"wrote {args.out} in {time.time() - started:.0f}s")
 
