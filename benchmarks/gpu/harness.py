@@ -308,7 +308,9 @@ class Rotary(torch.autograd.Function):
 class QKVRotary(torch.autograd.Function):
     """Splits a fused QKV projection output [b, s, (hq + 2 hk) d] into rotated q, rotated k and v.
     The rotary kernel reads q and k straight from the strided slices; the backward writes d_q and
-    d_k straight into one d_qkv buffer (no zero-fill, slice copies or gradient adds)."""
+    d_k straight into one d_qkv buffer (no zero-fill, slice copies or gradient adds). v is a copy,
+    as PaddleNLP's paddle.split gives it (Paddle 3.3 split copies): a view would keep the whole
+    QKV output alive as long as attention keeps v for its backward (2/3 of it dead weight)."""
 
     @staticmethod
     def forward(ctx, qkv, heads, kv_heads, cos, sin):
@@ -316,7 +318,7 @@ class QKVRotary(torch.autograd.Function):
         d = width // (heads + 2 * kv_heads)
         q = qkv[..., : heads * d].view(b, s, heads, d)
         k = qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d)
-        v = qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d)
+        v = qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).contiguous()
         q_rot, k_rot = kernels().rotary(q, k, cos, sin)
         ctx.save_for_backward(cos, sin)
         ctx.dims = (heads, kv_heads, d)
@@ -472,8 +474,8 @@ class LinearCrossEntropy(torch.autograd.Function):
     """PaddleNLP's LlamaPretrainingCriterion(hidden @ weight) in chunks of tokens (the Paddle op's
     composition, torch's cuBLAS for Paddle's matmul): per chunk the logits in the inputs' dtype
     (fp32 accumulation, as the stock LM head), the fused kernel in place, then
-    d_hidden_chunk = d_logits @ W^T and d_W += hidden_chunk^T @ d_logits into fp32 buffers held
-    for backward. weight: [H, V] (PaddleNLP's LM head) or [V, H] with transpose_weight (a tied
+    d_hidden_chunk = d_logits @ W^T (in the inputs' dtype) and d_W += hidden_chunk^T @ d_logits
+    (an fp32 buffer: the sum over chunks), held for backward. weight: [H, V] (PaddleNLP's LM head) or [V, H] with transpose_weight (a tied
     embedding, torch's Linear layout). fp16 logits keep the gradient unscaled (softmax values of a
     128k vocabulary divided by the token count would underflow fp16) and apply 1/n in the GEMMs."""
 
@@ -487,7 +489,9 @@ class LinearCrossEntropy(torch.autograd.Function):
         kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
         w = weight.t() if transpose_weight else weight  # [H, V] view
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        d_hidden = Kernels.empty((tokens, width), torch.float32, hidden.device) if need_h else None
+        # d_hidden rows are each one GEMM (K = V, fp32 accumulation inside): written in the inputs'
+        # dtype. d_weight sums every chunk: fp32 until backward.
+        d_hidden = Kernels.empty((tokens, width), hidden.dtype, hidden.device) if need_h else None
         d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         error = torch.zeros(1, dtype=torch.int32, device=hidden.device)  # read once, after the loop
         losses = []
@@ -498,7 +502,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             losses.append(cross_entropy(logits, labels[start:end], ignore_index, kernel_scale, need_h or need_w,
                                         error))
             if need_h:
-                _gemm_fp32_out(d_hidden[start:end], logits, w.t(), alpha=gemm_scale)
+                torch.mm(logits, w.t(), out=d_hidden[start:end]) if gemm_scale == 1.0 else \
+                    torch.addmm(d_hidden[start:end], logits, w.t(), beta=0.0, alpha=gemm_scale, out=d_hidden[start:end])
             if need_w:
                 if transpose_weight:
                     _gemm_fp32_out(d_weight, logits.t(), h, accumulate=True, alpha=gemm_scale)
@@ -518,8 +523,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_loss):
         d_hidden, d_weight = ctx.saved_tensors
-        scale = d_loss.float() * ctx.factor
-        grads = [None if g is None else g.mul_(scale).to(dtype) for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
+        scale = float(d_loss) * ctx.factor  # one value read back per step, as the Paddle op does
+        grads = [None if g is None else (g if scale == 1.0 else g.mul_(scale)).to(dtype)
+                 for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
         return grads[0], grads[1], None, None, None, None
 
 
