@@ -102,6 +102,10 @@ def ours_fp8(x, w_gate_up, w_down, dy, kind):
 
 
 def ffn_rows(model, hidden, inter, tokens):
+    # A fresh dynamo cache per shape: the compiled contenders share TorchFFN.forward's code object,
+    # and after config.recompile_limit (8) recompiles dynamo silently runs it eager (seen in a run
+    # that went through four widths: torchao at Llama-3-8B width timed as eager).
+    torch._dynamo.reset()
     torch.manual_seed(0)
     w_gate_up = (torch.randn(2 * inter, hidden, device="cuda") * 0.02).to(DT).requires_grad_()
     w_down = (torch.randn(hidden, inter, device="cuda") * 0.02).to(DT).requires_grad_()
