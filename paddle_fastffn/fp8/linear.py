@@ -6,10 +6,11 @@ backward's two GEMMs on the same quantised tensors:
     wgrad    dW = q(x)^T @ q(dy)          x kept in FP8 from the forward (1 byte per element)
     dbias    db = sum over tokens of dy   unquantised, as Transformer Engine does
 
-This is the emulated path: the GEMMs run in fp32 on the dequantised values (exact: every FP8 value
-and every product of two is exact in fp32), so it has FP8 training's numerics without its speed.
-It runs wherever Paddle runs (CPU CI included); the cuBLASLt FP8 GEMMs of csrc/ are not wired into
-Paddle yet. Paddle's weight layout is [in, out].
+fp8_linear is the emulated path: the GEMMs run in fp32 on the dequantised values (exact: every FP8
+value and every product of two is exact in fp32), so it has FP8 training's numerics without its
+speed. It runs wherever Paddle runs (CPU CI included). On a Hopper GPU (sm_90) with a CUDA Paddle,
+Fp8Linear runs the same math with cuBLASLt's FP8 GEMMs instead (cuda.py: fp8_linear_cuda).
+Paddle's weight layout is [in, out].
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
 from ..ops._fallback import raise_if_strict
+from .cuda import GEMM_ALIGNMENT, backend_for, fp8_linear_cuda
 from .formats import dequantize, from_fp8, quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
 from .weight_cache import WeightCache
 
 # cuBLASLt runs FP8 only with both operands K-major, 16-byte aligned rows: every GEMM dimension
-# that is a K of the forward, dgrad or wgrad (in, out, tokens) must be a multiple of 16. The GPU
-# path will pad tokens with zero rows (they change neither amax nor any GEMM result), which the
-# emulation needs not; in and out are the weight's, so a misaligned weight keeps its layer in bf16.
-FP8_ALIGNMENT = 16
+# that is a K of the forward, dgrad or wgrad (in, out, tokens) must be a multiple of 16. The CUDA
+# path pads the tokens of its transposed copies with zero columns (they change neither amax nor
+# any GEMM result; cuda.py), which the emulation needs not; in and out are the weight's, so a
+# misaligned weight keeps its layer in bf16.
+FP8_ALIGNMENT = GEMM_ALIGNMENT
 _warned: set[str] = set()
 
 
@@ -134,14 +137,20 @@ class Fp8Linear:
 
     GEMMs stay in the activation dtype (bf16 in training) for a layer the recipe keeps out of FP8
     (first/last decoder layer), below recipe.min_gemm_size, and for weights whose in/out are not
-    multiples of 16 (cuBLASLt's FP8 alignment; a warning, an error under PADDLE_FASTFFN_STRICT=1)."""
+    multiples of 16 (cuBLASLt's FP8 alignment; a warning, an error under PADDLE_FASTFFN_STRICT=1).
+
+    backend: "auto" runs the CUDA FP8 GEMMs (cuda.py) for an input on a GPU where they can run
+    (sm_90, a CUDA Paddle, the operators built) and the emulated fp8_linear everywhere else;
+    "emulated" always emulates; "cuda" raises where the CUDA backend cannot run."""
 
     def __init__(self, linear: paddle.nn.Linear, recipe: Fp8Recipe, layer_index: int | None = None,
-                 num_layers: int | None = None):
+                 num_layers: int | None = None, backend: str = "auto"):
         if not isinstance(linear, paddle.nn.Linear):
             raise TypeError(f"Fp8Linear wraps paddle.nn.Linear (or PaddleNLP's LoRALinear), got "
                             f"{type(linear).__name__}; tensor-parallel layers are not supported yet")
-        self.linear, self.recipe = linear, recipe
+        if backend not in ("auto", "cuda", "emulated"):
+            raise ValueError(f"Fp8Linear backend must be 'auto', 'cuda' or 'emulated', got {backend!r}")
+        self.linear, self.recipe, self.backend = linear, recipe, backend
         self.states = recipe.linear_states()
         self.weight_cache = WeightCache()
         self.in_features, self.out_features = linear.weight.shape
@@ -176,7 +185,10 @@ class Fp8Linear:
 
     def _base(self, x):
         weight, bias = self.linear.weight, self.linear.bias
-        if self.uses_fp8(math.prod(x.shape[:-1])):
+        tokens = math.prod(x.shape[:-1])
+        if self.uses_fp8(tokens):
+            if tokens > 0 and backend_for(self.backend, x) == "cuda":
+                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=self.weight_cache)
             return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache)
         return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
                                None if bias is None else bias.astype(x.dtype))

@@ -81,12 +81,16 @@ class WeightCache:
         self._entries: dict[int, tuple[paddle.Tensor, tuple, Quantized]] = {}
         self.quantizations = 0
 
-    def get(self, weight: paddle.Tensor, state: ScalingState) -> Quantized:
-        version = weight_version(weight)
+    def get(self, weight: paddle.Tensor, state: ScalingState, quantize=None) -> Quantized:
+        """The weight's FP8 copy for its current version. `quantize(weight, state)` makes it
+        (default: state.quantize, the emulated path; the CUDA backend passes its own, which keeps
+        both layouts); an entry made by another `quantize` is not reused."""
+        version = (*weight_version(weight), quantize)
         entry = self._entries.get(id(weight))
         if entry is not None and entry[0] is weight and entry[1] == version:
             return entry[2]
-        quantized = state.quantize(weight)  # records the weight's amax once per version
+        # records the weight's amax once per version
+        quantized = state.quantize(weight) if quantize is None else quantize(weight, state)
         self._entries[id(weight)] = (weight, version, quantized)
         self.quantizations += 1
         return quantized

@@ -720,9 +720,9 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 # covered. The recipe's first/last-layer rule keeps those layers stock; its min_gemm_size and
 # the 16-alignment rule are Fp8Linear's (a misaligned weight: one warning, bf16).
 #
-# Where FP8 runs: emulated (fp32 GEMMs on FP8-rounded values) with fp8_emulate, on any device.
-# Without it: on CPU, one warning and the bf16/fp32 path; on a CUDA Paddle too, because the
-# cuBLASLt FP8 GEMMs of csrc/ are not wired into the Paddle binding yet.
+# Where FP8 runs: on a Hopper GPU (sm_90) with a CUDA Paddle, cuBLASLt FP8 GEMMs (fp8/cuda.py,
+# csrc/paddle/fp8_op.cc); elsewhere emulated (fp32 GEMMs on FP8-rounded values) with fp8_emulate.
+# Without it: one warning and the bf16/fp32 path (CPU, other GPUs, an operator build that failed).
 
 _FP8_TARGETS = (("self_attn", ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj")),
                 ("mlp", ("gate_up_fused_proj", "gate_proj", "up_proj", "down_proj")))
@@ -737,30 +737,36 @@ def _fp8_warn_once(key: str, message: str) -> None:
 
 
 def resolve_fp8(options: FastFFNOptions):
-    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run."""
+    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run. FP8 runs on
+    the GPU where the CUDA backend can (sm_90, a CUDA Paddle, the operators built: fp8/cuda.py),
+    emulated elsewhere with fp8_emulate, and not at all otherwise."""
     if options.precision != "fp8":
         return None
+    from ..fp8 import cuda as fp8_cuda
+
     recipe = options.fp8_recipe()
+    compiled = paddle.is_compiled_with_cuda()
+    capability = fp8_cuda.device_capability() if compiled else None
+    ops_error = fp8_cuda.ops_error() if capability == fp8_cuda.SUPPORTED_CAPABILITY else None
+    reason = fp8_cuda.unavailable_reason(compiled, capability, ops_error)
+    if reason is None:
+        _info_once("fp8_cuda", "fast_ffn_precision=fp8 runs cuBLASLt FP8 GEMMs on this sm_90 GPU (per-tensor "
+                               f"{recipe.scaling} scaling, e4m3 forward, e5m2 gradients)")
+        return recipe
     if options.fp8_emulate:
         _info_once("fp8_emulate", "fast_ffn_precision=fp8 runs emulated (fast_ffn_fp8_emulate): FP8 scaling and "
                                   "e4m3/e5m2 rounding with fp32 GEMMs, FP8 numerics without its speed-up")
         return recipe
     hint = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
-    if not paddle.is_compiled_with_cuda():
+    key, why = reason
+    if key == "no_cuda":
         _fp8_warn_once("fp8_cpu", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
                                   f"build has no GPU: training in bf16/fp32 instead ({hint})")
-        return None
-    try:
-        major, minor = paddle.device.cuda.get_device_capability()
-    except Exception:  # no visible device
-        major, minor = 0, 0
-    if major < 9:
-        _fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); this device is "
-                                   f"sm_{major}{minor}: training in bf16 instead ({hint})")
-    else:
-        _fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: the CUDA FP8 GEMMs (csrc/) are not wired into the "
-                                      f"Paddle binding yet, so this release cannot run FP8 on the GPU: training in "
-                                      f"bf16 instead ({hint})")
+    elif key == "arch":
+        _fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); {why}: training "
+                                   f"in bf16 instead ({hint})")
+    else:  # a CUDA Paddle on sm_90 whose operator library cannot be used
+        _fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: {why}. Training in bf16 instead ({hint})")
     return None
 
 

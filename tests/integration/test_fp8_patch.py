@@ -80,6 +80,44 @@ def test_fp8_on_cpu_without_emulation_warns_once_and_keeps_the_bf16_path():
     np.testing.assert_array_equal(got, reference)
 
 
+@pytest.mark.parametrize("capability, ops_error, emulate, expected", [
+    ((9, 0), None, False, "cuda"),
+    ((9, 0), None, True, "cuda"),               # the real GEMMs win over emulation where they run
+    ((9, 0), "nvcc is not found", False, "fp8_unwired"),
+    ((9, 0), "nvcc is not found", True, "emulated"),
+    ((8, 0), None, False, "fp8_arch"),
+    ((10, 0), None, False, "fp8_arch"),
+    (None, None, False, "fp8_arch"),            # a CUDA Paddle without a visible GPU
+])
+def test_resolve_fp8_on_a_cuda_paddle_by_device_and_operator_build(monkeypatch, info_lines, capability, ops_error,
+                                                                    emulate, expected):
+    """The decision resolve_fp8 makes on a CUDA build of Paddle, with the device facts given (this
+    CPU wheel has none; the selection itself is fp8/cuda.py's unavailable_reason)."""
+    from paddle_fastffn.fp8 import cuda as fp8_cuda
+    from paddle_fastffn.integration.options import FastFFNOptions
+
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
+    monkeypatch.setattr(fp8_cuda, "device_capability", lambda device_id=None: capability)
+    monkeypatch.setattr(fp8_cuda, "ops_error", lambda: ops_error)
+    monkeypatch.setattr(fast_llama, "_FP8_WARNED", set())
+    options = FastFFNOptions(precision="fp8", fp8_emulate=emulate)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recipe = fast_llama.resolve_fp8(options)
+    messages = [str(w.message) for w in caught if "fast_ffn_precision=fp8" in str(w.message)]
+    if expected in ("cuda", "emulated"):
+        assert recipe == options.fp8_recipe() and not messages
+        said = "runs cuBLASLt FP8 GEMMs" if expected == "cuda" else "runs emulated"
+        assert len(info_lines) == 1 and said in info_lines[0], info_lines
+        return
+    assert recipe is None and len(messages) == 1 and fast_llama._FP8_WARNED == {expected}
+    assert "training in bf16" in messages[0].lower() and "fast_ffn_fp8_emulate" in messages[0]
+    if expected == "fp8_unwired":
+        assert "nvcc is not found" in messages[0]
+    elif capability is not None:
+        assert f"sm_{capability[0]}{capability[1]}" in messages[0]
+
+
 def test_emulated_fp8_trains_close_to_fp32_through_fp8_linear():
     steps = 6
     paddle_fastffn.apply_fast_ffn_to_llama()

@@ -1,0 +1,394 @@
+// Paddle binding of the FP8 entry points of fastffn/scaled_tensor.h (GPU only):
+//   fastffn_fp8_quantize(x, scale, amax; fmt, rowwise, transpose, transpose_cols)
+//       -> q [R, C], q_t [C, transpose_cols], scale_inv [1]; amax max-accumulated in place
+//   fastffn_gemm(a, b, a_scale_inv?, b_scale_inv?; out_dtype, transpose_a, transpose_b,
+//                fast_accum, alpha) -> d [M, N]
+//   fastffn_gemm_accumulate(a, b, a_scale_inv?, b_scale_inv?, d; ...) -> d += a @ b^T in place
+//   fastffn_fp8_compute_scale(amax, scale, scale_inv; fmt_max, margin): scale, scale_inv in place
+//   fastffn_fp8_update_amax_history(history, scale, scale_inv; most_recent, fmt_max, margin):
+//       all three in place
+// The semantics (which copy a GEMM reads, saturation, the scale rules) are the header's; the
+// Python backend (paddle_fastffn/fp8/cuda.py) composes these calls. Every argument check runs
+// before the device check, so a CPU build reports the same argument errors (tests/fp8 checks
+// them there) and then refuses CPU tensors: FP8 needs a CUDA tensor on sm_90.
+#include "binding_utils.h"
+#include "fastffn/scaled_tensor.h"
+
+#if defined(PADDLE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using namespace fastffn::paddle_binding;
+constexpr const char* kQuantize = "paddle_fastffn.fp8.quantize";
+constexpr const char* kGemm = "paddle_fastffn.fp8.gemm";
+constexpr const char* kScale = "paddle_fastffn.fp8.compute_scale";
+constexpr const char* kHistory = "paddle_fastffn.fp8.update_amax_history";
+
+// --- argument translation ----------------------------------------------------------------------
+
+paddle::DataType fp8_dtype_of(const std::string& fmt, const char* op) {
+  if (fmt == "e4m3") return paddle::DataType::FLOAT8_E4M3FN;
+  if (fmt == "e5m2") return paddle::DataType::FLOAT8_E5M2;
+  PD_THROW(op, ": attribute `fmt` must be \"e4m3\" or \"e5m2\", got \"", fmt, "\"");
+}
+
+paddle::DataType out_dtype_of(const std::string& name) {
+  if (name == "bfloat16") return paddle::DataType::BFLOAT16;
+  if (name == "float16") return paddle::DataType::FLOAT16;
+  if (name == "float32") return paddle::DataType::FLOAT32;
+  PD_THROW(kGemm, ": attribute `out_dtype` must be \"bfloat16\", \"float16\" or \"float32\", got \"",
+           name, "\"");
+}
+
+// The C API dtype of a GEMM operand or output (16-bit, fp32 or FP8).
+fastffn_dtype any_kernel_dtype(const paddle::Tensor& t, const char* op, const char* arg) {
+  switch (t.dtype()) {
+    case paddle::DataType::FLOAT8_E4M3FN: return FASTFFN_DTYPE_FP8_E4M3;
+    case paddle::DataType::FLOAT8_E5M2: return FASTFFN_DTYPE_FP8_E5M2;
+    case paddle::DataType::FLOAT32: return FASTFFN_DTYPE_FLOAT32;
+    case paddle::DataType::FLOAT16: return FASTFFN_DTYPE_FLOAT16;
+    case paddle::DataType::BFLOAT16: return FASTFFN_DTYPE_BFLOAT16;
+    default:
+      PD_THROW(op, ": argument `", arg, "` must be float8_e4m3fn, float8_e5m2, bfloat16, float16 ",
+               "or float32, got ", phi::DataTypeToString(t.dtype()));
+  }
+}
+
+bool is_fp8(const paddle::Tensor& t) {
+  return t.dtype() == paddle::DataType::FLOAT8_E4M3FN || t.dtype() == paddle::DataType::FLOAT8_E5M2;
+}
+
+void check_matrix(const paddle::Tensor& t, const char* arg, const char* op) {
+  PD_CHECK(t.shape().size() == 2, op, ": argument `", arg, "` must be 2-D, got ",
+           t.shape().size(), " dimensions");
+  check_contiguous(t, arg, op);
+}
+
+// An fp32 device scalar (exactly_one), or a vector whose element 0 is the one the kernel uses.
+void check_fp32(const paddle::Tensor& t, const char* arg, const char* op, bool exactly_one) {
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": argument `", arg, "` must be float32, got ",
+           phi::DataTypeToString(t.dtype()));
+  PD_CHECK(exactly_one ? t.numel() == 1 : t.numel() >= 1, op, ": argument `", arg, "` must hold ",
+           exactly_one ? "exactly one element" : "at least one element", ", got ", t.numel());
+  check_contiguous(t, arg, op);
+}
+
+fastffn_tensor describe(const paddle::Tensor& t, fastffn_dtype dtype) {
+  fastffn_tensor d{};
+  d.data = const_cast<void*>(t.data());
+  d.dtype = dtype;
+  d.rows = t.shape()[0];
+  d.cols = t.shape()[1];
+  d.row_stride = d.cols;
+  return d;
+}
+
+fastffn_tensor absent(fastffn_dtype dtype, int64_t rows, int64_t cols) {
+  fastffn_tensor d{};
+  d.dtype = dtype;
+  d.rows = rows;
+  d.cols = cols;
+  d.row_stride = cols;
+  return d;
+}
+
+float* fp32_ptr(const paddle::Tensor& t) { return const_cast<float*>(t.data<float>()); }
+
+// The last step before a kernel call: FP8 has CUDA kernels only (cuBLASLt FP8 on Hopper).
+void require_cuda(const paddle::Tensor& t, const char* op) {
+  PD_CHECK(t.is_gpu(), op, ": got a tensor on ", t.place().DebugString(),
+           "; FP8 needs a CUDA tensor on an sm_90 (Hopper) GPU and a CUDA build of Paddle (the CPU "
+           "path is the emulated one, paddle_fastffn.fp8.fp8_linear)");
+}
+
+void check_gemm_status(fastffn_status status) {
+  if (status == FASTFFN_STATUS_OK) return;
+#if defined(PADDLE_WITH_CUDA)
+  PD_THROW(kGemm, ": fastffn_gemm_cuda failed: ", fastffn_status_string(status), ". ",
+           fastffn_gemm_last_error());
+#else
+  check_status(status, kGemm);
+#endif
+}
+
+// --- quantize ----------------------------------------------------------------------------------
+
+std::vector<int64_t> transposed_shape(const std::vector<int64_t>& x, bool transpose,
+                                      int64_t transpose_cols) {
+  if (!transpose || x.size() != 2) return {0};
+  return {x[1], transpose_cols > 0 ? transpose_cols : x[0]};
+}
+
+std::vector<paddle::Tensor> Fp8Quantize(const paddle::Tensor& x, const paddle::Tensor& scale,
+                                        paddle::Tensor& amax, const std::string& fmt, bool rowwise,
+                                        bool transpose, int64_t transpose_cols) {
+  const paddle::DataType fp8 = fp8_dtype_of(fmt, kQuantize);
+  check_matrix(x, "x", kQuantize);
+  kernel_dtype(x, kQuantize, "x");
+  PD_CHECK(x.dtype() != paddle::DataType::FLOAT64, kQuantize,
+           ": argument `x` must be bfloat16, float16 or float32, got float64");
+  check_fp32(scale, "scale", kQuantize, true);
+  check_fp32(amax, "amax", kQuantize, false);
+  check_same_place(x, scale, "scale", kQuantize);
+  check_same_place(x, amax, "amax", kQuantize);
+  const int64_t rows = x.shape()[0], cols = x.shape()[1];
+  PD_CHECK(transpose_cols == 0 || transpose_cols >= rows, kQuantize,
+           ": attribute `transpose_cols` must be 0 (= the rows of `x`) or at least the rows of `x` (",
+           rows, "), got ", transpose_cols);
+  PD_CHECK(transpose || transpose_cols == 0, kQuantize,
+           ": attribute `transpose_cols` needs `transpose`");
+  require_cuda(x, kQuantize);
+
+  const bool converts = rowwise || transpose;
+  const fastffn_dtype q_dtype = fmt == "e4m3" ? FASTFFN_DTYPE_FP8_E4M3 : FASTFFN_DTYPE_FP8_E5M2;
+  const std::vector<int64_t> t_shape = transposed_shape(x.shape(), transpose, transpose_cols);
+  auto out = paddle::empty(rowwise ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{0}, fp8,
+                           x.place());
+  auto out_t = paddle::empty(t_shape, fp8, x.place());
+  auto scale_inv = paddle::empty({converts ? 1 : 0}, paddle::DataType::FLOAT32, x.place());
+
+  fastffn_tensor in = describe(x, kernel_dtype(x, kQuantize, "x"));
+  fastffn_tensor q = rowwise ? describe(out, q_dtype) : absent(q_dtype, rows, cols);
+  q.scale = fp32_ptr(scale);
+  q.scale_inv = converts ? scale_inv.data<float>() : nullptr;
+  q.amax = amax.data<float>();
+  fastffn_tensor q_t = absent(q_dtype, cols, rows);
+  fastffn_status status = FASTFFN_STATUS_OK;
+#if defined(PADDLE_WITH_CUDA)
+  auto stream = static_cast<cudaStream_t>(x.stream());
+  if (transpose) {
+    // out_t is [cols, t_cols]; the kernel writes its first `rows` columns and the rest must read
+    // as zeros (they pad the K of the weight-gradient GEMM to a multiple of 16).
+    q_t.data = out_t.data();
+    q_t.row_stride = t_shape[1];
+    if (t_shape[1] > rows && cols > 0 &&
+        cudaMemset2DAsync(static_cast<char*>(out_t.data()) + rows, t_shape[1], 0, t_shape[1] - rows,
+                          cols, stream) != cudaSuccess)
+      status = FASTFFN_STATUS_CUDA_ERROR;
+  }
+  if (status == FASTFFN_STATUS_OK) status = fastffn_fp8_quantize_cuda(in, q, q_t, stream);
+#else
+  (void)in;
+  (void)q_t;
+#endif
+  check_status(status, kQuantize);
+  return {out, out_t, scale_inv};
+}
+
+std::vector<std::vector<int64_t>> Fp8QuantizeShape(const std::vector<int64_t>& x,
+                                                   const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>&, const std::string&,
+                                                   bool rowwise, bool transpose,
+                                                   int64_t transpose_cols) {
+  return {rowwise ? x : std::vector<int64_t>{0}, transposed_shape(x, transpose, transpose_cols),
+          {rowwise || transpose ? 1 : 0}};
+}
+
+std::vector<paddle::DataType> Fp8QuantizeDtype(const paddle::DataType&, const paddle::DataType&,
+                                               const paddle::DataType&, const std::string& fmt,
+                                               bool, bool, int64_t) {
+  const paddle::DataType fp8 = fp8_dtype_of(fmt, kQuantize);
+  return {fp8, fp8, paddle::DataType::FLOAT32};
+}
+
+// --- GEMM --------------------------------------------------------------------------------------
+
+struct GemmCall {
+  fastffn_tensor a, b;
+  fastffn_gemm_config config;
+  int64_t m, n;
+};
+
+// Checks a GEMM's operands and describes them; D[M, N] = A @ B^T with A = a or a^T, B = b or b^T.
+GemmCall make_gemm(const paddle::Tensor& a, const paddle::Tensor& b,
+                   const paddle::optional<paddle::Tensor>& a_scale_inv,
+                   const paddle::optional<paddle::Tensor>& b_scale_inv, bool transpose_a,
+                   bool transpose_b, bool accumulate, bool fast_accum, float alpha) {
+  check_matrix(a, "a", kGemm);
+  check_matrix(b, "b", kGemm);
+  check_same_place(a, b, "b", kGemm);
+  GemmCall call;
+  call.a = describe(a, any_kernel_dtype(a, kGemm, "a"));
+  call.b = describe(b, any_kernel_dtype(b, kGemm, "b"));
+  const bool fp8 = is_fp8(a);
+  PD_CHECK(fp8 == is_fp8(b), kGemm, ": arguments `a` (", phi::DataTypeToString(a.dtype()), ") and `b` (",
+           phi::DataTypeToString(b.dtype()), ") must both be FP8 or both 16-bit");
+  if (!fp8)
+    PD_CHECK(a.dtype() == b.dtype() && a.dtype() != paddle::DataType::FLOAT32, kGemm,
+             ": 16-bit GEMM operands `a` and `b` must both be bfloat16 or both float16, got ",
+             phi::DataTypeToString(a.dtype()), " and ", phi::DataTypeToString(b.dtype()));
+  PD_CHECK(fp8 || (!a_scale_inv && !b_scale_inv), kGemm,
+           ": `a_scale_inv` / `b_scale_inv` are for FP8 operands only (16-bit operands have nothing "
+           "to scale)");
+  PD_CHECK(!fp8 || (!transpose_a && !transpose_b), kGemm,
+           ": FP8 operands must be K-major (cuBLASLt's only FP8 layout on Hopper): pass the "
+           "transposed copies that quantize writes instead of `transpose_a` / `transpose_b`");
+  if (a_scale_inv) {
+    check_fp32(*a_scale_inv, "a_scale_inv", kGemm, true);
+    check_same_place(a, *a_scale_inv, "a_scale_inv", kGemm);
+    call.a.scale_inv = fp32_ptr(*a_scale_inv);
+  }
+  if (b_scale_inv) {
+    check_fp32(*b_scale_inv, "b_scale_inv", kGemm, true);
+    check_same_place(a, *b_scale_inv, "b_scale_inv", kGemm);
+    call.b.scale_inv = fp32_ptr(*b_scale_inv);
+  }
+  const int64_t k_a = transpose_a ? a.shape()[0] : a.shape()[1];
+  const int64_t k_b = transpose_b ? b.shape()[0] : b.shape()[1];
+  PD_CHECK(k_a == k_b, kGemm, ": the K of `a` (", k_a, ") and of `b` (", k_b,
+           ") differ; D = A @ B^T with A [M, K] and B [N, K]");
+  call.m = transpose_a ? a.shape()[1] : a.shape()[0];
+  call.n = transpose_b ? b.shape()[1] : b.shape()[0];
+  call.config = {transpose_a ? 1 : 0, transpose_b ? 1 : 0, accumulate ? 1 : 0, fast_accum ? 1 : 0,
+                 alpha};
+  return call;
+}
+
+fastffn_status run_gemm(const GemmCall& call, const paddle::Tensor& d) {
+#if defined(PADDLE_WITH_CUDA)
+  return fastffn_gemm_cuda(call.a, call.b, describe(d, any_kernel_dtype(d, kGemm, "d")), call.config,
+                           static_cast<void*>(d.stream()));
+#else
+  (void)call;
+  (void)d;
+  return FASTFFN_STATUS_INVALID_ARGUMENT;  // unreachable: require_cuda ran
+#endif
+}
+
+std::vector<paddle::Tensor> Gemm(const paddle::Tensor& a, const paddle::Tensor& b,
+                                 const paddle::optional<paddle::Tensor>& a_scale_inv,
+                                 const paddle::optional<paddle::Tensor>& b_scale_inv,
+                                 const std::string& out_dtype, bool transpose_a, bool transpose_b,
+                                 bool fast_accum, float alpha) {
+  const paddle::DataType dtype = out_dtype_of(out_dtype);
+  GemmCall call = make_gemm(a, b, a_scale_inv, b_scale_inv, transpose_a, transpose_b, false,
+                            fast_accum, alpha);
+  require_cuda(a, kGemm);
+  auto d = paddle::empty({call.m, call.n}, dtype, a.place());
+  check_gemm_status(run_gemm(call, d));
+  return {d};
+}
+
+void GemmAccumulate(const paddle::Tensor& a, const paddle::Tensor& b,
+                    const paddle::optional<paddle::Tensor>& a_scale_inv,
+                    const paddle::optional<paddle::Tensor>& b_scale_inv, paddle::Tensor& d,
+                    bool transpose_a, bool transpose_b, bool fast_accum, float alpha) {
+  GemmCall call = make_gemm(a, b, a_scale_inv, b_scale_inv, transpose_a, transpose_b, true,
+                            fast_accum, alpha);
+  check_matrix(d, "d", kGemm);
+  check_same_place(a, d, "d", kGemm);
+  PD_CHECK(d.shape()[0] == call.m && d.shape()[1] == call.n, kGemm, ": argument `d` must be [",
+           call.m, ", ", call.n, "] (D = A @ B^T), got [", d.shape()[0], ", ", d.shape()[1], "]");
+  PD_CHECK(d.dtype() != paddle::DataType::FLOAT8_E4M3FN && d.dtype() != paddle::DataType::FLOAT8_E5M2,
+           kGemm, ": argument `d` must be bfloat16, float16 or float32 (FP8 outputs are reserved)");
+  require_cuda(a, kGemm);
+  check_gemm_status(run_gemm(call, d));
+}
+
+std::vector<std::vector<int64_t>> GemmShape(const std::vector<int64_t>& a,
+                                            const std::vector<int64_t>& b,
+                                            const paddle::optional<std::vector<int64_t>>&,
+                                            const paddle::optional<std::vector<int64_t>>&,
+                                            const std::string&, bool transpose_a, bool transpose_b,
+                                            bool, float) {
+  if (a.size() != 2 || b.size() != 2) return {{0, 0}};
+  return {{transpose_a ? a[1] : a[0], transpose_b ? b[1] : b[0]}};
+}
+
+std::vector<paddle::DataType> GemmDtype(const paddle::DataType&, const paddle::DataType&,
+                                        const paddle::optional<paddle::DataType>&,
+                                        const paddle::optional<paddle::DataType>&,
+                                        const std::string& out_dtype, bool, bool, bool, float) {
+  return {out_dtype_of(out_dtype)};
+}
+
+// --- scale updates -----------------------------------------------------------------------------
+
+void check_scale_pair(const paddle::Tensor& ref, const paddle::Tensor& scale,
+                      const paddle::Tensor& scale_inv, const char* op) {
+  check_fp32(scale, "scale", op, true);
+  check_fp32(scale_inv, "scale_inv", op, true);
+  check_same_place(ref, scale, "scale", op);
+  check_same_place(ref, scale_inv, "scale_inv", op);
+  PD_CHECK(scale.data() != scale_inv.data(), op, ": `scale` and `scale_inv` must be distinct tensors");
+}
+
+void ComputeScale(const paddle::Tensor& amax, paddle::Tensor& scale, paddle::Tensor& scale_inv,
+                  float fmt_max, float margin) {
+  check_fp32(amax, "amax", kScale, false);
+  check_scale_pair(amax, scale, scale_inv, kScale);
+  require_cuda(amax, kScale);
+#if defined(PADDLE_WITH_CUDA)
+  check_status(fastffn_fp8_compute_scale_cuda(amax.data<float>(), scale.data<float>(),
+                                              scale_inv.data<float>(), fmt_max, margin,
+                                              static_cast<void*>(amax.stream())),
+               kScale);
+#else
+  (void)fmt_max;
+  (void)margin;
+#endif
+}
+
+void UpdateAmaxHistory(paddle::Tensor& history, paddle::Tensor& scale, paddle::Tensor& scale_inv,
+                       bool most_recent, float fmt_max, float margin) {
+  check_fp32(history, "amax_history", kHistory, false);
+  PD_CHECK(history.shape().size() == 1, kHistory, ": argument `amax_history` must be 1-D, got ",
+           history.shape().size(), " dimensions");
+  check_scale_pair(history, scale, scale_inv, kHistory);
+  require_cuda(history, kHistory);
+#if defined(PADDLE_WITH_CUDA)
+  check_status(fastffn_fp8_update_amax_history_cuda(history.data<float>(), history.numel(),
+                                                    most_recent ? 1 : 0, scale.data<float>(),
+                                                    scale_inv.data<float>(), fmt_max, margin,
+                                                    static_cast<void*>(history.stream())),
+               kHistory);
+#else
+  (void)most_recent;
+  (void)fmt_max;
+  (void)margin;
+#endif
+}
+
+}  // namespace
+
+PD_BUILD_OP(fastffn_fp8_quantize)
+    .Inputs({"X", "Scale", "Amax"})
+    .Outputs({"Out", "OutT", "ScaleInv", "AmaxOut"})
+    .Attrs({"fmt: std::string", "rowwise: bool", "transpose: bool", "transpose_cols: int64_t"})
+    .SetInplaceMap({{"Amax", "AmaxOut"}})
+    .SetKernelFn(PD_KERNEL(Fp8Quantize))
+    .SetInferShapeFn(PD_INFER_SHAPE(Fp8QuantizeShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(Fp8QuantizeDtype));
+
+PD_BUILD_OP(fastffn_gemm)
+    .Inputs({"A", "B", paddle::Optional("AScaleInv"), paddle::Optional("BScaleInv")})
+    .Outputs({"D"})
+    .Attrs({"out_dtype: std::string", "transpose_a: bool", "transpose_b: bool", "fast_accum: bool",
+            "alpha: float"})
+    .SetKernelFn(PD_KERNEL(Gemm))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemmShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemmDtype));
+
+PD_BUILD_OP(fastffn_gemm_accumulate)
+    .Inputs({"A", "B", paddle::Optional("AScaleInv"), paddle::Optional("BScaleInv"), "D"})
+    .Outputs({"DOut"})
+    .Attrs({"transpose_a: bool", "transpose_b: bool", "fast_accum: bool", "alpha: float"})
+    .SetInplaceMap({{"D", "DOut"}})
+    .SetKernelFn(PD_KERNEL(GemmAccumulate));
+
+PD_BUILD_OP(fastffn_fp8_compute_scale)
+    .Inputs({"Amax", "Scale", "ScaleInv"})
+    .Outputs({"ScaleOut", "ScaleInvOut"})
+    .Attrs({"fmt_max: float", "margin: float"})
+    .SetInplaceMap({{"Scale", "ScaleOut"}, {"ScaleInv", "ScaleInvOut"}})
+    .SetKernelFn(PD_KERNEL(ComputeScale));
+
+PD_BUILD_OP(fastffn_fp8_update_amax_history)
+    .Inputs({"AmaxHistory", "Scale", "ScaleInv"})
+    .Outputs({"AmaxHistoryOut", "ScaleOut", "ScaleInvOut"})
+    .Attrs({"most_recent: bool", "fmt_max: float", "margin: float"})
+    .SetInplaceMap({{"AmaxHistory", "AmaxHistoryOut"}, {"Scale", "ScaleOut"},
+                    {"ScaleInv", "ScaleInvOut"}})
+    .SetKernelFn(PD_KERNEL(UpdateAmaxHistory));
