@@ -51,3 +51,16 @@ def write_results(name: str, payload: dict, results_dir: Path = RESULTS_DIR) -> 
     path = results_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+# Loss spikes of a training run against a reference run on the same batches (benchmarks/gpu/convergence.py).
+SPIKE_RATIO, SPIKE_AFTER = 1.10, 200  # loss / reference loss above which a step is a spike; warm-up steps
+
+
+def same_batch_spikes(losses, bf16_losses):
+    """Steps after warm-up where this run's loss exceeds bf16's on the same batch by SPIKE_RATIO,
+    and the largest ratio seen."""
+    ratios = [a / b for a, b in zip(losses, bf16_losses)][SPIKE_AFTER:]
+    found = [{"step": SPIKE_AFTER + i, "ratio": r} for i, r in enumerate(ratios) if r > SPIKE_RATIO]
+    return {"steps": found, "max_ratio": max(ratios) if ratios else None,
+            "max_ratio_step": SPIKE_AFTER + ratios.index(max(ratios)) if ratios else None}

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.common import SPIKE_RATIO, same_batch_spikes
+
 RESULTS = Path(__file__).resolve().parent / "results"
+RUN8 = "run8"  # the H200 run of 2026-12-02 (three device calls; run8/README.md says which file is which)
 
 
 def _load(name):
@@ -167,6 +170,254 @@ def fp8_section(out, run):
     out.append("")
 
 
+def _by_shape(rows, key=("model", "tokens")):
+    by = {}
+    for r in rows:
+        if "p50_ms" in r:
+            by.setdefault(tuple(r[k] for k in key), {})[r["impl"]] = r
+    return by
+
+
+def quantization_section(out, run):
+    run_header(out, "FP8 quantisation kernels alone (8192 tokens; CUDA-graph replay, median)", run)
+    out.append("Bytes = each input read once, each output written once (an amax-only pass reads its input). "
+               "`_current_scaling` = the amax pass + the device scale update + the quantising pass: what current "
+               "scaling pays per tensor. Target: 85% of copy.\n")
+    rows = [[r["model"], r["kernel"], f"{r['p50_ms'] * 1e3:.1f}", f"{r['bytes'] / 2**20:.0f}",
+             f"{r['fraction_of_copy'] * 100:.0f}%"] for r in run["quantization_kernels"]]
+    out.append(_table(["widths", "kernel", "µs", "MiB moved", "of copy"], rows))
+    out.append("")
+
+
+def fp8_grid_section(out, runs):
+    """FFN fwd+bwd rows from several runs; each shape's contenders come from one run."""
+    out.append("### FP8 FFN forward+backward, every width and token count (interleaved timing, median)\n")
+    out.append("FP8 = e4m3 activations and weights, e5m2 gradients, per-tensor scales, weights re-quantised "
+               "every step (weights current-scaled under both recipes). `six FP8 GEMMs alone` = our "
+               "composition's GEMMs on pre-quantised operands: the floor. TFLOP/s are bf16-equivalent model FLOPs. "
+               "Each row's contenders ran in the same run, interleaved; the runs:\n")
+    table = {}
+    for label, run, keep in runs:
+        env = run["environment"]
+        out.append(f"- {label}: `{run['command']}` on {env['date']}, torch {env['torch']}, torchao {env.get('torchao')}")
+        for shape, d in _by_shape(run["ffn"]).items():
+            if keep(shape):
+                table[shape] = d
+    out.append("")
+    rows = []
+    order = {"llama2_7b": 0, "llama2_13b": 1, "llama2_70b": 2, "llama3_8b": 3}
+    for (model, tokens), d in sorted(table.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        bf16, floor, tao = d["ours_bf16"], d["six_fp8_gemms_alone"]["p50_ms"], d["torchao_tensorwise"]["p50_ms"]
+        eager_saved = d["eager_bf16"]["saved_activation_bytes"]
+        cur, dl = d["ours_fp8_current"], d["ours_fp8_delayed"]
+        rows.append([model, tokens, f"{bf16['p50_ms']:.2f}", f"{cur['p50_ms']:.2f}", f"{dl['p50_ms']:.2f}",
+                     f"{tao:.2f}", f"{d['torchao_rowwise']['p50_ms']:.2f}", f"{floor:.2f}",
+                     f"{bf16['p50_ms'] / cur['p50_ms']:.2f}x", f"{bf16['p50_ms'] / dl['p50_ms']:.2f}x",
+                     f"{tao / cur['p50_ms']:.2f}x", f"{tao / dl['p50_ms']:.2f}x",
+                     f"{(1 - floor / cur['p50_ms']) * 100:.0f}% / {(1 - floor / dl['p50_ms']) * 100:.0f}%",
+                     f"{cur['saved_activation_bytes'] / eager_saved:.2f}"])
+    out.append(_table(["model", "tokens", "ours bf16 ms", "FP8 current ms", "FP8 delayed ms", "torchao tensorwise",
+                       "torchao rowwise", "6 FP8 GEMMs", "current vs bf16", "delayed vs bf16",
+                       "current vs torchao tw", "delayed vs torchao tw", "outside GEMMs (cur / del)",
+                       "saved act. vs eager bf16"], rows))
+    out.append("")
+
+
+def decoder8_section(out, run):
+    run_header(out, "Decoder layer forward+backward, bf16 and FP8 linears", run)
+    out.append("Model FLOPs: 3x forward, causal attention at half (FP8 rows: the same bf16-equivalent FLOPs). "
+               "Ours executes the Paddle patch's composition (paddle_fastffn/integration/composition.py); with FP8, "
+               "qkv and o through fp8_linear and the FFN through fp8_ffn, weights re-quantised every iteration. "
+               "Kernel time by category from torch.profiler; outside = (our kernels + other) / all kernel time.\n")
+    rows = []
+    for config, results in run["decoder_layer"].items():
+        shape = results["shape"]
+        for name in ("hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"):
+            r = results.get(name, {})
+            if "p50_ms" not in r:
+                rows.append([config, name, "error: " + r.get("error", "missing")[:80]] + [""] * 8)
+                continue
+            k = r["kernel_ms"]
+            total = k["gemm"] + k["attention"] + k["fastffn"] + k["other"]
+            rows.append([f"{config} ({shape['batch']}x{shape['seq']})", name, f"{r['p50_ms']:.2f}",
+                         f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{k['gemm']:.2f}",
+                         f"{k['attention']:.2f}", f"{k['fastffn']:.2f}", f"{k['other']:.2f}",
+                         f"{(k['fastffn'] + k['other']) / total * 100:.1f}%"])
+    out.append(_table(["layer", "impl", "ms", "model TFLOP/s", "peak GiB", "GEMM ms", "attention ms",
+                       "our kernels ms", "other ms", "outside GEMM+attention"], rows))
+    out.append("")
+
+
+def loss_section(out, run):
+    env = run["environment"]
+    out.append("### LM head + cross-entropy forward+backward (8192 tokens x hidden 4096, bf16)\n")
+    out.append(f"`{run['command']}` on {env['date']}, {env['device']}. Interleaved timing, median. Peak = "
+               "memory allocated above the inputs and one set of their gradients (the previous iteration's, "
+               "freed at the start). `ours` = harness.linear_cross_entropy, the Paddle op's chunked composition "
+               "(1 GiB of fp32-equivalent logits per chunk, d_weight summed over chunks in fp32).\n")
+    rows = []
+    for r in run["loss"]:
+        if "p50_ms" in r:
+            rows.append([r["vocab"], r["impl"], f"{r['p50_ms']:.2f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{r['loss']:.5f}"])
+        elif "logits_bf16_bytes" in r:
+            rows.append([r["vocab"], "(sizes: bf16 / fp32 logits)",
+                         "", f"{r['logits_bf16_bytes'] / 2**30:.2f} / {r['logits_fp32_bytes'] / 2**30:.2f}", ""])
+    out.append(_table(["vocab", "impl", "ms", "peak GiB", "loss"], rows))
+    out.append("")
+
+
+def step_section(out, run, first_run=None):
+    env = run["environment"]
+    out.append("### Whole training step: embedding, 8 decoder layers, norm, LM head + loss, AdamW on fp32 masters\n")
+    out.append(f"`{run['command']}` on {env['date']}, {env['device']}, torch {env['torch']}, Liger-Kernel "
+               f"{env['liger_kernel']}, transformers {env['transformers']}. 8192 tokens per step; median of 10 "
+               "steps after 3 warm-up steps; contenders one after another (each holds a model and its optimizer "
+               "state), `ours` measured again last to show the drift. Peak = max allocated during one step "
+               "(parameters, fp32 masters, grads and AdamW state included: the same for every contender). "
+               "Hugging Face models: LlamaForCausalLM with sdpa; Liger = apply_liger_kernel_to_llama (rope, "
+               "RMSNorm, SwiGLU, fused linear cross-entropy); torch.compile = the whole model, default mode.\n")
+    rows = []
+    for config, results in run["step"].items():
+        shape = results["shape"]
+        liger, compiled = results.get("hf_liger", {}), results.get("hf_torch_compile", {})
+        for name in ("hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_again", "ours_fp8_current",
+                     "ours_fp8_delayed"):
+            r = results.get(name, {})
+            if "p50_ms" not in r:
+                rows.append([config, name, r.get("error", r.get("skipped", "missing"))[:80]] + [""] * 6)
+                continue
+            rows.append([f"{config} (V={shape['vocab']})", name, f"{r['p50_ms']:.1f}", f"{r['tokens_per_s']:.0f}",
+                         f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}",
+                         f"{liger['p50_ms'] / r['p50_ms']:.3f}x" if "p50_ms" in liger else "",
+                         f"{compiled['p50_ms'] / r['p50_ms']:.3f}x" if "p50_ms" in compiled else "",
+                         " / ".join(f"{v:.3f}" for v in r["first_losses"])])
+    out.append(_table(["config", "impl", "ms/step", "tokens/s", "model TFLOP/s", "peak GiB", "vs HF+Liger",
+                       "vs HF torch.compile", "losses of steps 1-3"], rows))
+    out.append("")
+    if first_run:
+        out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
+                   "step_first_run.json, same day), ours peaked at " + ", ".join(
+                       f"{c}: {r['ours']['peak_bytes'] / 2**30:.2f} GiB" for c, r in first_run["step"].items()) + ".\n")
+
+
+def convergence_section(out, run, plots):
+    env, model = run["environment"], run["model"]
+    out.append("### FP8 vs bf16 convergence (harness composition, ~100M LLaMA trained from scratch)\n")
+    out.append(f"`{run['command']}` on {env['date']}, {env['device']}. Model: {model['num_hidden_layers']} layers x "
+               f"{model['hidden_size']}, GQA {model['num_attention_heads']}/{model['num_key_value_heads']}, FFN "
+               f"{model['intermediate_size']}, byte vocabulary {model['vocab_size']}: {model['parameters'] / 1e6:.1f}M "
+               f"parameters. Data: {run['data']['files']} .py files of {run['data']['root']} "
+               f"({run['data']['bytes'] / 1e6:.1f} MB; the last files, {run['data']['heldout_bytes'] / 1e3:.0f} kB, held "
+               f"out). {run['setup']['tokens_per_step']} tokens per step, {run['setup']['optimizer']}, "
+               f"{run['setup']['schedule']}; FP8: {run['setup']['fp8']}. Same initial weights and batches for every "
+               f"run. Spike = a step after warm-up whose loss exceeds bf16's on the same batch by more than "
+               f"{(SPIKE_RATIO - 1) * 100:.0f}%.\n")
+    base = run["runs"]["bf16"]
+    rows = []
+    for name, r in run["runs"].items():
+        spikes = same_batch_spikes(r["train_loss"], base["train_loss"])
+        rows.append([name, len(r["train_loss"]), f"{r['final_train_loss_last100']:.4f}",
+                     f"{(r['final_train_loss_last100'] / base['final_train_loss_last100'] - 1) * 100:+.2f}%",
+                     f"{r['final_heldout_loss']:.4f}", f"{(r['final_heldout_loss'] / base['final_heldout_loss'] - 1) * 100:+.2f}%",
+                     len(spikes["steps"]), f"{spikes['max_ratio']:.3f} (step {spikes['max_ratio_step']})",
+                     len(r["nonfinite_steps"]), f"{r['seconds']:.0f}"])
+    out.append(_table(["precision", "steps", "train loss (last 100)", "vs bf16", "held-out loss", "vs bf16",
+                       "spikes", "max loss / bf16 loss", "non-finite steps", "seconds"], rows))
+    out.append("")
+    for plot in plots:
+        out.append(f"![{plot.stem}]({plot.name})\n")
+
+
+def plot_convergence(run) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    window = 50
+    for name, r in run["runs"].items():
+        losses = r["train_loss"]
+        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
+                  for i in range(len(losses))]
+        ax.plot(smooth, label=name, linewidth=1)
+        ax2.plot([e["step"] for e in r["heldout"]], [e["heldout_loss"] for e in r["heldout"]], marker="o", label=name)
+    ax.set_ylim(0.4, 2.0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (mean of {window} steps)")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("held-out loss")
+    for a in (ax, ax2):
+        a.legend()
+        a.grid(alpha=0.3)
+    fig.suptitle(f"{run['environment']['device']}: ~{run['model']['parameters'] / 1e6:.0f}M LLaMA, FP8 vs bf16")
+    fig.tight_layout()
+    path = RESULTS / "gpu_convergence_fp8.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def plot_step(run) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = ["hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"]
+    configs = list(run["step"])
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.13
+    for i, name in enumerate(names):
+        values = [run["step"][c].get(name, {}).get("tokens_per_s", 0) / 1e3 for c in configs]
+        ax.bar([x + (i - 2.5) * width for x in range(len(configs))], values, width, label=name)
+    ax.set_xticks(range(len(configs)))
+    ax.set_xticklabels(configs)
+    ax.set_ylabel("thousand tokens/s (whole training step)")
+    ax.set_title(f"{run['environment']['device']}: 8-layer LLaMA training step, 8192 tokens")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = RESULTS / "gpu_step.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def run8_sections(out):
+    def load(name):
+        return _load(f"{RUN8}/{name}")
+
+    out.append("## GPU run 8 (NVIDIA H200, 2026-12-02): whole step, FP8 decoder layer, FP8 FFN grid, "
+               "convergence\n")
+    out.append("Standalone harness as above. Files and commits: run8/README.md.\n")
+    step, first = load("step.json"), load("step_first_run.json")
+    if step:
+        step_section(out, step, first)
+        for plot in plot_step(step):
+            out.append(f"![{plot.stem}]({plot.name})\n")
+        loss_section(out, step)
+    dec = load("decoder.json")
+    if dec:
+        decoder8_section(out, dec)
+    quant = load("fp8_quant_and_ffn_8192_a.json")
+    if quant:
+        quantization_section(out, quant)
+    fixed, grid = load("fp8_ffn_8192_b.json"), load("fp8_ffn_grid.json")
+    if quant and fixed and grid:
+        fp8_grid_section(out, [
+            ("LLaMA-2 7B and 13B at 8192 tokens", quant, lambda shape: shape[0] in ("llama2_7b", "llama2_13b")),
+            ("Llama-3-8B and LLaMA-2 70B at 8192 tokens (rerun: in the first run dynamo's recompile limit made "
+             "the compiled contenders fall back to eager at these widths)", fixed, lambda shape: True),
+            ("every width at 2048 and 16384 tokens", grid, lambda shape: True)])
+    conv = load("convergence.json")
+    if conv:
+        convergence_section(out, conv, plot_convergence(conv))
+
+
 def plot_kernels(gpu) -> list[Path]:
     try:
         import matplotlib
@@ -204,6 +455,7 @@ def main():
            "Generated by `python -m benchmarks.report` from the JSON files in this folder; each JSON "
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
+    run8_sections(out)
     kernels_run, ffn_run = _load("gpu_h200_run7.json"), _load("gpu_h200.json")
     if kernels_run and ffn_run:
         gpu_sections(out, kernels_run, ffn_run, plot_kernels(kernels_run))

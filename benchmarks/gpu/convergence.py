@@ -7,8 +7,11 @@ initial weights and on the same batches:
     python3 -m benchmarks.gpu.convergence --out convergence.json [--steps 2000]
 
 Reports per-step training losses, held-out losses every --eval-every steps, the final losses
-(mean of the last 100 training steps, and the last held-out loss), and loss spikes (a step whose
-loss exceeds the mean of the 50 steps before it by more than 10%, after warm-up).
+(mean of the last 100 training steps, and the last held-out loss), and loss spikes. Every run sees
+the same batches, so a spike is measured against bf16 on the same batch: a step after warm-up
+whose loss exceeds bf16's by more than SPIKE_RATIO. (A first rule, against the mean of the
+previous 50 steps, flagged 230 of 2000 steps in bf16 itself: batches of different source files
+differ in loss by more than 10%; it is kept in the JSON as "window_spikes" for the record.)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import SPIKE_AFTER, same_batch_spikes
 from benchmarks.gpu.bench_gpu import DT, environment
 from benchmarks.gpu.fp8_ffn import Fp8Recipe
 from benchmarks.gpu.llama_model import FastLlama, MasterWeightAdamW
@@ -29,7 +33,7 @@ from benchmarks.gpu.llama_model import FastLlama, MasterWeightAdamW
 MODEL = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_key_value_heads=4,
              num_hidden_layers=12, vocab_size=256, rms_norm_eps=1e-5, max_position_embeddings=1024,
              tie_word_embeddings=False)
-SPIKE_WINDOW, SPIKE_RATIO, SPIKE_AFTER = 50, 1.10, 200
+SPIKE_WINDOW, WINDOW_RATIO = 50, 1.10  # the superseded window rule
 
 
 def corpus(holdout_fraction=0.02) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -61,11 +65,11 @@ def lr_at(step, steps, peak, warmup):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def spikes(losses):
+def window_spikes(losses):
     found = []
     for t in range(max(SPIKE_AFTER, SPIKE_WINDOW), len(losses)):
         mean = sum(losses[t - SPIKE_WINDOW:t]) / SPIKE_WINDOW
-        if losses[t] > SPIKE_RATIO * mean:
+        if losses[t] > WINDOW_RATIO * mean:
             found.append({"step": t, "loss": losses[t], "window_mean": mean})
     return found
 
@@ -107,11 +111,11 @@ def train(precision, initial_state, train_data, heldout, args):
         losses.append(loss.detach())
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals.append({"step": step + 1, "heldout_loss": evaluate()})
-            print(f"{precision} step {step + 1}: train {float(loss):.4f} heldout {evals[-1]['heldout_loss']:.4f} "
+            print(f"{precision} step {step + 1}: train {float(loss.detach()):.4f} heldout {evals[-1]['heldout_loss']:.4f} "
                   f"({time.time() - started:.0f}s)", flush=True)
     losses = [float(v) for v in torch.stack(losses).cpu()]
     return {"train_loss": losses, "heldout": evals, "final_train_loss_last100": sum(losses[-100:]) / 100,
-            "final_heldout_loss": evals[-1]["heldout_loss"], "spikes": spikes(losses),
+            "final_heldout_loss": evals[-1]["heldout_loss"], "window_spikes": window_spikes(losses),
             "nonfinite_steps": [i for i, v in enumerate(losses) if not math.isfinite(v)],
             "seconds": time.time() - started}
 
@@ -152,11 +156,13 @@ def main():
         for precision, run in report["runs"].items():
             run["final_train_vs_bf16"] = run["final_train_loss_last100"] / base["final_train_loss_last100"] - 1
             run["final_heldout_vs_bf16"] = run["final_heldout_loss"] / base["final_heldout_loss"] - 1
+            run["spikes_vs_bf16"] = same_batch_spikes(run["train_loss"], base["train_loss"])
     with open(args.out, "w") as f:
         json.dump(report, f)
     for precision, run in report["runs"].items():
         print(f"{precision}: final train {run['final_train_loss_last100']:.4f} heldout {run['final_heldout_loss']:.4f} "
-              f"vs bf16 {run.get('final_heldout_vs_bf16', 0):+.3%} spikes {len(run['spikes'])} in {run['seconds']:.0f}s")
+              f"vs bf16 {run.get('final_heldout_vs_bf16', 0):+.3%}, max loss ratio to bf16 on the same batch "
+              f"{run.get('spikes_vs_bf16', {}).get('max_ratio')} in {run['seconds']:.0f}s")
 
 
 if __name__ == "__main__":
