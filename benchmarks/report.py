@@ -19,6 +19,18 @@ def _load(name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is missing (no plots)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def _table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -329,12 +341,8 @@ def convergence_section(out, run, plots):
 
 
 def plot_convergence(run) -> list[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return []
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     window = 50
@@ -361,12 +369,8 @@ def plot_convergence(run) -> list[Path]:
 
 
 def plot_step(run) -> list[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return []
     names = ["hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"]
     configs = list(run["step"])
@@ -419,12 +423,8 @@ def run8_sections(out):
 
 
 def plot_kernels(gpu) -> list[Path]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return []
     rows = [r for r in gpu["kernels"] if "fraction_of_copy" in r and r["model"] == "7B"]
     labels = sorted({(r["op"], r["pass"]) for r in rows}, key=lambda x: (x[0], x[1]))

@@ -576,25 +576,23 @@ def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
         for name, build in builders.items():
             patch = liger_patched() if name == "hf_liger" else contextlib.nullcontext()
             try:
-                patch.__enter__()
-                fn, params = build()
+                with patch:
+                    fn, params = build()
 
-                def run(fn=fn, params=params):
-                    for t in [x] + params:
-                        t.grad = None
-                    out = fn(x)
-                    torch.autograd.backward((out,), (dy,))
+                    def run(fn=fn, params=params):
+                        for t in [x] + params:
+                            t.grad = None
+                        out = fn(x)
+                        torch.autograd.backward((out,), (dy,))
 
-                run()  # compile / first-call work outside the timing
-                t = timeit(run, reps=15)
-                results[name] = {**t, "peak_bytes": peak_bytes(run),
-                                 "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
-                                 "kernel_ms": kernel_breakdown(run)}
-                del fn, params
+                    run()  # compile / first-call work outside the timing
+                    t = timeit(run, reps=15)
+                    results[name] = {**t, "peak_bytes": peak_bytes(run),
+                                     "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
+                                     "kernel_ms": kernel_breakdown(run)}
+                    del fn, params
             except Exception as error:  # noqa: BLE001
                 results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
-            finally:
-                patch.__exit__(None, None, None)
             torch.cuda.empty_cache()
             print(f"decoder {config_name} {name}: {results[name].get('p50_ms', results[name].get('error'))}", flush=True)
         results["shape"] = {**shape, "flops_convention": "3x forward; causal attention at half; "

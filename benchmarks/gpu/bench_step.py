@@ -22,6 +22,7 @@ configuration to show how far the machine drifted during the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import json
@@ -90,14 +91,13 @@ def loss_section(vocabs=(32000, 128256), tokens=8192, width=4096, liger=True):
             except Exception as error:  # noqa: BLE001
                 rows.append({"vocab": vocab, "impl": name, "error": repr(error), "trace": traceback.format_exc()[-1500:]})
         timings = timeit_interleaved({n: r[0] for n, r in runs.items()}, reps=15)
-        grad_bytes = hidden.numel() * 2 + w_vh.numel() * 2
         for name, (_, peak) in runs.items():
+            # peak_bytes: above the inputs and the previous iteration's gradients (freed at the start)
             rows.append({"vocab": vocab, "tokens": tokens, "hidden": width, "impl": name, **timings[name],
-                         "loss": values[name], "peak_bytes": peak,
-                         "peak_beyond_gradients_bytes": peak - grad_bytes})
+                         "loss": values[name], "peak_bytes": peak})
         rows.append({"vocab": vocab, "tokens": tokens, "impl": "reference_sizes",
                      "logits_bf16_bytes": tokens * vocab * 2, "logits_fp32_bytes": tokens * vocab * 4,
-                     "gradient_bytes": grad_bytes})
+                     "gradient_bytes": hidden.numel() * 2 + w_vh.numel() * 2})
         del hidden, w_vh, w_hv, impls, runs
         gc.collect()
         torch.cuda.empty_cache()
@@ -206,21 +206,17 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
             if contender == "hf_torch_compile" and skip_compile_after_s and time.time() - started > skip_compile_after_s:
                 results[contender] = {"skipped": f"time budget: {time.time() - started:.0f} s into the run"}
                 continue
-            patch = liger_patched(fused_linear_cross_entropy=True) if contender == "hf_liger" else None
+            patch = liger_patched(fused_linear_cross_entropy=True) if contender == "hf_liger" else contextlib.nullcontext()
             try:
-                if patch:
-                    patch.__enter__()
-                model, forward = build()
-                row = measure_training(forward, model)
+                with patch:
+                    model, forward = build()
+                    row = measure_training(forward, model)
                 row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
                 row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
                 results[contender] = row
                 del model, forward
             except Exception as error:  # noqa: BLE001
                 results[contender] = {"error": repr(error), "trace": traceback.format_exc()[-2500:]}
-            finally:
-                if patch:
-                    patch.__exit__(None, None, None)
             if contender == "hf_torch_compile":
                 torch._dynamo.reset()
             gc.collect()

@@ -188,13 +188,18 @@ class Fp8FFNState:
                 self.cache.get("down", w_down, self.w_down, k))
 
 
+def misaligned(sizes) -> str:
+    """"name = size" for each (name, size) that is not a positive multiple of GEMM_ALIGNMENT."""
+    return ", ".join(f"{name} = {size}" for name, size in sizes if size <= 0 or size % GEMM_ALIGNMENT)
+
+
 def check_shapes(tokens: int, w_gate_up: torch.Tensor, w_down: torch.Tensor, hidden: int):
     inter = w_down.shape[1]
     if tuple(w_gate_up.shape) != (2 * inter, hidden) or w_down.shape[0] != hidden:
         raise ValueError(f"Fp8FFN: W_gate_up {tuple(w_gate_up.shape)} and W_down {tuple(w_down.shape)} "
                          f"do not fit hidden {hidden} (need [2I, H] and [H, I])")
     sizes = (("tokens T", tokens), ("hidden H", hidden), ("intermediate I", inter))
-    bad = ", ".join(f"{name} = {size}" for name, size in sizes if size <= 0 or size % GEMM_ALIGNMENT)
+    bad = misaligned(sizes)
     if bad:
         raise ValueError(
             f"Fp8FFN: {bad} not a positive multiple of {GEMM_ALIGNMENT}. cuBLASLt's FP8 GEMMs need "

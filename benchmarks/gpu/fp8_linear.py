@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu.fp8_ffn import E4M3, E5M2, GEMM_ALIGNMENT, Fp8Recipe, Fp8WeightCache, ScalingState
+from benchmarks.gpu.fp8_ffn import E4M3, E5M2, GEMM_ALIGNMENT, Fp8Recipe, Fp8WeightCache, ScalingState, misaligned
 
 
 class Fp8LinearState:
@@ -48,7 +48,7 @@ def check_linear_shapes(tokens: int, weight: torch.Tensor, in_features: int):
         raise ValueError(f"Fp8Linear: weight {tuple(weight.shape)} does not fit inputs of width {in_features} "
                          f"(need [out, in])")
     sizes = (("tokens T", tokens), ("in_features K", in_features), ("out_features N", weight.shape[0]))
-    bad = ", ".join(f"{name} = {size}" for name, size in sizes if size <= 0 or size % GEMM_ALIGNMENT)
+    bad = misaligned(sizes)
     if bad:
         raise ValueError(f"Fp8Linear: {bad} not a positive multiple of {GEMM_ALIGNMENT} (cuBLASLt's FP8 "
                          f"GEMMs: T is the K of the weight-gradient GEMM); pad the tokens")

@@ -133,17 +133,14 @@ class FastLlama(torch.nn.Module):
     """LlamaForCausalLM on the fast path, weights copied from a Hugging Face LlamaForCausalLM.
     forward(input_ids [B, S], labels [B, S] shifted, -100 ignored) -> fp32 scalar loss."""
 
-    def __init__(self, hf_model, recompute=True, fp8_recipe=None, fp8_first_last_bf16=False):
+    def __init__(self, hf_model, recompute=True, fp8_recipe=None):
         super().__init__()
         config = hf_model.config
         self.config, self.eps = config, config.rms_norm_eps
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        layers = hf_model.model.layers
         self.embed = torch.nn.Parameter(hf_model.model.embed_tokens.weight.detach().clone())
         self.layers = torch.nn.ModuleList(
-            FastDecoderLayer(layer, heads, kv_heads, self.eps, recompute,
-                             None if fp8_first_last_bf16 and i in (0, len(layers) - 1) else fp8_recipe)
-            for i, layer in enumerate(layers))
+            FastDecoderLayer(layer, heads, kv_heads, self.eps, recompute, fp8_recipe) for layer in hf_model.model.layers)
         self.w_norm = torch.nn.Parameter(hf_model.model.norm.weight.detach().clone())
         # PaddleNLP's LlamaLMHead keeps [H, V] (an untied head), the layout the fused loss reads.
         self.w_lm_head = torch.nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous())
@@ -204,7 +201,3 @@ class MasterWeightAdamW:
         low = [(p, m) for p, m in zip(self.params, self.masters) if p.dtype != torch.float32]
         if low:
             torch._foreach_copy_([p for p, _ in low], [m for _, m in low])
-
-    def state_bytes(self) -> int:
-        """fp32 masters, their grads and AdamW's two moments."""
-        return sum(4 * m.numel() for m in self.masters) * 4
