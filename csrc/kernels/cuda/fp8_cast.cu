@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
       if (!convert) continue;
       const uint4 q = quantize16<F>(x, scale, seg_amax >= kInfBits || !scale_finite);
       if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
-      if constexpr (kTranspose) tile[row * kSegsPerRow + seg] = q;
+      if constexpr (kTranspose) tile[tile_slot(row, seg)] = q;
     }
     if constexpr (kTranspose) {
       __syncthreads();

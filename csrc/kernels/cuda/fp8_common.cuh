@@ -4,10 +4,12 @@
 //
 // Tiles: 256 threads walk a 128 x 128 tile of the (row-major) output. A thread converts 16
 // consecutive elements of a row (a "segment") into 16 FP8 bytes, stores them row-wise with one
-// 16-byte store and parks them in shared memory; after a barrier store_tile_transposed gathers
-// 16 rows x 4 columns of bytes per thread (a warp reads one 128-byte tile row per load: no bank
-// conflicts), transposes them with byte permutes and writes four 16-byte rows of the transposed
-// copy.
+// 16-byte store and parks them in shared memory (swizzled: tile_slot); after a barrier
+// store_tile_transposed gathers 16 rows x 4 columns of bytes per thread, transposes them with byte
+// permutes and writes four 16-byte pieces of transposed rows. The 8 lanes that share 4 columns
+// cover all 128 rows of the tile, so each warp store writes 4 whole 128-byte lines of the
+// transposed copy (the earlier layout, a warp per 16 rows, wrote 32 half sectors per store and ran
+// cast+transpose at 53-60% of copy bandwidth: benchmarks/results/run8).
 //
 // amax is a max over the bit patterns of |x| as unsigned integers: for non-negative floats the
 // integer order is the float order, every NaN pattern sorts above Inf (so a NaN wins), and neither
@@ -34,7 +36,8 @@ constexpr uint32_t kInfBits = 0x7f800000u;
 constexpr uint32_t kFp8NaN = 0x7fu;  // S.1111.111 is e4m3's NaN, S.11111.11 one of e5m2's
 
 static_assert(kTile * kSegsPerRow % kTileThreads == 0, "whole segments per thread");
-static_assert(kTileThreads / 32 * kSeg == kTile, "transpose phase: one warp per 16 tile rows");
+static_assert(kTileThreads / 32 == kSegsPerRow && kTile / kSeg == 8,
+              "transpose phase: one warp per segment, 8 lanes per 16-row group");
 
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & kAbsMask; }
 
@@ -146,23 +149,33 @@ __device__ __forceinline__ void transpose4x4(const uint32_t* in, uint32_t (&out)
   out[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
+// Where (tile row, segment) lives in a tile's shared memory: the segment index XOR-swizzled by
+// the row's 16-row group. store_tile_transposed's warp reads one 32-bit word from each of 8 row
+// groups x 4 words of one segment: with the swizzle those are 32 distinct banks (without it, 8 rows
+// 16 apart share a bank). The fills stay conflict-free: a quarter warp stores one row's 8 segments,
+// a permutation of the row's 8 slots.
+__device__ __forceinline__ int tile_slot(int row, int seg) {
+  return row * kSegsPerRow + (seg ^ ((row / kSeg) & (kSegsPerRow - 1)));
+}
+
 // The transposed copy of one tile: `tile` holds the FP8 bytes of rows r0 .. r0 + 127, columns
-// c0 .. c0 + 127 of a [rows, cols] matrix (tile[row * kSegsPerRow + seg] = bytes of columns
+// c0 .. c0 + 127 of a [rows, cols] matrix (tile[tile_slot(row, seg)] = bytes of columns
 // seg * 16 .. + 15 of tile row `row`); writes out_t[c, r] ([cols, rows], row stride
 // out_t_stride) for the elements inside the matrix. Called by all kTileThreads threads between
 // the barriers that fill and reuse `tile`.
 __device__ __forceinline__ void store_tile_transposed(const uint4* tile, int64_t r0, int64_t c0,
                                                       int64_t rows, int64_t cols, uint8_t* out_t,
                                                       int64_t out_t_stride, bool vec) {
-  const int lane = threadIdx.x & 31;                 // input columns c0 + 4 lane .. + 3
-  const int64_t r = r0 + (threadIdx.x >> 5) * kSeg;  // input rows r .. r + 15
-  const int64_t c = c0 + 4 * lane;
+  const int seg = threadIdx.x >> 5;        // warp: tile segment (input columns 16 seg .. + 15)
+  const int group = threadIdx.x & 7;       // input rows r0 + 16 group .. + 15
+  const int word = (threadIdx.x >> 3) & 3; // input columns 16 seg + 4 word .. + 3 of the segment
+  const int64_t r = r0 + group * kSeg;
+  const int64_t c = c0 + seg * kSeg + 4 * word;
   if (r >= rows || c >= cols) return;
-  const uint32_t* words =
-      reinterpret_cast<const uint32_t*>(tile) + (threadIdx.x >> 5) * kSeg * kTileWords + lane;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
   uint32_t w[kSeg];
 #pragma unroll
-  for (int i = 0; i < kSeg; ++i) w[i] = words[i * kTileWords];
+  for (int i = 0; i < kSeg; ++i) w[i] = words[tile_slot(group * kSeg + i, seg) * 4 + word];
   uint32_t columns[4][4];  // [input column j][word k: input rows 4k .. 4k + 3]
 #pragma unroll
   for (int k = 0; k < 4; ++k) {

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_fwd_fp8_kernel(const FwdP
       if (!convert) continue;
       const uint4 q = quantize16<F>(h, scale, seg_amax >= kInfBits || !scale_finite);
       if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
-      if (transpose) tile[row * kSegsPerRow + seg] = q;
+      if (transpose) tile[tile_slot(row, seg)] = q;
     }
     if (transpose) {
       __syncthreads();
@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
           store16(dst + p.cols, qu, valid, p.vec_du);
         }
         if (dgu_transpose) {
-          tile_dg[row * kSegsPerRow + seg] = qg;
-          tile_du[row * kSegsPerRow + seg] = qu;
+          tile_dg[tile_slot(row, seg)] = qg;
+          tile_du[tile_slot(row, seg)] = qu;
         }
       }
       if (!h_needed) continue;
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
         const uint4 qh = quantize16<FH>(u, h_scale, seg_h_amax >= kInfBits || !h_scale_finite);
         if (p.h != nullptr)
           store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, qh, valid, p.vec_h);
-        if (h_transpose) tile_h[row * kSegsPerRow + seg] = qh;
+        if (h_transpose) tile_h[tile_slot(row, seg)] = qh;
       } else if (!p.h_fp8 && p.h != nullptr) {
         store16_values(static_cast<T*>(p.h) + r * p.h_stride + c, u, valid, p.vec_h);
       }
