@@ -430,6 +430,75 @@ def ffn_section(token_list, liger, compile_tokens):
     return rows
 
 
+# --- projection GEMMs: fused vs split weights, torch's cuBLAS vs our provider ------------------
+
+PROJECTIONS = {"llama2_7b": {"qkv": (4096, 4096, 4096), "gate_up": (11008, 11008)},
+               "llama3_8b": {"qkv": (4096, 1024, 1024), "gate_up": (14336, 14336)}}
+
+
+def projection_section(tokens=8192, hidden=4096, reps=20):
+    """The three GEMMs (forward, input gradient, weight gradient) of each fused projection of the
+    decoder layer, timed interleaved in the same run: one GEMM on the fused [sum(N), H] weight (the
+    composition's layout), one GEMM per part (Hugging Face's separate Linears: the input gradient
+    summed in place, the weight gradients written into the fused gradient's row blocks), and the
+    fused layout through our cuBLASLt provider (fastffn_gemm_cuda, the FP8 path's GEMM, with
+    bf16 operands). It locates the decoder layer's GEMM time against Hugging Face's."""
+    from benchmarks.gpu import fp8_harness
+
+    fp8k = fp8_harness.kernels()
+    fp8k.gemm_init()
+    rows = []
+    for model, projections in PROJECTIONS.items():
+        for name, parts in projections.items():
+            n = sum(parts)
+            x = leaf((tokens, hidden)).detach()
+            w = leaf((n, hidden), scale=hidden ** -0.5).detach()
+            dy = leaf((tokens, n)).detach()
+            y, d_x, d_w = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+            bounds = [0]
+            for part in parts:
+                bounds.append(bounds[-1] + part)
+            blocks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+            ys = [torch.empty(tokens, b - a, dtype=DT, device="cuda") for a, b in blocks]
+            dys = [dy[:, a:b].contiguous() for a, b in blocks]
+
+            def fused():
+                torch.mm(x, w.t(), out=y)
+                torch.mm(dy, w, out=d_x)
+                torch.mm(dy.t(), x, out=d_w)
+
+            def split():
+                for (a, b), out in zip(blocks, ys):
+                    torch.mm(x, w[a:b].t(), out=out)
+                torch.mm(dys[0], w[blocks[0][0]:blocks[0][1]], out=d_x)
+                for (a, b), g in zip(blocks[1:], dys[1:]):
+                    d_x.addmm_(g, w[a:b])
+                for (a, b), g in zip(blocks, dys):
+                    torch.mm(g.t(), x, out=d_w[a:b])
+
+            def provider():
+                fp8k.gemm(x, w, out=y)
+                fp8k.gemm(dy, w, transpose_b=True, out=d_x)
+                fp8k.gemm(dy, x, transpose_a=True, transpose_b=True, out=d_w)
+
+            fns = {"fused_torch": fused, "split_torch": split, "fused_provider": provider}
+            torch.mm(x, w.t(), out=y)
+            reference = y.float()
+            provider()
+            error = ((y.float() - reference).abs().max() / reference.abs().max()).item()
+            timings = timeit_interleaved(fns, reps=reps)
+            flops = 3 * 2 * tokens * hidden * n
+            for impl, t in timings.items():
+                rows.append({"model": model, "projection": name, "parts": list(parts), "tokens": tokens,
+                             "impl": impl, **t, "tflops": flops / (t["p50_ms"] * 1e-3) / 1e12})
+            rows.append({"model": model, "projection": name, "impl": "provider_vs_torch_forward",
+                         "max_rel_diff": error})
+            print(f"projections {model} {name}: " + ", ".join(
+                f"{k} {v['p50_ms']:.3f} ms" for k, v in timings.items()), flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
 # --- decoder layer ------------------------------------------------------------------------------
 
 # Our csrc/kernels CUDA kernels, by the names the profiler shows.
@@ -636,6 +705,10 @@ def main():
         report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)
         save()
         print(f"ffn done at {time.time() - started:.0f}s", flush=True)
+    if "projections" in sections:
+        report["projection_gemms"] = projection_section()
+        save()
+        print(f"projections done at {time.time() - started:.0f}s", flush=True)
     if "decoder" in sections:
         report["decoder_layer"] = decoder_section(liger)
         save()

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from benchmarks.common import percentiles
 from benchmarks.gpu import harness
-from benchmarks.gpu.bench_gpu import (DT, _liger_version, _time_once, decoder_flops, environment, leaf,
+from benchmarks.gpu.bench_gpu import (DT, _liger_version, decoder_flops, environment, leaf,
                                       liger_patched, peak_bytes, timeit_interleaved)
 
 STEP_CONFIGS = {
@@ -148,14 +148,31 @@ def measure_training(forward, model, steps=10, warmup=3):
     for _ in range(warmup):  # the first step compiles (torch.compile) and allocates the masters' state
         losses.append(float(step().item()))
     warmup_s = time.time() - started
-    times = [_time_once(step, flush=False) for _ in range(steps)]
+    def timed_step():
+        """(whole step, forward+backward) in ms, from CUDA events around the parts of one step."""
+        start, after_backward, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        loss = forward()
+        loss.backward()
+        after_backward.record()
+        optimizer.step()
+        optimizer.zero_grad()
+        invalidate()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), start.elapsed_time(after_backward)
+
+    timed = [timed_step() for _ in range(steps)]
+    times = [total for total, _ in timed]
+    parts = {"forward_backward_p50_ms": percentiles([fb for _, fb in timed])["p50_ms"],
+             "optimizer_p50_ms": percentiles([total - fb for total, fb in timed])["p50_ms"]}
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    return {**percentiles(times), "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
+    return {**percentiles(times), **parts, "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 

@@ -3,6 +3,7 @@
 # (comma-separated, in this order; default: all):
 #   tests        tests/gpu                                       -> gpu_tests.log
 #   kernels      bf16 kernels vs eager and Liger (bench_gpu)      -> gpu_bench.json/.log
+#   projections  fused vs split projection GEMMs, torch vs our provider (bench_gpu) -> gpu_bench.json/.log
 #   decoder      decoder layer bf16/FP8 vs HF eager/compile/Liger -> gpu_bench.json/.log (with kernels)
 #   fp8          quantisation kernels and the FP8 FFN (bench_fp8_ffn, FASTFFN_FP8_ARGS) -> fp8_ffn.json/.log
 #   step         fused loss and the whole training step (bench_step, FASTFFN_STEP_ARGS) -> step.json/.log
@@ -35,6 +36,7 @@ if wants tests; then
 fi
 sections=()
 wants kernels && sections+=(kernels)
+wants projections && sections+=(projections)
 wants decoder && sections+=(decoder)
 if (( ${#sections[@]} )); then
   joined=$(IFS=,; echo "${sections[*]}")
