@@ -106,32 +106,6 @@ __device__ __forceinline__ void load16(const T* p, int valid, bool vec, float (&
   }
 }
 
-// Asynchronous 16-byte global -> shared copies (cp.async, sm_80+): loads in flight that hold no
-// registers. A thread that reads back only what it copied itself needs no barrier: wait_group
-// makes its own completed copies visible to it.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned int address = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");
-#else
-  *static_cast<uint4*>(shared) = *static_cast<const uint4*>(global);
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
 // The first `valid` bytes of q to p: one 16-byte store when `vec` and full.
 __device__ __forceinline__ void store16(uint8_t* p, const uint4& q, int valid, bool vec) {
   if (vec && valid == kSeg) {

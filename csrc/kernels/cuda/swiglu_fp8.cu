@@ -7,9 +7,8 @@
 // the unfused ones then fastffn_fp8_quantize_cuda agree bit for bit), converts to FP8 with
 // fp8_common.cuh's rules, stores row-wise with 16-byte stores and parks the bytes in shared
 // memory for the transposed copies (one 16 KiB tile per transposed output). The backward can
-// write three transposed outputs (d_gate^T, d_up^T, h^T), 48 KiB of tiles, and stages its inputs
-// through shared memory (kBwdStagingBytes): dynamic shared memory with the opt-in, sized to the
-// outputs asked for.
+// write three transposed outputs (d_gate^T, d_up^T, h^T), 48 KiB of tiles: dynamic shared memory
+// with the opt-in, sized to the outputs asked for.
 #include <cfloat>
 #include <cmath>
 
@@ -23,20 +22,6 @@ constexpr int kTileSegs = kTile * kSegsPerRow;  // uint4 entries of one shared F
 constexpr size_t kTileSharedBytes = kTileSegs * sizeof(uint4);
 constexpr size_t kDefaultSharedBytes = 48 * 1024;  // per block without the opt-in
 constexpr size_t kBwdStaticShared = 2 * kTileThreads / 32 * sizeof(uint32_t);  // warp_amax
-
-// The backward's input staging: each thread copies the gate, up and d_h segments of its next
-// kBwdStages segments into shared memory with cp.async while it computes the current one. Its
-// ~128 registers allow 2 blocks per SM and one segment of loads in flight per thread (96 bytes,
-// 48 KiB per SM): that kernel ran at 65% of copy bandwidth even with no stores (run 9,
-// swiglu_bwd_fp8_amax_only). Staging holds no registers. Layout: [stage][input][word][thread] of
-// 16-byte words, so a warp's copies and reads each cover 512 consecutive bytes (no bank conflicts).
-constexpr int kBwdStages = 2;
-constexpr int kBwdInputs = 3;  // gate, up, d_h
-template <typename T>
-constexpr int kSegWords = kSeg * static_cast<int>(sizeof(T)) / 16;
-template <typename T>
-constexpr size_t kBwdStagingBytes = size_t{kBwdStages} * kBwdInputs * kSegWords<T> * kTileThreads * 16;
-static_assert(kSegsPerThread >= kBwdStages, "the staging ring is filled from one tile's segments");
 
 // swiglu.cu's sigmoid, the same expression (see there for why __fdividef).
 __device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
@@ -128,7 +113,6 @@ struct BwdParams {
   float* h_scale_inv;
   unsigned int* h_amax;
   bool h_fp8;
-  bool stage_inputs;  // kBwdStagingBytes of dynamic shared memory follow the tiles
   int64_t col_tiles, tiles;
   bool vec_gate, vec_up, vec_d_h, vec_dg, vec_du, vec_dgu_t, vec_h, vec_h_t;
 };
@@ -154,77 +138,25 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
   uint4* tile_dg = tiles;
   uint4* tile_du = tiles + kTileSegs;
   uint4* tile_h = tiles + (dgu_transpose ? 2 * kTileSegs : 0);
-  uint4* staging = tiles + ((dgu_transpose ? 2 : 0) + (h_transpose ? 1 : 0)) * kTileSegs;
-  constexpr int kWords = kSegWords<T>;
-  auto staged_word = [&](int stage, int input, int word) -> uint4* {
-    return staging + ((stage * kBwdInputs + input) * kWords + word) * kTileThreads + threadIdx.x;
-  };
-  const bool vec_inputs = p.vec_gate && p.vec_up && p.vec_d_h;
   uint32_t dgu_amax = 0, h_amax = 0;
 
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     const int64_t r0 = t / p.col_tiles * kTile;
     const int64_t c0 = t % p.col_tiles * kTile;
-    // Segment i of this tile: tile row s / kSegsPerRow, columns 16 (s % kSegsPerRow) .., with
-    // s = i * kTileThreads + threadIdx.x. stage(i) copies a full, aligned segment into staging
-    // slot i % kBwdStages (false: not staged, loaded directly when used).
-    auto stage = [&](int i) -> bool {
-      const int s = i * kTileThreads + threadIdx.x;
-      const int64_t r = r0 + s / kSegsPerRow, c = c0 + s % kSegsPerRow * kSeg;
-      if (!p.stage_inputs || !vec_inputs || r >= p.rows || c + kSeg > p.cols) return false;
-      const T* sources[kBwdInputs] = {p.gate + r * p.in_stride + c, p.up + r * p.in_stride + c,
-                                      p.d_h + r * p.d_h_stride + c};
-#pragma unroll
-      for (int input = 0; input < kBwdInputs; ++input)
-#pragma unroll
-        for (int word = 0; word < kWords; ++word)
-          cp_async16(staged_word(i % kBwdStages, input, word), sources[input] + word * kVecWidth<T>);
-      return true;
-    };
-    auto unstage = [&](int i, int input, float (&x)[kSeg]) {
-      constexpr int V = kVecWidth<T>;
-#pragma unroll
-      for (int word = 0; word < kWords; ++word) {
-        const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(staged_word(i % kBwdStages, input, word));
-#pragma unroll
-        for (int j = 0; j < V; ++j) x[word * V + j] = to_float(v.v[j]);
-      }
-    };
-    unsigned int staged = 0;  // bit i: segment i is in staging (a mask, not an array: registers)
-#pragma unroll
-    for (int i = 0; i < kBwdStages; ++i) {
-      staged |= static_cast<unsigned int>(stage(i)) << i;
-      cp_async_commit();
-    }
     // Not unrolled: four 16-value fp32 arrays are live per segment (ptxas, nvcc 13.0: 107-128
     // registers, so 2 blocks of 256 threads per SM; __launch_bounds__ for 3 blocks spilled 120-190
-    // bytes).
+    // bytes). One segment in flight per thread is 96 bytes of loads, 48 KiB per SM.
 #pragma unroll 1
     for (int i = 0; i < kSegsPerThread; ++i) {
-      // One group committed per segment (empty ones past the tile's last): with i + kBwdStages
-      // committed, at most kBwdStages - 1 pending means segment i's copies have landed.
-      cp_async_wait<kBwdStages - 1>();
-      float g[kSeg], u[kSeg], dg[kSeg], du[kSeg];  // du: d_h, then d_up in place
-      const bool from_staging = (staged >> i) & 1u;
-      if (from_staging) {
-        unstage(i, 0, g);
-        unstage(i, 1, u);
-        unstage(i, 2, du);
-      }
-      // The slot just read takes segment i + kBwdStages (this thread's own data: no barrier).
-      if (i + kBwdStages < kSegsPerThread)
-        staged |= static_cast<unsigned int>(stage(i + kBwdStages)) << (i + kBwdStages);
-      cp_async_commit();
       const int s = i * kTileThreads + threadIdx.x;
       const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
       const int64_t r = r0 + row, c = c0 + seg * kSeg;
       if (r >= p.rows || c >= p.cols) continue;
       const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-      if (!from_staging) {
-        load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
-        load16(p.up + r * p.in_stride + c, valid, p.vec_up, u);
-        load16(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h, du);
-      }
+      float g[kSeg], u[kSeg], dg[kSeg], du[kSeg];
+      load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
+      load16(p.up + r * p.in_stride + c, valid, p.vec_up, u);
+      load16(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h, du);  // d_h, then d_up in place
 #pragma unroll
       for (int j = 0; j < kSeg; ++j) {  // swiglu_bwd_kernel's expressions; u becomes h
         const float x = g[j], dy = du[j];
@@ -447,15 +379,10 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
   const int tiles_needed = (d_gate_up_t.data != nullptr ? 2 : 0) + (h_t.data != nullptr ? 1 : 0);
+  const size_t shared = tiles_needed * kTileSharedBytes;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(gate_up.dtype, [&](auto tag) {
     using T = decltype(tag);
-    // Staging where the device has the shared memory for it (fp32 inputs on a 99 KiB-per-block
-    // device do not): without it each thread loads its segment when it computes it.
-    const size_t tile_bytes = tiles_needed * kTileSharedBytes;
-    const bool stage_inputs = tile_bytes + kBwdStagingBytes<T> + kBwdStaticShared <=
-                              static_cast<size_t>(limits.max_shared_bytes_per_block);
-    const size_t shared = tile_bytes + (stage_inputs ? kBwdStagingBytes<T> : 0);
     BwdParams<T> p;
     p.gate = static_cast<const T*>(gate_up.data);
     p.up = p.gate + cols;
@@ -479,7 +406,6 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
     p.h_scale_inv = h_scaling.scale_inv;
     p.h_amax = reinterpret_cast<unsigned int*>(h_scaling.amax);
     p.h_fp8 = h_fp8;
-    p.stage_inputs = stage_inputs;
     p.col_tiles = (cols + kTile - 1) / kTile;
     p.tiles = rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * p.col_tiles;
     p.vec_gate = rows_aligned16<T>(p.gate, gate_up.row_stride);
@@ -497,7 +423,7 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
       return FASTFFN_BOOL_SWITCH(h_e5m2, kHE5M2, [&] {
         auto kernel = swiglu_bwd_fp8_kernel<T, kDE5M2 ? __NV_E5M2 : __NV_E4M3,
                                             kHE5M2 ? __NV_E5M2 : __NV_E4M3>;
-        if (shared + kBwdStaticShared > kDefaultSharedBytes) {  // beyond 48 KiB: the opt-in
+        if (shared + kBwdStaticShared > kDefaultSharedBytes) {  // 3 tiles: needs the opt-in
           if (shared + kBwdStaticShared > static_cast<size_t>(limits.max_shared_bytes_per_block))
             return FASTFFN_STATUS_INVALID_ARGUMENT;  // not on any device of sm_80 or newer
           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
