@@ -18,6 +18,8 @@
 
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "fastffn/scaled_tensor.h"
 
@@ -59,26 +61,32 @@ __device__ __forceinline__ uint32_t special_byte(float x, float y) {
   return abs_bits(y) > kInfBits ? kFp8NaN : kKeep;
 }
 
-// 16 values -> 16 FP8 bytes, little-endian in a uint4. `special`: some x or x * scale is not
+// 4 values -> 4 FP8 bytes, little-endian in a uint32_t. `special`: some x or x * scale is not
 // finite, so bytes are patched where the format's Inf/NaN rules differ from the saturating
-// conversion (rare; the common path is eight paired conversions).
+// conversion (rare; the common path is two paired conversions).
 template <__nv_fp8_interpretation_t F>
-__device__ __forceinline__ uint4 quantize16(const float (&x)[kSeg], float scale, bool special) {
-  uint32_t w[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float* v = x + 4 * k;
-    w[k] = fp8x2<F>(v[0] * scale, v[1] * scale) | (fp8x2<F>(v[2] * scale, v[3] * scale) << 16);
-  }
+__device__ __forceinline__ uint32_t quantize4(const float* x, float scale, bool special) {
+  uint32_t w = fp8x2<F>(x[0] * scale, x[1] * scale) | (fp8x2<F>(x[2] * scale, x[3] * scale) << 16);
   if (special) {
 #pragma unroll
-    for (int j = 0; j < kSeg; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const uint32_t byte = special_byte<F>(x[j], x[j] * scale);
-      const int shift = 8 * (j % 4);
-      if (byte != kKeep) w[j / 4] = (w[j / 4] & ~(0xffu << shift)) | (byte << shift);
+      if (byte != kKeep) w = (w & ~(0xffu << (8 * j))) | (byte << (8 * j));
     }
   }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return w;
+}
+
+// 16 values -> 16 FP8 bytes in a uint4 (four quantize4; `special` as there, for any of the 16).
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ uint4 quantize16(const float (&x)[kSeg], float scale, bool special) {
+  return make_uint4(quantize4<F>(x, scale, special), quantize4<F>(x + 4, scale, special),
+                    quantize4<F>(x + 8, scale, special), quantize4<F>(x + 12, scale, special));
+}
+
+// max |x| of 4 values as bits.
+__device__ __forceinline__ uint32_t amax_bits4(const float (&x)[4]) {
+  return max(max(abs_bits(x[0]), abs_bits(x[1])), max(abs_bits(x[2]), abs_bits(x[3])));
 }
 
 // max |x| of 16 values as bits (see the top of the file).
@@ -105,6 +113,67 @@ __device__ __forceinline__ void load16(const T* p, int valid, bool vec, float (&
     for (int j = 0; j < kSeg; ++j) x[j] = j < valid ? to_float(p[j]) : 0.f;
   }
 }
+
+// A segment's 16 elements of T kept as packed 32-bit words (8 registers for 16-bit T), for
+// kernels that must hold several segments' inputs at once: a Vec<T, 16> of 16-bit values would
+// take a register per element. Elements are converted to fp32 where they are used.
+template <typename T>
+struct PackedSeg {
+  static constexpr int kWords = kSeg * static_cast<int>(sizeof(T)) / 4;
+  uint32_t w[kWords];
+
+  __device__ __forceinline__ float get(int j) const {  // j: a compile-time index after unrolling
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[j]);
+    } else {
+      const unsigned short bits = static_cast<unsigned short>(w[j / 2] >> (16 * (j % 2)));
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) return to_float(__ushort_as_bfloat16(bits));
+      else return to_float(__ushort_as_half(bits));
+    }
+  }
+
+  __device__ __forceinline__ void set(int j, float v) {  // rounds v to T
+    const T t = from_float<T>(v);
+    if constexpr (sizeof(T) == 4) {
+      w[j] = __float_as_uint(t);
+    } else {
+      unsigned short bits;
+      memcpy(&bits, &t, sizeof(bits));
+      const int shift = 16 * (j % 2);
+      w[j / 2] = (w[j / 2] & ~(0xffffu << shift)) | (static_cast<uint32_t>(bits) << shift);
+    }
+  }
+
+  // `valid` (1..16) elements at p (zeros after them); 16-byte loads when `vec` and full.
+  __device__ __forceinline__ void load(const T* p, int valid, bool vec) {
+    if (vec && valid == kSeg) {
+#pragma unroll
+      for (int k = 0; k < kWords / 4; ++k) {
+        const uint4 q = reinterpret_cast<const uint4*>(p)[k];
+        w[4 * k] = q.x; w[4 * k + 1] = q.y; w[4 * k + 2] = q.z; w[4 * k + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) w[k] = 0;  // +0 in every format
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j)
+        if (j < valid) set(j, to_float(p[j]));  // exact: T -> fp32 -> T
+    }
+  }
+
+  // The first `valid` elements to p: 16-byte stores when `vec` and full.
+  __device__ __forceinline__ void store(T* p, int valid, bool vec) const {
+    if (vec && valid == kSeg) {
+#pragma unroll
+      for (int k = 0; k < kWords / 4; ++k)
+        reinterpret_cast<uint4*>(p)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j)
+        if (j < valid) p[j] = from_float<T>(get(j));
+    }
+  }
+};
 
 // The first `valid` bytes of q to p: one 16-byte store when `vec` and full.
 __device__ __forceinline__ void store16(uint8_t* p, const uint4& q, int valid, bool vec) {

@@ -117,6 +117,24 @@ struct BwdParams {
   bool vec_gate, vec_up, vec_d_h, vec_dg, vec_du, vec_dgu_t, vec_h, vec_h_t;
 };
 
+// The gate, up and d_h values of one segment in their storage type (zeros past the matrix).
+template <typename T>
+struct SwigluBwdInputs {
+  PackedSeg<T> gate, up, d_h;
+
+  // Segment i of the tile at (r0, c0); false (nothing loaded) when it lies outside the matrix.
+  __device__ __forceinline__ bool load(const BwdParams<T>& p, int64_t r0, int64_t c0, int i) {
+    const int s = i * kTileThreads + threadIdx.x;
+    const int64_t r = r0 + s / kSegsPerRow, c = c0 + s % kSegsPerRow * kSeg;
+    if (r >= p.rows || c >= p.cols) return false;
+    const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+    gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
+    up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
+    d_h.load(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h);
+    return true;
+  }
+};
+
 template <typename T, __nv_fp8_interpretation_t FD, __nv_fp8_interpretation_t FH>
 __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdParams<T> p) {
   // Transposed outputs' tiles, in this order: d_gate^T, d_up^T (when dgu_t), h^T (when h_t).
@@ -143,55 +161,76 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     const int64_t r0 = t / p.col_tiles * kTile;
     const int64_t c0 = t % p.col_tiles * kTile;
-    // Not unrolled: four 16-value fp32 arrays are live per segment (ptxas, nvcc 13.0: 107-128
-    // registers, so 2 blocks of 256 threads per SM; __launch_bounds__ for 3 blocks spilled 120-190
-    // bytes). One segment in flight per thread is 96 bytes of loads, 48 KiB per SM.
+    // Segment i of this tile: tile row s / kSegsPerRow, columns 16 (s % kSegsPerRow) .., with
+    // s = i * kTileThreads + threadIdx.x. Its inputs stay in their 16-bit storage (24 registers)
+    // and are converted four values at a time, so few fp32 values are live: the next segment's
+    // loads are issued before the current one is computed (two segments, 192 bytes, in flight
+    // per thread). The earlier loop held four 16-value fp32 arrays per segment (about 128
+    // registers) and one segment of loads in flight: 65% of copy bandwidth, even with no stores
+    // (run 9, swiglu_bwd_fp8_amax_only). Staging the inputs through shared memory with cp.async
+    // instead was measured slower (48%: benchmarks/results/run9/fp8_quant_and_ffn_cp_async_rejected.json).
+    SwigluBwdInputs<T> cur, next;
+    bool cur_in = cur.load(p, r0, c0, 0);
 #pragma unroll 1
     for (int i = 0; i < kSegsPerThread; ++i) {
+      const bool next_in = i + 1 < kSegsPerThread && next.load(p, r0, c0, i + 1);
+      if (cur_in) {
       const int s = i * kTileThreads + threadIdx.x;
       const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
       const int64_t r = r0 + row, c = c0 + seg * kSeg;
-      if (r >= p.rows || c >= p.cols) continue;
       const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-      float g[kSeg], u[kSeg], dg[kSeg], du[kSeg];
-      load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
-      load16(p.up + r * p.in_stride + c, valid, p.vec_up, u);
-      load16(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h, du);  // d_h, then d_up in place
+      uint32_t qg[4], qu[4], qh[4];
+      PackedSeg<T> h_values;  // h in T, when that is the output asked for
 #pragma unroll
-      for (int j = 0; j < kSeg; ++j) {  // swiglu_bwd_kernel's expressions; u becomes h
-        const float x = g[j], dy = du[j];
-        const float sig = sigmoid(x);
-        const float silu = x * sig;
-        dg[j] = dy * u[j] * sig * (1.f + x * (1.f - sig));
-        du[j] = dy * silu;
-        u[j] = silu * u[j];
+      for (int k = 0; k < 4; ++k) {  // swiglu_bwd_kernel's expressions, four values at a time
+        float dg[4], du[4], h[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = cur.gate.get(4 * k + e), dy = cur.d_h.get(4 * k + e);
+          const float up = cur.up.get(4 * k + e);
+          const float sig = sigmoid(x);
+          const float silu = x * sig;
+          dg[e] = dy * up * sig * (1.f + x * (1.f - sig));
+          du[e] = dy * silu;
+          h[e] = silu * up;
+        }
+        const uint32_t dg_bits = amax_bits4(dg), du_bits = amax_bits4(du);
+        dgu_amax = max(dgu_amax, max(dg_bits, du_bits));
+        if (dgu_convert) {
+          qg[k] = quantize4<FD>(dg, dgu_scale, !dgu_scale_finite || dg_bits >= kInfBits);
+          qu[k] = quantize4<FD>(du, dgu_scale, !dgu_scale_finite || du_bits >= kInfBits);
+        }
+        if (h_needed) {
+          const uint32_t h_bits = amax_bits4(h);
+          h_amax = max(h_amax, h_bits);
+          if (h_convert) qh[k] = quantize4<FH>(h, h_scale, !h_scale_finite || h_bits >= kInfBits);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) h_values.set(4 * k + e, h[e]);
+        }
       }
-      dgu_amax = max(dgu_amax, max(amax_bits16(dg), amax_bits16(du)));
       if (dgu_convert) {
-        const bool special = !dgu_scale_finite;
-        const uint4 qg = quantize16<FD>(dg, dgu_scale, special || amax_bits16(dg) >= kInfBits);
-        const uint4 qu = quantize16<FD>(du, dgu_scale, special || amax_bits16(du) >= kInfBits);
+        const uint4 g4 = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+        const uint4 u4 = make_uint4(qu[0], qu[1], qu[2], qu[3]);
         if (p.dgu != nullptr) {
           uint8_t* dst = p.dgu + r * p.dgu_stride + c;
-          store16(dst, qg, valid, p.vec_dg);
-          store16(dst + p.cols, qu, valid, p.vec_du);
+          store16(dst, g4, valid, p.vec_dg);
+          store16(dst + p.cols, u4, valid, p.vec_du);
         }
         if (dgu_transpose) {
-          tile_dg[tile_slot(row, seg)] = qg;
-          tile_du[tile_slot(row, seg)] = qu;
+          tile_dg[tile_slot(row, seg)] = g4;
+          tile_du[tile_slot(row, seg)] = u4;
         }
       }
-      if (!h_needed) continue;
-      const uint32_t seg_h_amax = amax_bits16(u);
-      h_amax = max(h_amax, seg_h_amax);
       if (h_convert) {
-        const uint4 qh = quantize16<FH>(u, h_scale, seg_h_amax >= kInfBits || !h_scale_finite);
-        if (p.h != nullptr)
-          store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, qh, valid, p.vec_h);
-        if (h_transpose) tile_h[tile_slot(row, seg)] = qh;
-      } else if (!p.h_fp8 && p.h != nullptr) {
-        store16_values(static_cast<T*>(p.h) + r * p.h_stride + c, u, valid, p.vec_h);
+        const uint4 h4 = make_uint4(qh[0], qh[1], qh[2], qh[3]);
+        if (p.h != nullptr) store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, h4, valid, p.vec_h);
+        if (h_transpose) tile_h[tile_slot(row, seg)] = h4;
+      } else if (h_needed && !p.h_fp8 && p.h != nullptr) {
+        h_values.store(static_cast<T*>(p.h) + r * p.h_stride + c, valid, p.vec_h);
       }
+      }
+      cur = next;
+      cur_in = next_in;
     }
     if (dgu_transpose || h_transpose) {
       __syncthreads();
