@@ -167,8 +167,9 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
     // loads are issued before the current one is computed (two segments, 192 bytes, in flight
     // per thread). The earlier loop held four 16-value fp32 arrays per segment (about 128
     // registers) and one segment of loads in flight: 65% of copy bandwidth, even with no stores
-    // (run 9, swiglu_bwd_fp8_amax_only). Staging the inputs through shared memory with cp.async
-    // instead was measured slower (48%: benchmarks/results/run9/fp8_quant_and_ffn_cp_async_rejected.json).
+    // (swiglu_bwd_fp8_amax_only in benchmarks/results/run9/fp8_quant_and_ffn_transposed_stores.json;
+    // this loop: 85-91%, run9/fp8_quant_and_ffn.json). Staging the inputs through shared memory with
+    // cp.async instead was measured slower (48%: run9/fp8_quant_and_ffn_cp_async_rejected.json).
     SwigluBwdInputs<T> cur, next;
     bool cur_in = cur.load(p, r0, c0, 0);
 #pragma unroll 1
