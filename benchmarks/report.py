@@ -20,6 +20,11 @@ def _load(name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _run_loader(run):
+    """_load for the files of one run folder (run8/, run9/)."""
+    return lambda name: _load(f"{run}/{name}")
+
+
 def _pyplot():
     """matplotlib's pyplot on the Agg backend, or None where matplotlib is missing (no plots)."""
     try:
@@ -396,9 +401,7 @@ def plot_step(run) -> list[Path]:
 
 
 def run8_sections(out):
-    def load(name):
-        return _load(f"{RUN8}/{name}")
-
+    load = _run_loader(RUN8)
     out.append("## GPU run 8 (NVIDIA H200, 2026-12-02): whole step, FP8 decoder layer, FP8 FFN grid, "
                "convergence\n")
     out.append("Standalone harness as above. Files and commits: run8/README.md.\n")
@@ -446,9 +449,7 @@ def norm_section(out, run):
 
 
 def run9_sections(out):
-    def load(name):
-        return _load(f"{RUN9}/{name}")
-
+    load = _run_loader(RUN9)
     out.append("## GPU run 9 (NVIDIA H200, 2026-12-02, next session): FP8 kernels at bandwidth, whole step "
                "with its optimizer share, projection GEMMs, norms\n")
     out.append("Standalone harness as above. Files, calls and commits: run9/README.md. The FP8 transposed "

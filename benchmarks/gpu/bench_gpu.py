@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
 import json
 import subprocess
 import time
@@ -455,10 +456,8 @@ def projection_section(tokens=8192, hidden=4096, reps=20):
             w = leaf((n, hidden), scale=hidden ** -0.5).detach()
             dy = leaf((tokens, n)).detach()
             y, d_x, d_w = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
-            bounds = [0]
-            for part in parts:
-                bounds.append(bounds[-1] + part)
-            blocks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+            bounds = [0, *itertools.accumulate(parts)]
+            blocks = list(zip(bounds[:-1], bounds[1:]))  # each part's rows of the fused weight
             ys = [torch.empty(tokens, b - a, dtype=DT, device="cuda") for a, b in blocks]
             dys = [dy[:, a:b].contiguous() for a, b in blocks]
 

@@ -148,6 +148,7 @@ def measure_training(forward, model, steps=10, warmup=3):
     for _ in range(warmup):  # the first step compiles (torch.compile) and allocates the masters' state
         losses.append(float(step().item()))
     warmup_s = time.time() - started
+
     def timed_step():
         """(whole step, forward+backward) in ms, from CUDA events around the parts of one step."""
         start, after_backward, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))

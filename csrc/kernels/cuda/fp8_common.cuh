@@ -166,7 +166,8 @@ struct PackedSeg {
     if (vec && valid == kSeg) {
 #pragma unroll
       for (int k = 0; k < kWords / 4; ++k)
-        reinterpret_cast<uint4*>(p)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+        reinterpret_cast<uint4*>(p)[k] =
+            make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
     } else {
 #pragma unroll
       for (int j = 0; j < kSeg; ++j)

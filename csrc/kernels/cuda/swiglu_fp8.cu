@@ -145,6 +145,7 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
   const bool dgu_convert = p.dgu != nullptr || dgu_transpose;
   const bool h_convert = p.h_fp8 && (p.h != nullptr || h_transpose);
   const bool h_needed = p.h != nullptr || h_transpose || p.h_amax != nullptr;
+  const bool h_values_out = !p.h_fp8 && p.h != nullptr;  // h written in T, not FP8
   const float dgu_scale = dgu_convert && p.dgu_scale != nullptr ? *p.dgu_scale : 1.f;
   const float h_scale = h_convert && p.h_scale != nullptr ? *p.h_scale : 1.f;
   const bool dgu_scale_finite = abs_bits(dgu_scale) < kInfBits;
@@ -167,68 +168,71 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
     // loads are issued before the current one is computed (two segments, 192 bytes, in flight
     // per thread). The earlier loop held four 16-value fp32 arrays per segment (about 128
     // registers) and one segment of loads in flight: 65% of copy bandwidth, even with no stores
-    // (swiglu_bwd_fp8_amax_only in benchmarks/results/run9/fp8_quant_and_ffn_transposed_stores.json;
-    // this loop: 85-91%, run9/fp8_quant_and_ffn.json). Staging the inputs through shared memory with
-    // cp.async instead was measured slower (48%: run9/fp8_quant_and_ffn_cp_async_rejected.json).
+    // (swiglu_bwd_fp8_amax_only in benchmarks/results/run9/
+    // fp8_quant_and_ffn_transposed_stores.json; this loop: 85-91%, run9/fp8_quant_and_ffn.json).
+    // Staging the inputs through shared memory with cp.async instead was measured slower (48%:
+    // run9/fp8_quant_and_ffn_cp_async_rejected.json).
     SwigluBwdInputs<T> cur, next;
     bool cur_in = cur.load(p, r0, c0, 0);
 #pragma unroll 1
     for (int i = 0; i < kSegsPerThread; ++i) {
       const bool next_in = i + 1 < kSegsPerThread && next.load(p, r0, c0, i + 1);
       if (cur_in) {
-      const int s = i * kTileThreads + threadIdx.x;
-      const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
-      const int64_t r = r0 + row, c = c0 + seg * kSeg;
-      const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-      uint32_t qg[4], qu[4], qh[4];
-      PackedSeg<T> h_values;  // h in T, when that is the output asked for
+        const int s = i * kTileThreads + threadIdx.x;
+        const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
+        const int64_t r = r0 + row, c = c0 + seg * kSeg;
+        const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+        uint32_t qg[4], qu[4], qh[4];
+        PackedSeg<T> h_values;  // h in T, when that is the output asked for (h_values_out)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {  // swiglu_bwd_kernel's expressions, four values at a time
-        float dg[4], du[4], h[4];
+        for (int k = 0; k < 4; ++k) {  // swiglu_bwd_kernel's expressions, four values at a time
+          float dg[4], du[4], h[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = cur.gate.get(4 * k + e), dy = cur.d_h.get(4 * k + e);
-          const float up = cur.up.get(4 * k + e);
-          const float sig = sigmoid(x);
-          const float silu = x * sig;
-          dg[e] = dy * up * sig * (1.f + x * (1.f - sig));
-          du[e] = dy * silu;
-          h[e] = silu * up;
+          for (int e = 0; e < 4; ++e) {
+            const float x = cur.gate.get(4 * k + e), dy = cur.d_h.get(4 * k + e);
+            const float up = cur.up.get(4 * k + e);
+            const float sig = sigmoid(x);
+            const float silu = x * sig;
+            dg[e] = dy * up * sig * (1.f + x * (1.f - sig));
+            du[e] = dy * silu;
+            h[e] = silu * up;
+          }
+          const uint32_t dg_bits = amax_bits4(dg), du_bits = amax_bits4(du);
+          dgu_amax = max(dgu_amax, max(dg_bits, du_bits));
+          if (dgu_convert) {
+            qg[k] = quantize4<FD>(dg, dgu_scale, !dgu_scale_finite || dg_bits >= kInfBits);
+            qu[k] = quantize4<FD>(du, dgu_scale, !dgu_scale_finite || du_bits >= kInfBits);
+          }
+          if (h_needed) {
+            const uint32_t h_bits = amax_bits4(h);
+            h_amax = max(h_amax, h_bits);
+            if (h_convert) qh[k] = quantize4<FH>(h, h_scale, !h_scale_finite || h_bits >= kInfBits);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+            if (h_values_out) h_values.set(4 * k + e, h[e]);
+          }
         }
-        const uint32_t dg_bits = amax_bits4(dg), du_bits = amax_bits4(du);
-        dgu_amax = max(dgu_amax, max(dg_bits, du_bits));
         if (dgu_convert) {
-          qg[k] = quantize4<FD>(dg, dgu_scale, !dgu_scale_finite || dg_bits >= kInfBits);
-          qu[k] = quantize4<FD>(du, dgu_scale, !dgu_scale_finite || du_bits >= kInfBits);
+          const uint4 g4 = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+          const uint4 u4 = make_uint4(qu[0], qu[1], qu[2], qu[3]);
+          if (p.dgu != nullptr) {
+            uint8_t* dst = p.dgu + r * p.dgu_stride + c;
+            store16(dst, g4, valid, p.vec_dg);
+            store16(dst + p.cols, u4, valid, p.vec_du);
+          }
+          if (dgu_transpose) {
+            tile_dg[tile_slot(row, seg)] = g4;
+            tile_du[tile_slot(row, seg)] = u4;
+          }
         }
-        if (h_needed) {
-          const uint32_t h_bits = amax_bits4(h);
-          h_amax = max(h_amax, h_bits);
-          if (h_convert) qh[k] = quantize4<FH>(h, h_scale, !h_scale_finite || h_bits >= kInfBits);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) h_values.set(4 * k + e, h[e]);
+        if (h_convert) {
+          const uint4 h4 = make_uint4(qh[0], qh[1], qh[2], qh[3]);
+          if (p.h != nullptr)
+            store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, h4, valid, p.vec_h);
+          if (h_transpose) tile_h[tile_slot(row, seg)] = h4;
+        } else if (h_values_out) {
+          h_values.store(static_cast<T*>(p.h) + r * p.h_stride + c, valid, p.vec_h);
         }
-      }
-      if (dgu_convert) {
-        const uint4 g4 = make_uint4(qg[0], qg[1], qg[2], qg[3]);
-        const uint4 u4 = make_uint4(qu[0], qu[1], qu[2], qu[3]);
-        if (p.dgu != nullptr) {
-          uint8_t* dst = p.dgu + r * p.dgu_stride + c;
-          store16(dst, g4, valid, p.vec_dg);
-          store16(dst + p.cols, u4, valid, p.vec_du);
-        }
-        if (dgu_transpose) {
-          tile_dg[tile_slot(row, seg)] = g4;
-          tile_du[tile_slot(row, seg)] = u4;
-        }
-      }
-      if (h_convert) {
-        const uint4 h4 = make_uint4(qh[0], qh[1], qh[2], qh[3]);
-        if (p.h != nullptr) store16(static_cast<uint8_t*>(p.h) + r * p.h_stride + c, h4, valid, p.vec_h);
-        if (h_transpose) tile_h[tile_slot(row, seg)] = h4;
-      } else if (h_needed && !p.h_fp8 && p.h != nullptr) {
-        h_values.store(static_cast<T*>(p.h) + r * p.h_stride + c, valid, p.vec_h);
-      }
       }
       cur = next;
       cur_in = next_in;
