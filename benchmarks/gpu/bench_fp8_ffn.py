@@ -8,7 +8,10 @@ repeats) and the activation memory each keeps for backward.
 Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case;
 with gradient accumulation the weight casts amortise), as torchao does.
 
-    python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...]
+    python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...] [--sections quantization,ffn,profile]
+
+The profile section lists every kernel of our FP8 FFN's fwd+bwd with its GPU time, against the
+eager and the CUDA-graph-replayed wall time (where the time outside the GEMMs goes).
 """
 
 from __future__ import annotations
@@ -147,6 +150,64 @@ def ffn_rows(model, hidden, inter, tokens):
     return rows
 
 
+def kernel_times(run, reps=5) -> dict:
+    """{kernel name: GPU ms per run} from torch.profiler over `reps` runs, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        if getattr(event, "device_type", None) is not None and "cuda" not in str(event.device_type).lower():
+            continue
+        t = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if t:
+            times[event.key[:100]] = times.get(event.key[:100], 0.0) + t / reps / 1e3
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def profile_rows(models, tokens=8192):
+    """Where the FP8 FFN's time goes, per recipe: the GPU time of every kernel (profiler), their sum,
+    the eager wall time (CUDA events, as the FFN table times it) and the same fwd+bwd replayed from
+    a CUDA graph (no host launch cost). eager - kernel sum = time the GPU waited for the host;
+    kernels that are not GEMMs = the quantisation and scaling work the FFN adds to its GEMMs."""
+    rows = []
+    for model in models:
+        hidden, inter = WIDTHS[model]
+        torch.manual_seed(0)
+        w_gate_up = (torch.randn(2 * inter, hidden, device="cuda") * 0.02).to(DT).requires_grad_()
+        w_down = (torch.randn(hidden, inter, device="cuda") * 0.02).to(DT).requires_grad_()
+        x = leaf((tokens, hidden))
+        dy = torch.randn(tokens, hidden, device="cuda", dtype=DT)
+        for kind in ("current", "delayed"):
+            run = fwd_bwd(ours_fp8(x, w_gate_up, w_down, dy, kind), [x, w_gate_up, w_down], [dy])
+            row = {"model": model, "tokens": tokens, "impl": f"ours_fp8_{kind}"}
+            try:
+                kernels = kernel_times(run)
+                gemm_ms = sum(t for name, t in kernels.items()
+                              if any(s in name.lower() for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas")))
+                row.update(kernels_ms=kernels, kernel_sum_ms=sum(kernels.values()), gemm_ms=gemm_ms,
+                           eager=timeit(run))
+                try:
+                    row["graph_replay"] = timeit(graphed(run))
+                except Exception as error:  # noqa: BLE001
+                    row["graph_replay"] = {"error": repr(error)}
+            except Exception as error:  # noqa: BLE001
+                row["error"] = repr(error)
+            rows.append(row)
+            print(f"profile {model} {kind}: " + (row.get("error") or
+                  f"eager {row['eager']['p50_ms']:.3f} ms, kernels {row['kernel_sum_ms']:.3f} ms "
+                  f"(GEMMs {row['gemm_ms']:.3f}), graph {row['graph_replay'].get('p50_ms', float('nan')):.3f} ms"),
+                  flush=True)
+        del w_gate_up, w_down, x, dy
+        torch.cuda.empty_cache()
+    return rows
+
+
 def quantization_kernel_rows(copy_bw, tokens=8192):
     """Each quantisation kernel of the FP8 FFN alone, CUDA-graph timing, as a fraction of the copy
     bandwidth measured in the same run (bytes: each input read once, each output written once;
@@ -228,6 +289,10 @@ def main():
         for row in report["quantization_kernels"]:
             print(f"{row['model']:11s} {row['kernel']:40s} {row['p50_ms'] * 1e3:8.1f} us "
                   f"{row['fraction_of_copy']:.1%} of copy", flush=True)
+    if "profile" in sections:
+        report["profile"] = profile_rows(args.models, args.tokens[0])
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
     for model in (args.models if "ffn" in sections else []):
         hidden, inter = WIDTHS[model]
         for tokens in args.tokens:
