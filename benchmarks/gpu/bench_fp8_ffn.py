@@ -5,8 +5,11 @@ operands (the floor of the FP8 design), torchao float8 tensorwise and rowwise un
 the same FFN in bf16 under torch.compile, and eager bf16. Time (CUDA events, median of interleaved
 repeats) and the activation memory each keeps for backward.
 
-Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case;
-with gradient accumulation the weight casts amortise), as torchao does.
+Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case),
+as torchao does. The `_accumulate4` rows are our FP8 FFN as configs/llama2_7b_sft_*.json run it:
+4 micro-batches of 8192 tokens per optimizer step, the weights quantised once for the four (ms per
+micro-batch; as in every row, the gradients are fresh each call: accumulation's own adds are in
+no row).
 
     python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...] [--sections quantization,ffn,profile]
 
@@ -95,6 +98,11 @@ def six_fp8_gemms(x, w_gate_up, w_down, dy):
     return run
 
 
+# Micro-batches per optimizer step of configs/llama2_7b_sft_*.json (4 x 2048 tokens each: this
+# benchmark's 8192): the FP8 weight copies are quantised on the first of them and reused by the rest.
+SFT_7B_ACCUMULATION = 4
+
+
 def ours_fp8(x, w_gate_up, w_down, dy, kind):
     state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
 
@@ -102,6 +110,21 @@ def ours_fp8(x, w_gate_up, w_down, dy, kind):
         state.cache.invalidate()  # one optimizer step per iteration
         return fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
     return forward
+
+
+def ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind, micro_batches=SFT_7B_ACCUMULATION):
+    """One optimizer step's worth of fwd+bwd with gradient accumulation: `micro_batches` calls, the
+    weights quantised at the first (the weight cache; torchao casts them at every call). Timed as
+    one run; the rows divide by micro_batches (ms per micro-batch)."""
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
+
+    def run():
+        state.cache.invalidate()
+        for _ in range(micro_batches):
+            for t in (x, w_gate_up, w_down):
+                t.grad = None
+            fp8_ffn.fp8_ffn(x, w_gate_up, w_down, state).backward(dy)
+    return run
 
 
 def ffn_rows(model, hidden, inter, tokens):
@@ -138,6 +161,12 @@ def ffn_rows(model, hidden, inter, tokens):
             runs[name] = (run, peak_bytes(run), saved_activation_bytes(module, [x]))
         except Exception as error:  # noqa: BLE001
             rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
+    for kind in ("current", "delayed"):
+        name = f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}"
+        try:
+            runs[name] = (ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind), None, None)
+        except Exception as error:  # noqa: BLE001
+            rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
     try:
         runs["six_fp8_gemms_alone"] = (six_fp8_gemms(x.detach(), w_gate_up.detach(), w_down.detach(), dy), None, None)
     except Exception as error:  # noqa: BLE001
@@ -145,8 +174,12 @@ def ffn_rows(model, hidden, inter, tokens):
     timings = timeit_interleaved({name: r[0] for name, r in runs.items()}, reps=12 if tokens >= 16384 else 20)
     flops = 3 * 2 * tokens * hidden * 3 * inter  # bf16-equivalent: 3 GEMMs forward, 6 in all, x3 of fwd
     for name, (_, peak, saved) in runs.items():
-        rows.append({"model": model, "tokens": tokens, "impl": name, **timings[name], "peak_bytes": peak,
-                     "saved_activation_bytes": saved, "tflops": flops / (timings[name]["p50_ms"] * 1e-3) / 1e12})
+        timing = timings[name]
+        if "_accumulate" in name:  # ms per micro-batch (ours_fp8_accumulating)
+            timing = {**timing, **{k: v / SFT_7B_ACCUMULATION for k, v in timing.items() if k.endswith("_ms")},
+                      "micro_batches_per_run": SFT_7B_ACCUMULATION}
+        rows.append({"model": model, "tokens": tokens, "impl": name, **timing, "peak_bytes": peak,
+                     "saved_activation_bytes": saved, "tflops": flops / (timing["p50_ms"] * 1e-3) / 1e12})
     return rows
 
 
