@@ -16,7 +16,8 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
                             rotary: bool = True, attention: bool = True,
                             fuse_projections: bool = True, swiglu_recompute: bool = True,
                             save_fused_checkpoint: bool = False,
-                            fused_cross_entropy: bool = True, precision: str = "bf16",
+                            fused_cross_entropy: bool = True, fused_optimizer: bool = True,
+                            precision: str = "bf16",
                             **fp8_options) -> int:
     """Patch PaddleNLP's LLaMA decoder layers with the fused paths (class level: every layer
     built or run afterwards), and `model`'s settings when given. Returns the number of decoder
@@ -32,12 +33,16 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
     through ops.linear_cross_entropy, which never builds the [tokens, vocab] logits; that forward
     returns logits=None. Eval, generation and forwards without labels keep the stock head.
 
+    fused_optimizer: PaddleNLP's Trainer builds paddle_fastffn.optim.FastAdamW where it would build
+    paddle.optimizer.AdamW (same state and checkpoints; one fused pass per parameter).
+
     precision="fp8": the decoder layers' linear GEMMs in FP8 (FastFFNOptions.precision), with the
     recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...)."""
     options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
                              fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute,
                              save_fused_checkpoint=save_fused_checkpoint,
-                             fused_cross_entropy=fused_cross_entropy, precision=precision, **fp8_options)
+                             fused_cross_entropy=fused_cross_entropy, fused_optimizer=fused_optimizer,
+                             precision=precision, **fp8_options)
     if model is None:
         _enable(options)
         return 0

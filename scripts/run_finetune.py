@@ -152,7 +152,8 @@ def main(argv=None):
         result = trainer.train()
         seconds = time.perf_counter() - started
         trainer.save_model()
-        summary.update(train_runtime_s=round(seconds, 2), global_steps=result.global_step,
+        summary.update(optimizer=type(trainer.optimizer).__name__,
+                       train_runtime_s=round(seconds, 2), global_steps=result.global_step,
                        train_loss=result.training_loss, tokens=collator.tokens,
                        tokens_per_second=round(collator.tokens / seconds, 1),
                        step_time_ms=round(1e3 * seconds / max(result.global_step, 1), 2),

@@ -6,13 +6,17 @@
    vocabularies 32000 / 128256: Hugging Face's path (bf16 logits, fp32 upcast, cross_entropy),
    the same under torch.compile, Liger's fused linear cross-entropy and ours
    (harness.linear_cross_entropy, the Paddle op's chunked composition). Time and peak memory.
-2. step: embedding, 8 decoder layers, final norm, LM head + loss, and AdamW on fp32 master
-   weights (llama_model.MasterWeightAdamW, the same for every contender), 8192 tokens per step,
+2. step: embedding, 8 decoder layers, final norm, LM head + loss, and AdamW, 8192 tokens per step,
    at LLaMA-2-7B width (vocab 32000, 4 x 2048) and Llama-3-8B width (GQA 32/8, vocab 128256,
    2 x 4096). Ours (llama_model.FastLlama: the Paddle fast path's composition, bf16, and with FP8
-   linears under both recipes) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by
-   Liger (rope, RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile.
-   Tokens/s, model TFLOP/s (bf16-equivalent FLOPs for FP8) and peak memory.
+   linears under both recipes; its optimizer is the Paddle path's FastAdamW kernel,
+   llama_model.FusedMasterAdamW: one pass per parameter over bf16 weights and grads, fp32 masters
+   and moments) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by Liger (rope,
+   RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile, all three with bf16
+   weights and fp32 masters (llama_model.MasterWeightAdamW: torch's fused AdamW between copies),
+   and HF + Liger as Hugging Face's Trainer runs bf16 (fp32 weights under torch.autocast, torch's
+   fused AdamW on them: hf_liger_amp). Tokens/s, model TFLOP/s (bf16-equivalent FLOPs for FP8),
+   peak memory, and the forward+backward / optimizer split of each step.
 
 Contenders run one after another (each holds its own model and optimizer state: two would not
 fit beside each other at Llama-3-8B width), so "ours" is measured again at the end of each
@@ -127,12 +131,10 @@ def new_hf_model(config):
     return model.to(DT).train()
 
 
-def measure_training(forward, model, steps=10, warmup=3):
-    """forward() -> loss; AdamW on fp32 masters after each backward. Returns timings (ms per whole
-    step: forward, backward, optimizer), the first losses and memory."""
-    from benchmarks.gpu.llama_model import MasterWeightAdamW
-
-    optimizer = MasterWeightAdamW(model.parameters(), lr=1e-5)
+def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
+    """forward() -> loss; make_optimizer(params) -> the optimizer stepped after each backward.
+    Returns timings (ms per whole step: forward, backward, optimizer), the first losses and memory."""
+    optimizer = make_optimizer(model.parameters())
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
 
     def step():
@@ -177,6 +179,27 @@ def measure_training(forward, model, steps=10, warmup=3):
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 
+def master_weight_adamw(params):
+    """AdamW on fp32 masters of the bf16 parameters: torch's fused AdamW between copies
+    (llama_model.MasterWeightAdamW)."""
+    from benchmarks.gpu.llama_model import MasterWeightAdamW
+
+    return MasterWeightAdamW(params, lr=1e-5, weight_decay=0.01)
+
+
+def fused_master_adamw(params):
+    """AdamW on fp32 masters of the bf16 parameters in one pass per parameter: our kernel, the
+    Paddle path's FastAdamW (llama_model.FusedMasterAdamW)."""
+    from benchmarks.gpu.llama_model import FusedMasterAdamW
+
+    return FusedMasterAdamW(params, lr=1e-5, weight_decay=0.01)
+
+
+def fused_torch_adamw(params):
+    """torch.optim.AdamW(fused=True) on fp32 parameters (no master copies)."""
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, fused=True)
+
+
 def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None):
     """report (a dict) receives each configuration's results as they come; save() after each
     contender, so a run cut short keeps what it measured."""
@@ -197,26 +220,39 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
 
         def ours(fp8_kind=None):
             model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(kind=fp8_kind))
-            return model, lambda: model(ids, labels)
+            return model, lambda: model(ids, labels), fused_master_adamw
 
         def hf_eager():
             model = copy.deepcopy(base)
-            return model, lambda: model(input_ids=ids, labels=ids).loss
+            return model, lambda: model(input_ids=ids, labels=ids).loss, master_weight_adamw
 
         def hf_compile():
             model = copy.deepcopy(base)
             compiled = torch.compile(model)
-            return model, lambda: compiled(input_ids=ids, labels=ids).loss
+            return model, lambda: compiled(input_ids=ids, labels=ids).loss, master_weight_adamw
 
         def hf_liger():  # built and run inside liger_patched (below)
             model = new_hf_model(config)
             model.load_state_dict(base.state_dict())
-            return model, lambda: model(input_ids=ids, labels=ids).loss
+            return model, lambda: model(input_ids=ids, labels=ids).loss, master_weight_adamw
+
+        def hf_liger_amp():
+            """Hugging Face Trainer's bf16 mode: fp32 weights and gradients, the forward under
+            torch.autocast, torch's fused AdamW straight on the fp32 parameters (one pass, no
+            master copies); Liger patched as in hf_liger."""
+            model = new_hf_model(config).float()
+            model.load_state_dict(base.state_dict())
+
+            def forward():
+                with torch.autocast("cuda", dtype=DT):
+                    return model(input_ids=ids, labels=ids).loss
+            return model, forward, fused_torch_adamw
 
         contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
                       "ours_fp8_delayed": lambda: ours("delayed"), "hf_eager": hf_eager}
         if liger:
             contenders["hf_liger"] = hf_liger
+            contenders["hf_liger_amp"] = hf_liger_amp
         contenders["hf_torch_compile"] = hf_compile
         contenders["ours_again"] = ours
         results = report[name] = {}
@@ -224,11 +260,13 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
             if contender == "hf_torch_compile" and skip_compile_after_s and time.time() - started > skip_compile_after_s:
                 results[contender] = {"skipped": f"time budget: {time.time() - started:.0f} s into the run"}
                 continue
-            patch = liger_patched(fused_linear_cross_entropy=True) if contender == "hf_liger" else contextlib.nullcontext()
+            patch = (liger_patched(fused_linear_cross_entropy=True) if contender.startswith("hf_liger")
+                     else contextlib.nullcontext())
             try:
                 with patch:
-                    model, forward = build()
-                    row = measure_training(forward, model)
+                    model, forward, make_optimizer = build()
+                    row = measure_training(forward, model, make_optimizer)
+                row["optimizer"] = make_optimizer.__doc__.split("\n")[0]
                 row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
                 row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
                 results[contender] = row
@@ -245,7 +283,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                   f"losses {r.get('first_losses')} at {time.time() - started:.0f}s", flush=True)
             save()
         results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
-                            "optimizer": "AdamW on fp32 masters (torch fused), the same for all contenders",
+                            "optimizer": "each row's 'optimizer' field (lr 1e-5, no clipping, weight decay 0.01)",
                             "flops_convention": "3x forward; causal attention at half; LM head included; "
                                                 "FP8 rows count the same bf16-equivalent FLOPs"}
         base = None  # the next configuration's model needs the memory

@@ -34,6 +34,11 @@ class FastFFNOptions:
     # is a plain [H, V] weight or the tied embedding (not tensor parallel). Logits are not returned
     # on that path (training forwards with labels only; eval and generation keep stock).
     fused_cross_entropy: bool = True
+    # PaddleNLP's Trainer builds paddle_fastffn.optim.FastAdamW where it would build
+    # paddle.optimizer.AdamW (optim="adamw"): the same optimizer, state and checkpoints, with the
+    # per-parameter update as one pass of our kernel (fp32 master weights and moments under AMP
+    # O2) and ClipGradByGlobalNorm folded into it (integration/trainer.py).
+    fused_optimizer: bool = True
     # GEMM precision of the decoder layers' linear layers. "bf16": the activation dtype (bf16
     # under AMP O2). "fp8": per-tensor scaled FP8 GEMMs through paddle_fastffn.fp8.Fp8Linear (plain
     # Linear and LoRA's base GEMM; LoRA adapters stay in the activation dtype), with the recipe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import llama
+from . import llama, trainer
 from .options import FastFFNOptions
 
 FAMILIES = {model_type: llama for model_type in llama.MODEL_TYPES}
@@ -42,6 +42,7 @@ def enable(options: FastFFNOptions) -> None:
     _install_construction_hook()
     for family in set(FAMILIES.values()):
         family.apply(options)
+    trainer.apply(options)
 
 
 def disable() -> None:
@@ -49,6 +50,7 @@ def disable() -> None:
     _ENABLED = None
     for family in set(FAMILIES.values()):
         family.revert()
+    trainer.revert()
 
 
 def enabled_options() -> FastFFNOptions | None:

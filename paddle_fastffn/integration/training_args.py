@@ -42,6 +42,10 @@ class FastFFNTrainingArguments(TrainingArguments):
         "help": "Training loss of LlamaForCausalLM as one fused LM head + cross-entropy in chunks of tokens "
                 "(never the [tokens, vocab] fp32 logits; PaddleNLP's loss). Needs a plain LM head weight or "
                 "tied embeddings, not tensor parallel; the training forward then returns no logits."})
+    fast_ffn_fused_optimizer: bool = field(default=True, metadata={
+        "help": "Build paddle_fastffn.optim.FastAdamW where the Trainer builds paddle.optimizer.AdamW: the same "
+                "optimizer and checkpoints, each parameter updated in one pass of a fused kernel, global-norm "
+                "clipping folded into it."})
     fast_ffn_precision: str = field(default="bf16", metadata={
         "help": "GEMM precision of the decoder layers' linear layers: \"bf16\" (the activation dtype) or \"fp8\" "
                 "(per-tensor scaled FP8 GEMMs; LoRA adapters stay bf16 over an FP8 base GEMM; parameters and "
@@ -69,6 +73,7 @@ class FastFFNTrainingArguments(TrainingArguments):
                               fuse_projections=fuse, swiglu_recompute=self.fast_ffn_swiglu_recompute,
                               save_fused_checkpoint=self.fast_ffn_save_fused_checkpoint,
                               fused_cross_entropy=self.fast_ffn_fused_cross_entropy,
+                              fused_optimizer=self.fast_ffn_fused_optimizer,
                               precision=self.fast_ffn_precision, fp8_scaling=self.fast_ffn_fp8_scaling,
                               fp8_amax_history_len=self.fast_ffn_fp8_amax_history_len,
                               fp8_amax_compute_algo=self.fast_ffn_fp8_amax_compute_algo,

@@ -48,6 +48,7 @@ def test_fast_and_stock_finetunes_match_step_by_step(demo, tmp_path):
     fast = run(demo, tmp_path / "fast")
     stock = run(demo, tmp_path / "stock", "--use_fast_ffn", "false")
     assert fast["use_fast_ffn"] and not stock["use_fast_ffn"]
+    assert (fast["optimizer"], stock["optimizer"]) == ("FastAdamW", "AdamW")  # fast_ffn_fused_optimizer's default
     assert len(losses(fast)) == 6
     # fp32 on CPU both ways; see test_checkpoints_and_convergence for the tolerance's reasoning.
     np.testing.assert_allclose(losses(fast), losses(stock), rtol=1e-4)
