@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_checks import close  # noqa: E402
 from test_fp8_kernels import E4M3, E5M2, assert_gemm_close, quantize_ref  # noqa: E402
-from test_swiglu_fp8_kernels import FP8_BUDGET, _rss, rel_err, scale_rule  # noqa: E402
+from test_swiglu_fp8_kernels import FP8_BUDGET, rel_err, scale_rule  # noqa: E402
+from fp8_ffn_budget import rss  # noqa: E402
 
 from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
 from benchmarks.gpu.fp8_ffn import Fp8Recipe  # noqa: E402
@@ -113,7 +114,7 @@ def _tiny_config(**overrides):
 # (qkv, o, the FFN's two) each add about the budget of one FP8 GEMM pair, and attention and the
 # norms pass relative errors on roughly unchanged. Budget: the FFN's output budget (two chained
 # FP8 GEMMs with SwiGLU between) for the attention half plus the FFN's, added in quadrature.
-DECODER_FP8_BUDGET = _rss(FP8_BUDGET["y"], FP8_BUDGET["y"])
+DECODER_FP8_BUDGET = rss(FP8_BUDGET["y"], FP8_BUDGET["y"])
 
 
 @pytest.mark.parametrize("kind", ["current", "delayed"])
