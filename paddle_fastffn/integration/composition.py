@@ -91,3 +91,12 @@ def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = Tru
         return calls
 
     return tuple(phase(FP8_FFN_FORWARD, ("x", "h")) + phase(FP8_FFN_BACKWARD, ("dy", "d_gate_up")))
+
+
+def comparable(calls) -> list:
+    """Calls as both traces compare them (tests/integration/test_composition.py for Paddle,
+    tests/gpu/test_fp8_ffn_composition.py for the harness): the copies of a call as a set (a pass
+    writes its copies together), GEMMs named by their operands alone, unordered (Paddle's weight
+    gradients are the transposes of the harness's, A and B exchanged)."""
+    return [(kernel, tuple(sorted(rest[-1]))) if kernel == "gemm" else (kernel, rest[0], tuple(sorted(rest[1])))
+            for kernel, *rest in calls]

@@ -64,8 +64,9 @@ def test_fp8_linear_runs_the_three_gemms_of_its_fp8_operands(shape):
 
 
 def test_fp8_linear_delayed_scaling_and_the_weight_cache():
-    """Delayed: x and dy use the scale of their history (1 at the first step, then the amax's);
-    the weight is current-scaled and quantised once per step until invalidate()."""
+    """Delayed: x and dy use the scale of their history (the first step: their own amax's, the
+    warm start, which seeds the history); the weight is current-scaled and quantised once per step
+    until invalidate()."""
     t, n_in, n_out = 64, 128, 256
     w = (torch.randn(n_out, n_in, device="cuda") / math.sqrt(n_in)).to(torch.bfloat16).requires_grad_()
     state = Fp8LinearState(Fp8Recipe("delayed", amax_history_len=4))
@@ -154,6 +155,14 @@ def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind
     assert ours.fp8["qkv"].cache.quantizations >= 1 and ours.fp8["ffn"].cache.quantizations >= 2
 
 
+def _scaling_states(layer):
+    """{name.role: ScalingState} of a FastDecoderLayer's FP8 linears and FFN."""
+    from benchmarks.gpu.fp8_ffn import ScalingState
+
+    return {f"{name}.{role}": value for name, state in layer.fp8.items() for role, value in vars(state).items()
+            if isinstance(value, ScalingState)}
+
+
 def _hf_model(config, dtype):
     from transformers.models.llama import modeling_llama
 
@@ -214,6 +223,35 @@ def test_master_weight_adamw_is_adamw_on_fp32_masters():
         torch.testing.assert_close(m, r.detach(), rtol=1e-6, atol=1e-6)  # fused vs for-each kernels
         assert torch.equal(p.detach(), m.to(p.dtype)), "parameters = masters rounded"
     assert all(p.grad is None for p in params)
+
+
+def test_fast_llama_delayed_scaling_first_step_is_calibrated():
+    """The warm start (Fp8Recipe.delayed_warm_start): FastLlama's first step under delayed scaling
+    quantises every tensor with its own amax, as current scaling does, so its loss is current
+    scaling's bit for bit (the gradients pass SDPA's backward, whose atomics make bits vary); every
+    scaling state, the gradients' included, leaves the step with an amax in its history and a
+    scale other than the initial 1. TE's start (scales of 1) gives another first loss."""
+    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+
+    config = _tiny_config()
+    base = _hf_model(config, torch.bfloat16)
+    ids = torch.randint(0, config.vocab_size, (4, 64), device="cuda")
+
+    def first_step(recipe):
+        model = FastLlama(base, fp8_recipe=recipe)
+        loss = model(ids, shift_labels(ids))
+        loss.backward()
+        return model, loss.detach()
+
+    _, loss_current = first_step(Fp8Recipe("current"))
+    model, loss = first_step(Fp8Recipe("delayed", amax_history_len=8))
+    assert torch.equal(loss, loss_current)
+    for index, layer in enumerate(model.layers):
+        for name, state in _scaling_states(layer).items():
+            assert state.seeded and state.amax_history.max().item() > 0, f"layer {index} {name}: no amax"
+            assert state.scale.item() != 1.0, f"layer {index} {name}: still the initial scale"
+    _, loss_te = first_step(Fp8Recipe("delayed", amax_history_len=8, delayed_warm_start=False))
+    assert not torch.equal(loss_te, loss_current)
 
 
 @pytest.mark.parametrize("kind", [None, "current", "delayed"], ids=["bf16", "fp8_current", "fp8_delayed"])

@@ -12,7 +12,7 @@ from paddle_fastffn import ops
 from paddle_fastffn.fp8 import FP8_DTYPES, Fp8FFN, Fp8Recipe, WeightCache, fp8_ffn_cuda
 from paddle_fastffn.fp8 import cuda as fp8_cuda
 from paddle_fastffn.integration.composition import (IN_OUT, LLAMA_DECODER_LAYER, LLAMA_DECODER_LAYER_FP8, OUT_IN,
-                                                    ROWWISE, TRANSPOSED, fp8_ffn_calls)
+                                                    ROWWISE, TRANSPOSED, comparable, fp8_ffn_calls)
 from paddle_fastffn.ops import _loader
 
 KERNEL_STEPS = {"fastffn_rms_norm_fwd": "rms_norm", "fastffn_rotary": "rotary"}
@@ -153,14 +153,6 @@ class CudaCallTracer:
         assert name in ("fastffn_fp8_compute_scale", "fastffn_fp8_update_amax_history"), name
         self.calls.append((kernel, self.role_of[id(args[0])], ()))
         return []
-
-
-def comparable(calls):
-    """Each call with its copies as a set: a pass writes its copies together, and a GEMM's operands
-    are compared unordered (Paddle's weight gradients are the transposes of the harness's, A and B
-    exchanged: composition.py). A GEMM is named by its operands alone (they determine it)."""
-    return [(kernel, tuple(sorted(rest[-1]))) if kernel == "gemm" else (kernel, rest[0], tuple(sorted(rest[1])))
-            for kernel, *rest in calls]
 
 
 @pytest.mark.parametrize("scaling, warm_start", [("current", True), ("delayed", True), ("delayed", False)])
