@@ -116,5 +116,43 @@ inline fastffn_status padded_transposed(const paddle::Tensor& out_t, fastffn_dty
 }
 #endif
 
+// The FP8 outputs of one quantising pass over a [rows, cols] tensor, allocated on `place`:
+// data [rows, cols] (rowwise), data_t [cols, transpose_cols or rows] (transpose), scale_inv [1]
+// when either is written ([0] for an amax-only pass), each [0] where not asked for; and their
+// descriptors, with `scale` read and `amax` accumulated (each may be NULL). prepare() zeroes
+// data_t's padding columns and points desc_t at it, on the stream of the kernel call.
+struct Fp8Output {
+  paddle::Tensor data, data_t, scale_inv;
+  fastffn_tensor desc, desc_t;
+  int64_t rows;
+
+#if defined(PADDLE_WITH_CUDA)
+  fastffn_status prepare(cudaStream_t stream) {
+    if (data_t.numel() == 0) return FASTFFN_STATUS_OK;
+    return padded_transposed(data_t, desc_t.dtype, rows, stream, &desc_t);
+  }
+#endif
+};
+
+inline Fp8Output fp8_output(const phi::Place& place, const std::string& fmt, const char* op,
+                            int64_t rows, int64_t cols, bool rowwise, bool transpose,
+                            int64_t transpose_cols, float* scale, float* amax) {
+  const paddle::DataType fp8 = fp8_dtype_of(fmt, op);
+  const fastffn_dtype dtype = fp8_kernel_dtype(fmt);
+  const bool converts = rowwise || transpose;
+  Fp8Output out;
+  out.rows = rows;
+  out.data = paddle::empty(rowwise ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{0}, fp8,
+                           place);
+  out.data_t = paddle::empty(transposed_shape(rows, cols, transpose, transpose_cols), fp8, place);
+  out.scale_inv = paddle::empty({converts ? 1 : 0}, paddle::DataType::FLOAT32, place);
+  out.desc = rowwise ? describe(out.data, dtype) : absent(dtype, rows, cols);
+  out.desc.scale = scale;
+  out.desc.scale_inv = converts ? out.scale_inv.data<float>() : nullptr;
+  out.desc.amax = amax;
+  out.desc_t = absent(dtype, cols, rows);
+  return out;
+}
+
 }  // namespace paddle_binding
 }  // namespace fastffn

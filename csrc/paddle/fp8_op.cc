@@ -60,7 +60,7 @@ void check_gemm_status(fastffn_status status) {
 std::vector<paddle::Tensor> Fp8Quantize(const paddle::Tensor& x, const paddle::Tensor& scale,
                                         paddle::Tensor& amax, const std::string& fmt, bool rowwise,
                                         bool transpose, int64_t transpose_cols) {
-  const paddle::DataType fp8 = fp8_dtype_of(fmt, kQuantize);
+  fp8_dtype_of(fmt, kQuantize);
   check_matrix(x, "x", kQuantize);
   const fastffn_dtype x_dtype = quantizable_dtype(x, "x", kQuantize);
   check_fp32(scale, "scale", kQuantize, true);
@@ -71,30 +71,19 @@ std::vector<paddle::Tensor> Fp8Quantize(const paddle::Tensor& x, const paddle::T
   check_transpose_cols(transpose_cols, rows, transpose, "x", kQuantize);
   require_cuda(x, kQuantize);
 
-  const bool converts = rowwise || transpose;
-  const fastffn_dtype q_dtype = fp8_kernel_dtype(fmt);
-  auto out = paddle::empty(rowwise ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{0}, fp8,
-                           x.place());
-  auto out_t = paddle::empty(transposed_shape(rows, cols, transpose, transpose_cols), fp8, x.place());
-  auto scale_inv = paddle::empty({converts ? 1 : 0}, paddle::DataType::FLOAT32, x.place());
-
-  fastffn_tensor in = describe(x, x_dtype);
-  fastffn_tensor q = rowwise ? describe(out, q_dtype) : absent(q_dtype, rows, cols);
-  q.scale = fp32_ptr(scale);
-  q.scale_inv = converts ? scale_inv.data<float>() : nullptr;
-  q.amax = amax.data<float>();
-  fastffn_tensor q_t = absent(q_dtype, cols, rows);
+  Fp8Output out = fp8_output(x.place(), fmt, kQuantize, rows, cols, rowwise, transpose,
+                             transpose_cols, fp32_ptr(scale), amax.data<float>());
   fastffn_status status = FASTFFN_STATUS_OK;
 #if defined(PADDLE_WITH_CUDA)
   auto stream = static_cast<cudaStream_t>(x.stream());
-  if (transpose) status = padded_transposed(out_t, q_dtype, rows, stream, &q_t);
-  if (status == FASTFFN_STATUS_OK) status = fastffn_fp8_quantize_cuda(in, q, q_t, stream);
+  status = out.prepare(stream);
+  if (status == FASTFFN_STATUS_OK)
+    status = fastffn_fp8_quantize_cuda(describe(x, x_dtype), out.desc, out.desc_t, stream);
 #else
-  (void)in;
-  (void)q_t;
+  (void)x_dtype;
 #endif
   check_status(status, kQuantize);
-  return {out, out_t, scale_inv};
+  return {out.data, out.data_t, out.scale_inv};
 }
 
 std::vector<std::vector<int64_t>> Fp8QuantizeShape(const std::vector<int64_t>& x,

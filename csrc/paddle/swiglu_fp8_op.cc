@@ -38,53 +38,31 @@ void check_scaling(const paddle::Tensor& ref, const paddle::Tensor& scale, const
   check_same_place(ref, amax, "amax", op);
 }
 
-paddle::Tensor fp8_output(bool wanted, std::vector<int64_t> shape, paddle::DataType fp8,
-                          const paddle::Tensor& ref) {
-  return paddle::empty(wanted ? shape : std::vector<int64_t>{0}, fp8, ref.place());
-}
-
-// The descriptor of an FP8 output [rows, cols] that may be absent (then NULL data).
-fastffn_tensor fp8_desc(bool wanted, const paddle::Tensor& t, fastffn_dtype dtype, int64_t rows,
-                        int64_t cols) {
-  return wanted ? describe(t, dtype) : absent(dtype, rows, cols);
-}
-
 // --- forward -----------------------------------------------------------------------------------
 
 std::vector<paddle::Tensor> SwigluFwdFp8(const paddle::Tensor& gate_up, const paddle::Tensor& scale,
                                          paddle::Tensor& amax, const std::string& fmt, bool rowwise,
                                          bool transpose, int64_t transpose_cols) {
-  const paddle::DataType fp8 = fp8_dtype_of(fmt, kFwd);
+  fp8_dtype_of(fmt, kFwd);
   const fastffn_dtype in_dtype = check_gate_up(gate_up, kFwd);
   check_scaling(gate_up, scale, amax, kFwd);
   const int64_t rows = gate_up.shape()[0], cols = gate_up.shape()[1] / 2;
   check_transpose_cols(transpose_cols, rows, transpose, "gate_up", kFwd);
   require_cuda(gate_up, kFwd);
 
-  const bool converts = rowwise || transpose;
-  const fastffn_dtype q_dtype = fp8_kernel_dtype(fmt);
-  auto h = fp8_output(rowwise, {rows, cols}, fp8, gate_up);
-  auto h_t = paddle::empty(transposed_shape(rows, cols, transpose, transpose_cols), fp8, gate_up.place());
-  auto scale_inv = paddle::empty({converts ? 1 : 0}, paddle::DataType::FLOAT32, gate_up.place());
-
-  fastffn_tensor in = describe(gate_up, in_dtype);
-  fastffn_tensor q = fp8_desc(rowwise, h, q_dtype, rows, cols);
-  q.scale = fp32_ptr(scale);
-  q.scale_inv = converts ? scale_inv.data<float>() : nullptr;
-  q.amax = amax.data<float>();
-  fastffn_tensor q_t = absent(q_dtype, cols, rows);
+  Fp8Output h = fp8_output(gate_up.place(), fmt, kFwd, rows, cols, rowwise, transpose, transpose_cols,
+                           fp32_ptr(scale), amax.data<float>());
   fastffn_status status = FASTFFN_STATUS_OK;
 #if defined(PADDLE_WITH_CUDA)
   auto stream = static_cast<cudaStream_t>(gate_up.stream());
-  if (transpose) status = padded_transposed(h_t, q_dtype, rows, stream, &q_t);
-  if (status == FASTFFN_STATUS_OK) status = fastffn_swiglu_fwd_fp8_cuda(in, q, q_t, stream);
+  status = h.prepare(stream);
+  if (status == FASTFFN_STATUS_OK)
+    status = fastffn_swiglu_fwd_fp8_cuda(describe(gate_up, in_dtype), h.desc, h.desc_t, stream);
 #else
-  (void)in;
-  (void)q;
-  (void)q_t;
+  (void)in_dtype;
 #endif
   check_status(status, kFwd);
-  return {h, h_t, scale_inv};
+  return {h.data, h.data_t, h.scale_inv};
 }
 
 std::vector<std::vector<int64_t>> SwigluFwdFp8Shape(const std::vector<int64_t>& gate_up,
@@ -118,8 +96,8 @@ std::vector<paddle::Tensor> SwigluBwdFp8(const paddle::Tensor& gate_up, const pa
                                          const std::string& fmt, bool rowwise, bool transpose,
                                          const std::string& h_fmt, bool h_rowwise, bool h_transpose,
                                          int64_t transpose_cols) {
-  const paddle::DataType fp8 = fp8_dtype_of(fmt, kBwd);
-  const paddle::DataType h_fp8 = h_dtype_of(h_fmt);
+  fp8_dtype_of(fmt, kBwd);
+  h_dtype_of(h_fmt);
   const fastffn_dtype in_dtype = check_gate_up(gate_up, kBwd);
   const int64_t rows = gate_up.shape()[0], cols = gate_up.shape()[1] / 2;
   check_matrix(d_h, "d_h", kBwd);
@@ -140,47 +118,24 @@ std::vector<paddle::Tensor> SwigluBwdFp8(const paddle::Tensor& gate_up, const pa
   check_transpose_cols(transpose_cols, rows, transpose || h_transpose, "gate_up", kBwd);
   require_cuda(gate_up, kBwd);
 
-  const fastffn_dtype d_dtype = fp8_kernel_dtype(fmt);
-  const fastffn_dtype h_dtype = h_fmt.empty() ? FASTFFN_DTYPE_FP8_E4M3 : fp8_kernel_dtype(h_fmt);
-  const auto place = gate_up.place();
-  auto dgu = fp8_output(rowwise, {rows, 2 * cols}, fp8, gate_up);
-  auto dgu_t = paddle::empty(transposed_shape(rows, 2 * cols, transpose, transpose_cols), fp8, place);
-  auto scale_inv = paddle::empty({rowwise || transpose ? 1 : 0}, paddle::DataType::FLOAT32, place);
-  auto h = fp8_output(h_rowwise, {rows, cols}, h_fp8, gate_up);
-  auto h_t = paddle::empty(transposed_shape(rows, cols, h_transpose, transpose_cols), h_fp8, place);
-  auto h_scale_inv = paddle::empty({h_out ? 1 : 0}, paddle::DataType::FLOAT32, place);
-
-  fastffn_tensor in = describe(gate_up, in_dtype);
-  fastffn_tensor grad = describe(d_h, in_dtype);
-  fastffn_tensor q = fp8_desc(rowwise, dgu, d_dtype, rows, 2 * cols);
-  q.scale = fp32_ptr(scale);
-  q.scale_inv = rowwise || transpose ? scale_inv.data<float>() : nullptr;
-  q.amax = amax.data<float>();
-  fastffn_tensor q_t = absent(d_dtype, 2 * cols, rows);
-  fastffn_tensor qh = fp8_desc(h_rowwise, h, h_dtype, rows, cols);
-  if (h_out) {
-    qh.scale = fp32_ptr(*h_scale);
-    qh.scale_inv = h_scale_inv.data<float>();
-  }
-  fastffn_tensor qh_t = absent(h_dtype, cols, rows);
+  Fp8Output d = fp8_output(gate_up.place(), fmt, kBwd, rows, 2 * cols, rowwise, transpose,
+                           transpose_cols, fp32_ptr(scale), amax.data<float>());
+  // h: quantised with the forward's scale, no amax (the forward recorded it); absent without h_fmt.
+  Fp8Output h = fp8_output(gate_up.place(), h_fmt.empty() ? "e4m3" : h_fmt, kBwd, rows, cols, h_rowwise,
+                           h_transpose, transpose_cols, h_out ? fp32_ptr(*h_scale) : nullptr, nullptr);
   fastffn_status status = FASTFFN_STATUS_OK;
 #if defined(PADDLE_WITH_CUDA)
   auto stream = static_cast<cudaStream_t>(gate_up.stream());
-  if (transpose) status = padded_transposed(dgu_t, d_dtype, rows, stream, &q_t);
-  if (status == FASTFFN_STATUS_OK && h_transpose)
-    status = padded_transposed(h_t, h_dtype, rows, stream, &qh_t);
+  status = d.prepare(stream);
+  if (status == FASTFFN_STATUS_OK) status = h.prepare(stream);
   if (status == FASTFFN_STATUS_OK)
-    status = fastffn_swiglu_bwd_fp8_cuda(in, grad, q, q_t, qh, qh_t, stream);
+    status = fastffn_swiglu_bwd_fp8_cuda(describe(gate_up, in_dtype), describe(d_h, in_dtype), d.desc,
+                                         d.desc_t, h.desc, h.desc_t, stream);
 #else
-  (void)in;
-  (void)grad;
-  (void)q;
-  (void)q_t;
-  (void)qh;
-  (void)qh_t;
+  (void)in_dtype;
 #endif
   check_status(status, kBwd);
-  return {dgu, dgu_t, scale_inv, h, h_t, h_scale_inv};
+  return {d.data, d.data_t, d.scale_inv, h.data, h.data_t, h.scale_inv};
 }
 
 std::vector<std::vector<int64_t>> SwigluBwdFp8Shape(

@@ -46,21 +46,21 @@ class HarnessTracer:
                 writes.append((role, copy))
         return tuple(writes)
 
-    def _quantize(self, original):
-        def quantize(x, fmt, scale=None, rowwise=True, transpose=True, amax=None, **kw):
+    def _quantizing(self, kernel, original, transpose_default):
+        """fastffn_fp8_quantize / fastffn_swiglu_fwd_fp8: (input, fmt, scale, rowwise, transpose,
+        amax=...); an amax-only pass writes no copy."""
+        def wrapped(x, fmt, scale=None, rowwise=True, transpose=transpose_default, amax=None, **kw):
             q = original(x, fmt, scale, rowwise, transpose, amax=amax, **kw)
             role = self.role_of[amax.data_ptr()]
-            self.calls.append(("fp8_quantize", role, self._wrote(role, q, rowwise, transpose)))
+            self.calls.append((kernel, role, self._wrote(role, q, rowwise, transpose)))
             return q
-        return quantize
+        return wrapped
+
+    def _quantize(self, original):
+        return self._quantizing("fp8_quantize", original, transpose_default=True)
 
     def _swiglu_fwd_fp8(self, original):
-        def swiglu_fwd_fp8(gate_up, fmt, scale=None, rowwise=True, transpose=False, amax=None, **kw):
-            q = original(gate_up, fmt, scale, rowwise, transpose, amax=amax, **kw)
-            role = self.role_of[amax.data_ptr()]
-            self.calls.append(("swiglu_fwd_fp8", role, self._wrote(role, q, rowwise, transpose)))
-            return q
-        return swiglu_fwd_fp8
+        return self._quantizing("swiglu_fwd_fp8", original, transpose_default=False)
 
     def _swiglu_bwd_fp8(self, original):
         def swiglu_bwd_fp8(gate_up, d_h, fmt=fp8_ffn.E5M2, scale=None, rowwise=True, transpose=True, amax=None,
