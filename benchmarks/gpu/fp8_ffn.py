@@ -51,8 +51,11 @@ host synchronisation anywhere in a step):
            gave; its amax goes into history[0]; at the end of the forward (x, h) and of the
            backward (dy, d_gu), fastffn_fp8_update_amax_history_cuda takes
            max(history) (or history[0] for amax_compute_algo="most_recent"), sets the next scale
-           and rolls the history. Scales start at 1, as TE's: the first step is not calibrated.
-           Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe).
+           and rolls the history. Warm start (delayed_warm_start, the default, as
+           paddle_fastffn/fp8/recipe.py): a tensor's first quantisation, whose history holds no
+           amax yet, runs as current scaling, and its amax seeds the history; without it scales
+           start at 1 as TE's, and the first steps' e5m2 gradients underflow (recipe.py has the
+           numbers). Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe).
   An amax of 0 or not finite keeps the previous scale (TE's delayed rule, used for both here).
 
 Weights are quantised once per step into an Fp8WeightCache (both layouts); call invalidate()
@@ -81,6 +84,7 @@ class Fp8Recipe:
     amax_compute_algo: str = "max"    # delayed only: "max" | "most_recent"
     margin: float = 0.0               # scale = fmt_max * 2^-margin / amax
     fast_accum_forward: bool = True   # cuBLASLt fast accumulation for the two forward GEMMs
+    delayed_warm_start: bool = True   # delayed only: the first quantisation is current-scaled
 
     def __post_init__(self):
         if self.kind not in ("current", "delayed"):
@@ -106,6 +110,7 @@ class ScalingState:
 
     def __init__(self, recipe: Fp8Recipe, fmt: torch.dtype, device="cuda"):
         self.recipe, self.fmt, self.fmt_max = recipe, fmt, fp8.FP8_MAX[fmt]
+        self.seeded = False  # whether a quantisation recorded an amax (host-side: no device read)
         length = recipe.amax_history_len if recipe.kind == "delayed" else 1
         self.scale = torch.ones(1, dtype=torch.float32, device=device)
         self.scale_inv = torch.ones(1, dtype=torch.float32, device=device)
@@ -115,15 +120,21 @@ class ScalingState:
     def amax(self) -> torch.Tensor:
         return self.amax_history[:1]
 
+    def scales_by_own_amax(self) -> bool:
+        """Current scaling; delayed scaling's warm start (the first quantisation)."""
+        return self.recipe.kind == "current" or (self.recipe.delayed_warm_start and not self.seeded)
+
     def quantize_with(self, k: fp8.Fp8Kernels, amax_pass, quantize_pass):
-        """Current scaling: amax_pass(amax) computes this tensor's amax, the scale follows on the
-        device, then quantize_pass(scale, amax) quantises with it. Delayed: quantize_pass with the
-        scale from the history, recording the amax into history[0]. Returns what quantize_pass
-        returns (its Quantized.scale is this state's live tensor; its scale_inv its own)."""
-        if self.recipe.kind == "current":
+        """Current scaling (and delayed's warm start): amax_pass(amax) computes this tensor's
+        amax, the scale follows on the device, then quantize_pass(scale, amax) quantises with it.
+        Delayed: quantize_pass with the scale from the history, recording the amax into
+        history[0]. Returns what quantize_pass returns (its Quantized.scale is this state's live
+        tensor; its scale_inv its own)."""
+        if self.scales_by_own_amax():
             self.amax.zero_()
             amax_pass(self.amax)
             k.compute_scale(self.amax, self.scale, self.scale_inv, self.fmt_max, self.recipe.margin)
+        self.seeded = True
         return quantize_pass(self.scale, self.amax)
 
     def quantize(self, k: fp8.Fp8Kernels, x: torch.Tensor, rowwise=True, transpose=True) -> fp8.Quantized:

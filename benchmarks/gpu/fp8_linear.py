@@ -20,7 +20,9 @@ K-major only):
   | dgrad  | dx [T, K]  | N | q(dy)   [T, N]    | q(W)^T [K, N] (weight cache)|
   | wgrad  | dW [N, K]  | T | q(dy)^T [N, T]    | q(x)^T [K, T] (kept)        |
 
-So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT).
+So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). Scaling is fp8_ffn's
+ScalingState, the delayed recipe's warm start included (the first quantisation of x and dy is
+current-scaled and seeds their histories).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
 
 - FastDecoderLayer: the decoder layer, executed step by step from the shared composition list
   (paddle_fastffn/integration/composition.py; tests/integration/test_composition.py checks that
-  list against a traced patched PaddleNLP layer). With an Fp8Recipe, its linears run in FP8:
-  qkv_proj and o_proj through fp8_linear, and the FFN (gate_up_proj + swiglu_down_proj) through
-  fp8_ffn (gate_up GEMM -> SwiGLU fused with quantisation -> down GEMM, SwiGLU recomputed).
+  list against a traced patched PaddleNLP layer). With an Fp8Recipe it executes the FP8 list
+  (LLAMA_DECODER_LAYER_FP8): qkv_proj and o_proj through fp8_linear, and the FFN as one fp8_ffn
+  step (gate_up GEMM -> SwiGLU fused with quantisation -> down GEMM, SwiGLU recomputed), whose C
+  calls composition.fp8_ffn_calls lists (tests/gpu check them; the Paddle FFN is checked against
+  the same list on CPU).
 - FastLlama: embedding, the decoder layers, the final RMSNorm and the fused linear cross-entropy
   (PaddleNLP's LM head layout [H, V] and its criterion: mean over labelled tokens, labels already
   shifted by the data pipeline), what the patched LlamaForCausalLM computes in a training step.
@@ -26,13 +28,16 @@ import torch.nn.functional as F
 from benchmarks.gpu import harness
 
 
-def _load_composition():
+def load_composition():
     """paddle_fastffn/integration/composition.py by path (no Paddle here)."""
     spec = importlib.util.spec_from_file_location(
         "paddle_fastffn_composition", harness.REPO / "paddle_fastffn" / "integration" / "composition.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.LLAMA_DECODER_LAYER
+    return module
+
+
+COMPOSITION = load_composition()
 
 
 class FastDecoderLayer(torch.nn.Module):
@@ -40,7 +45,8 @@ class FastDecoderLayer(torch.nn.Module):
     composition list. Each step reads and writes the layer's running state. Weights are taken
     from a Hugging Face LlamaDecoderLayer (copied, fused as PaddleNLP fuses them)."""
 
-    STEPS = _load_composition()
+    STEPS = COMPOSITION.LLAMA_DECODER_LAYER
+    FP8_STEPS = COMPOSITION.LLAMA_DECODER_LAYER_FP8
 
     def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True, fp8_recipe=None):
         super().__init__()
@@ -54,6 +60,7 @@ class FastDecoderLayer(torch.nn.Module):
         self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
         self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
         self.fp8 = None
+        self.steps = self.STEPS if fp8_recipe is None else self.FP8_STEPS
         if fp8_recipe is not None:
             from benchmarks.gpu.fp8_ffn import Fp8FFNState
             from benchmarks.gpu.fp8_linear import Fp8LinearState
@@ -96,24 +103,21 @@ class FastDecoderLayer(torch.nn.Module):
         st["x"], st["residual"] = harness.AddRMSNorm.apply(st["x"], st["residual"], self.w_post, self.eps)
 
     def gate_up_proj(self, st):
-        # FP8: the gate_up GEMM is the first GEMM of fp8_ffn (next step), which quantises its
-        # input once for it and keeps q(x)^T for the weight gradient.
-        if self.fp8 is None:
-            st["x"] = st["x"] @ self.w_gate_up.t()
+        st["x"] = st["x"] @ self.w_gate_up.t()
 
     def swiglu_down_proj(self, st):
-        if self.fp8 is None:
-            st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
-        else:
-            from benchmarks.gpu.fp8_ffn import fp8_ffn
-            st["x"] = fp8_ffn(st["x"], self.w_gate_up, self.w_down, self.fp8["ffn"])
+        st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
+
+    def fp8_ffn(self, st):
+        from benchmarks.gpu.fp8_ffn import fp8_ffn
+        st["x"] = fp8_ffn(st["x"], self.w_gate_up, self.w_down, self.fp8["ffn"])
 
     def residual_add(self, st):
         st["x"] = st["residual"] + st["x"]
 
     def forward(self, hidden, cos, sin):
         state = {"x": hidden, "cos": cos, "sin": sin}
-        for step in self.STEPS:
+        for step in self.steps:
             getattr(self, step)(state)
         return state["x"]
 

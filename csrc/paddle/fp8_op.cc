@@ -11,12 +11,7 @@
 // Python backend (paddle_fastffn/fp8/cuda.py) composes these calls. Every argument check runs
 // before the device check, so a CPU build reports the same argument errors (tests/fp8 checks
 // them there) and then refuses CPU tensors: FP8 needs a CUDA tensor on sm_90.
-#include "binding_utils.h"
-#include "fastffn/scaled_tensor.h"
-
-#if defined(PADDLE_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
+#include "fp8_binding.h"
 
 namespace {
 
@@ -27,12 +22,6 @@ constexpr const char* kScale = "paddle_fastffn.fp8.compute_scale";
 constexpr const char* kHistory = "paddle_fastffn.fp8.update_amax_history";
 
 // --- argument translation ----------------------------------------------------------------------
-
-paddle::DataType fp8_dtype_of(const std::string& fmt, const char* op) {
-  if (fmt == "e4m3") return paddle::DataType::FLOAT8_E4M3FN;
-  if (fmt == "e5m2") return paddle::DataType::FLOAT8_E5M2;
-  PD_THROW(op, ": attribute `fmt` must be \"e4m3\" or \"e5m2\", got \"", fmt, "\"");
-}
 
 paddle::DataType out_dtype_of(const std::string& name) {
   if (name == "bfloat16") return paddle::DataType::BFLOAT16;
@@ -56,53 +45,6 @@ fastffn_dtype any_kernel_dtype(const paddle::Tensor& t, const char* op, const ch
   }
 }
 
-bool is_fp8(const paddle::Tensor& t) {
-  return t.dtype() == paddle::DataType::FLOAT8_E4M3FN || t.dtype() == paddle::DataType::FLOAT8_E5M2;
-}
-
-void check_matrix(const paddle::Tensor& t, const char* arg, const char* op) {
-  PD_CHECK(t.shape().size() == 2, op, ": argument `", arg, "` must be 2-D, got ",
-           t.shape().size(), " dimensions");
-  check_contiguous(t, arg, op);
-}
-
-// An fp32 device scalar (exactly_one), or a vector whose element 0 is the one the kernel uses.
-void check_fp32(const paddle::Tensor& t, const char* arg, const char* op, bool exactly_one) {
-  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": argument `", arg, "` must be float32, got ",
-           phi::DataTypeToString(t.dtype()));
-  PD_CHECK(exactly_one ? t.numel() == 1 : t.numel() >= 1, op, ": argument `", arg, "` must hold ",
-           exactly_one ? "exactly one element" : "at least one element", ", got ", t.numel());
-  check_contiguous(t, arg, op);
-}
-
-fastffn_tensor describe(const paddle::Tensor& t, fastffn_dtype dtype) {
-  fastffn_tensor d{};
-  d.data = const_cast<void*>(t.data());
-  d.dtype = dtype;
-  d.rows = t.shape()[0];
-  d.cols = t.shape()[1];
-  d.row_stride = d.cols;
-  return d;
-}
-
-fastffn_tensor absent(fastffn_dtype dtype, int64_t rows, int64_t cols) {
-  fastffn_tensor d{};
-  d.dtype = dtype;
-  d.rows = rows;
-  d.cols = cols;
-  d.row_stride = cols;
-  return d;
-}
-
-float* fp32_ptr(const paddle::Tensor& t) { return const_cast<float*>(t.data<float>()); }
-
-// The last step before a kernel call: FP8 has CUDA kernels only (cuBLASLt FP8 on Hopper).
-void require_cuda(const paddle::Tensor& t, const char* op) {
-  PD_CHECK(t.is_gpu(), op, ": got a tensor on ", t.place().DebugString(),
-           "; FP8 needs a CUDA tensor on an sm_90 (Hopper) GPU and a CUDA build of Paddle (the CPU "
-           "path is the emulated one, paddle_fastffn.fp8.fp8_linear)");
-}
-
 void check_gemm_status(fastffn_status status) {
   if (status == FASTFFN_STATUS_OK) return;
 #if defined(PADDLE_WITH_CUDA)
@@ -115,66 +57,33 @@ void check_gemm_status(fastffn_status status) {
 
 // --- quantize ----------------------------------------------------------------------------------
 
-std::vector<int64_t> transposed_shape(const std::vector<int64_t>& x, bool transpose,
-                                      int64_t transpose_cols) {
-  if (!transpose || x.size() != 2) return {0};
-  return {x[1], transpose_cols > 0 ? transpose_cols : x[0]};
-}
-
 std::vector<paddle::Tensor> Fp8Quantize(const paddle::Tensor& x, const paddle::Tensor& scale,
                                         paddle::Tensor& amax, const std::string& fmt, bool rowwise,
                                         bool transpose, int64_t transpose_cols) {
-  const paddle::DataType fp8 = fp8_dtype_of(fmt, kQuantize);
+  fp8_dtype_of(fmt, kQuantize);
   check_matrix(x, "x", kQuantize);
-  kernel_dtype(x, kQuantize, "x");
-  PD_CHECK(x.dtype() != paddle::DataType::FLOAT64, kQuantize,
-           ": argument `x` must be bfloat16, float16 or float32, got float64");
+  const fastffn_dtype x_dtype = quantizable_dtype(x, "x", kQuantize);
   check_fp32(scale, "scale", kQuantize, true);
   check_fp32(amax, "amax", kQuantize, false);
   check_same_place(x, scale, "scale", kQuantize);
   check_same_place(x, amax, "amax", kQuantize);
   const int64_t rows = x.shape()[0], cols = x.shape()[1];
-  PD_CHECK(transpose_cols == 0 || transpose_cols >= rows, kQuantize,
-           ": attribute `transpose_cols` must be 0 (= the rows of `x`) or at least the rows of `x` (",
-           rows, "), got ", transpose_cols);
-  PD_CHECK(transpose || transpose_cols == 0, kQuantize,
-           ": attribute `transpose_cols` needs `transpose`");
+  check_transpose_cols(transpose_cols, rows, transpose, "x", kQuantize);
   require_cuda(x, kQuantize);
 
-  const bool converts = rowwise || transpose;
-  const fastffn_dtype q_dtype = fmt == "e4m3" ? FASTFFN_DTYPE_FP8_E4M3 : FASTFFN_DTYPE_FP8_E5M2;
-  const std::vector<int64_t> t_shape = transposed_shape(x.shape(), transpose, transpose_cols);
-  auto out = paddle::empty(rowwise ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{0}, fp8,
-                           x.place());
-  auto out_t = paddle::empty(t_shape, fp8, x.place());
-  auto scale_inv = paddle::empty({converts ? 1 : 0}, paddle::DataType::FLOAT32, x.place());
-
-  fastffn_tensor in = describe(x, kernel_dtype(x, kQuantize, "x"));
-  fastffn_tensor q = rowwise ? describe(out, q_dtype) : absent(q_dtype, rows, cols);
-  q.scale = fp32_ptr(scale);
-  q.scale_inv = converts ? scale_inv.data<float>() : nullptr;
-  q.amax = amax.data<float>();
-  fastffn_tensor q_t = absent(q_dtype, cols, rows);
+  Fp8Output out = fp8_output(x.place(), fmt, kQuantize, rows, cols, rowwise, transpose,
+                             transpose_cols, fp32_ptr(scale), amax.data<float>());
   fastffn_status status = FASTFFN_STATUS_OK;
 #if defined(PADDLE_WITH_CUDA)
   auto stream = static_cast<cudaStream_t>(x.stream());
-  if (transpose) {
-    // out_t is [cols, t_cols]; the kernel writes its first `rows` columns and the rest must read
-    // as zeros (they pad the K of the weight-gradient GEMM to a multiple of 16).
-    q_t.data = out_t.data();
-    q_t.row_stride = t_shape[1];
-    if (t_shape[1] > rows && cols > 0 &&
-        cudaMemset2DAsync(static_cast<char*>(out_t.data()) + rows, t_shape[1], 0, t_shape[1] - rows,
-                          cols, stream) != cudaSuccess)
-      status = FASTFFN_STATUS_CUDA_ERROR;
-  }
-  if (status == FASTFFN_STATUS_OK) status = fastffn_fp8_quantize_cuda(in, q, q_t, stream);
+  status = out.prepare(stream);
+  if (status == FASTFFN_STATUS_OK)
+    status = fastffn_fp8_quantize_cuda(describe(x, x_dtype), out.desc, out.desc_t, stream);
 #else
-  (void)in;
-  (void)q_t;
+  (void)x_dtype;
 #endif
   check_status(status, kQuantize);
-  return {out, out_t, scale_inv};
+  return {out.data, out.data_t, out.scale_inv};
 }
 
 std::vector<std::vector<int64_t>> Fp8QuantizeShape(const std::vector<int64_t>& x,
@@ -182,7 +91,8 @@ std::vector<std::vector<int64_t>> Fp8QuantizeShape(const std::vector<int64_t>& x
                                                    const std::vector<int64_t>&, const std::string&,
                                                    bool rowwise, bool transpose,
                                                    int64_t transpose_cols) {
-  return {rowwise ? x : std::vector<int64_t>{0}, transposed_shape(x, transpose, transpose_cols),
+  if (x.size() != 2) return {{0}, {0}, {0}};
+  return {rowwise ? x : std::vector<int64_t>{0}, transposed_shape(x[0], x[1], transpose, transpose_cols),
           {rowwise || transpose ? 1 : 0}};
 }
 

@@ -47,8 +47,11 @@ Scaling: recipe.py's ScalingState, its tensors moved to the input's GPU once, up
 with no host synchronisation. current: zero the amax slot, an amax-only pass, the scale from it
 (fastffn_fp8_compute_scale_cuda), then the quantising pass. delayed: quantise with the scale of the
 earlier steps, the amax into history[0], then (after every use, as recipe.py does)
-fastffn_fp8_update_amax_history_cuda. Both are recipe.py's formulas (see scale_from_amax). Weights
-use current scaling under both recipes (recipe.py says why).
+fastffn_fp8_update_amax_history_cuda; its warm start (recipe.py) runs the first quantisation of a
+tensor as current scaling (a host-side flag, no device read). Both are recipe.py's formulas (see
+scale_from_amax). Weights use current scaling under both recipes (recipe.py says why).
+quantize_with / end_step_of are that logic for any quantising kernel; the FP8 FFN (ffn.py) uses them
+for its SwiGLU kernels too.
 """
 
 from __future__ import annotations
@@ -197,21 +200,53 @@ def _state_on(state: ScalingState, place) -> None:
         setattr(state, name, getattr(state, name).cuda(place.gpu_device_id()))
 
 
-def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transpose: bool = True,
-             transpose_cols: int = 0) -> CudaQuantized:
-    """x [R, C] (contiguous, bf16/fp16/fp32 on the GPU) -> FP8 in state's format and scaling
-    (module docstring). transpose_cols: the column count of data_t (0: R), zero past R."""
-    fmt_max = FP8_MAX[state.fmt]
-    if state.mode == "current":
+def states_on(states, place) -> None:
+    """Move every ScalingState of `states` (LinearScalingStates, FfnScalingStates) to `place`."""
+    for role in states.roles():
+        _state_on(getattr(states, role), place)
+
+
+def quantize_with(state: ScalingState, amax_pass, quantize_pass, end_step: bool = True):
+    """One quantisation under `state`'s recipe, with a kernel given as its two passes:
+    amax_pass() accumulates the tensor's amax into state.amax_history[0] without writing FP8 data,
+    quantize_pass() quantises with state.scale (and accumulates the amax too). Where the scale
+    comes from the tensor's own amax (current scaling; delayed's warm start, recipe.py), the amax
+    pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
+    (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s."""
+    if state.scales_by_own_amax():
+        # The whole history: current scaling keeps one entry, and a delayed history holds no
+        # amax before the warm start's first quantisation.
         state.amax_history.zero_()
-        _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
-        _run("fastffn_fp8_compute_scale", state.amax_history, state.scale, state.scale_inv, fmt_max,
-             state.margin)
-    data, data_t, scale_inv = _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt,
-                                   rowwise, transpose, int(transpose_cols))[:3]
+        amax_pass()
+        _run("fastffn_fp8_compute_scale", state.amax_history, state.scale, state.scale_inv,
+             FP8_MAX[state.fmt], state.margin)
+    outputs = quantize_pass()
+    state.seeded = True
+    if end_step:
+        end_step_of(state)
+    return outputs
+
+
+def end_step_of(state: ScalingState) -> None:
+    """Delayed scaling's end of step on the device (ScalingState.end_step's rule); nothing under
+    current scaling."""
     if state.mode == "delayed":
         _run("fastffn_fp8_update_amax_history", state.amax_history, state.scale, state.scale_inv,
-             state.algo == "most_recent", fmt_max, state.margin)
+             state.algo == "most_recent", FP8_MAX[state.fmt], state.margin)
+
+
+def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transpose: bool = True,
+             transpose_cols: int = 0, end_step: bool = True) -> CudaQuantized:
+    """x [R, C] (contiguous, bf16/fp16/fp32 on the GPU) -> FP8 in state's format and scaling
+    (module docstring). transpose_cols: the column count of data_t (0: R), zero past R."""
+    def amax_pass():
+        _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
+
+    def quantize_pass():
+        return _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, rowwise,
+                    transpose, int(transpose_cols))[:3]
+
+    data, data_t, scale_inv = quantize_with(state, amax_pass, quantize_pass, end_step)
     return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, state.fmt)
 
 
@@ -239,8 +274,7 @@ class _CudaFp8LinearFunction(PyLayer):
         x2d = x.reshape([-1, in_features])
         if not x2d.is_contiguous():
             x2d = x2d.contiguous()
-        for state in (states.input, states.weight, states.grad_output):
-            _state_on(state, x.place)
+        states_on(states, x.place)
         need_dx, need_dw = not x.stop_gradient, not weight.stop_gradient
         tokens16 = padded_tokens(x2d.shape[0])
         keep_x_t = TRANSPOSED in copies_needed(need_dx, need_dw)["x"]

@@ -43,6 +43,12 @@ def _warn_once(key: str, message: str, category=UserWarning):
         warnings.warn(message, category, stacklevel=3)
 
 
+def warn_emulated() -> None:
+    """Once per process: the emulated FP8 path (fp8_linear, fp8_ffn) has FP8's numerics only."""
+    _warn_once("emulated", "paddle_fastffn.fp8: FP8 GEMMs are emulated (fp32 GEMMs on FP8-rounded "
+               "values): FP8 training numerics without its speed-up")
+
+
 class _Fp8LinearFunction(PyLayer):
     @staticmethod
     def forward(ctx, x, weight, bias, states: LinearScalingStates, weight_cache):
@@ -91,8 +97,7 @@ def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | No
     scaling records amaxes). weight_cache: reuse the weight's FP8 copy until it changes (one
     quantisation per optimizer step); without one the weight is quantised on every call.
     Any shape works here; Fp8Linear decides which layers are worth and able to run in FP8."""
-    _warn_once("emulated", "paddle_fastffn.fp8: FP8 GEMMs are emulated (fp32 GEMMs on FP8-rounded "
-               "values): FP8 training numerics without its speed-up")
+    warn_emulated()
     return _Fp8LinearFunction.apply(x, weight, bias, states, weight_cache)
 
 

@@ -1,4 +1,5 @@
-"""The steps of a LLaMA decoder layer on the fast path (the defaults of `use_fast_ffn`), in order.
+"""The steps of a LLaMA decoder layer on the fast path (the defaults of `use_fast_ffn`), in order,
+and the C entry-point calls of its FP8 FFN.
 
 One list for both sides: the Paddle patch (integration/llama.py) runs these steps, which
 tests/integration/test_composition.py checks by tracing a patched layer; the GPU benchmark's
@@ -18,3 +19,84 @@ LLAMA_DECODER_LAYER = (
     "swiglu_down_proj",  # SwiGLU and the down GEMM; the SwiGLU output recomputed in backward
     "residual_add",      # a plain add: PaddleNLP's layer returns hidden states, not (h, residual)
 )
+
+# fast_ffn_precision=fp8: qkv_proj and o_proj are FP8 linears (Paddle: fp8.Fp8Linear; harness:
+# fp8_linear.py), and the MLP is one FP8 FFN (Paddle: fp8/ffn.py; harness: fp8_ffn.py) whose C
+# entry-point calls are FP8_FFN_CALLS below.
+LLAMA_DECODER_LAYER_FP8 = (
+    "rms_norm",
+    "qkv_proj",
+    "rotary",
+    "attention",
+    "o_proj",
+    "add_rms_norm",
+    "fp8_ffn",           # gate_up GEMM -> SwiGLU fused with quantising h -> down GEMM; h recomputed
+    "residual_add",
+)
+
+# --- the FP8 FFN, call by call --------------------------------------------------------------------
+# Stored FP8 copies: an activation or gradient [T, F] row-wise or transposed ([F, T], T padded to
+# 16 in Paddle); a weight as [out, in] or [in, out] (torch stores [out, in], Paddle [in, out]:
+# each framework's "as stored" copy is the other's transposed one).
+ROWWISE, TRANSPOSED = "rowwise", "transposed"
+OUT_IN, IN_OUT = "[out, in]", "[in, out]"
+
+# One forward and backward of the FP8 FFN with every gradient needed, as (C entry point without
+# its _cuda suffix, tensor, stored FP8 copies):
+#   fp8_quantize, swiglu_*_fp8: the tensor quantised, and the (tensor, copy) pairs the call writes;
+#   gemm: the product, and the (tensor, copy) pairs of its operands A and B. Listed in the C API's
+#       default layout (torch's): Paddle's weight gradients are the transposes of torch's, so there
+#       A and B trade places (compare GEMM operands unordered).
+# The scale calls of the recipes are fp8_ffn_calls'.
+FP8_FFN_FORWARD = (
+    ("fp8_quantize", "x", (("x", ROWWISE), ("x", TRANSPOSED))),
+    ("fp8_quantize", "w_gate_up", (("w_gate_up", OUT_IN), ("w_gate_up", IN_OUT))),  # weight cache:
+    ("fp8_quantize", "w_down", (("w_down", OUT_IN), ("w_down", IN_OUT))),            # once a step
+    ("gemm", "gate_up", (("x", ROWWISE), ("w_gate_up", OUT_IN))),                    # fast accum
+    ("swiglu_fwd_fp8", "h", (("h", ROWWISE),)),
+    ("gemm", "y", (("h", ROWWISE), ("w_down", OUT_IN))),                             # fast accum
+)
+FP8_FFN_BACKWARD = (
+    ("fp8_quantize", "dy", (("dy", ROWWISE), ("dy", TRANSPOSED))),
+    ("gemm", "d_h", (("dy", ROWWISE), ("w_down", IN_OUT))),
+    ("swiglu_bwd_fp8", "d_gate_up", (("d_gate_up", ROWWISE), ("d_gate_up", TRANSPOSED),
+                                     ("h", TRANSPOSED))),  # h recomputed with the forward's scale
+    ("gemm", "d_w_down", (("dy", TRANSPOSED), ("h", TRANSPOSED))),
+    ("gemm", "d_x", (("d_gate_up", ROWWISE), ("w_gate_up", IN_OUT))),
+    ("gemm", "d_w_gate_up", (("d_gate_up", TRANSPOSED), ("x", TRANSPOSED))),
+)
+FP8_FFN_CALLS = FP8_FFN_FORWARD + FP8_FFN_BACKWARD
+WEIGHTS = ("w_gate_up", "w_down")
+
+
+def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = True) -> tuple:
+    """FP8_FFN_CALLS with the calls of a recipe's scaling, for the FFN's first step (every state
+    fresh) or a later one (the weight cache re-quantises the weights: an optimizer step was taken).
+    A quantisation scaled by its tensor's own amax (the weights always; everything under current
+    scaling, and under delayed scaling's warm start on the first step) is preceded by its kernel's
+    amax-only pass (no copies written) and fp8_compute_scale. Delayed scaling ends each tensor's
+    step once its last use is over: x and h after the forward, dy and d_gate_up after the backward
+    (fp8_update_amax_history)."""
+    own_amax = scaling == "current" or (first_step and delayed_warm_start)
+
+    def phase(steps, ending):
+        calls = []
+        for call in steps:
+            kernel, tensor, _ = call
+            if kernel != "gemm" and (own_amax or tensor in WEIGHTS):
+                calls += [(kernel, tensor, ()), ("fp8_compute_scale", tensor, ())]
+            calls.append(call)
+        if scaling == "delayed":
+            calls += [("fp8_update_amax_history", tensor, ()) for tensor in ending]
+        return calls
+
+    return tuple(phase(FP8_FFN_FORWARD, ("x", "h")) + phase(FP8_FFN_BACKWARD, ("dy", "d_gate_up")))
+
+
+def comparable(calls) -> list:
+    """Calls as both traces compare them (tests/integration/test_composition.py for Paddle,
+    tests/gpu/test_fp8_ffn_composition.py for the harness): the copies of a call as a set (a pass
+    writes its copies together), GEMMs named by their operands alone, unordered (Paddle's weight
+    gradients are the transposes of the harness's, A and B exchanged)."""
+    return [(kernel, tuple(sorted(rest[-1]))) if kernel == "gemm" else (kernel, rest[0], tuple(sorted(rest[1])))
+            for kernel, *rest in calls]

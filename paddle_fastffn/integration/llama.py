@@ -29,6 +29,7 @@ installed once (install_hooks) that act only on layers the fast path fused:
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import warnings
@@ -116,7 +117,11 @@ def fast_mlp_forward(self, x):
     With fuse_attention_ffn the gate and up projections are one GEMM and the kernel reads the packed
     [gate | up] output; otherwise the two projections run and the two-input kernel fuses silu * up.
     With swiglu_recompute, a fused gate/up projection and a plain down_proj, the SwiGLU output is
-    not stored for backward; elsewhere it is (one info line per reason)."""
+    not stored for backward; elsewhere it is (one info line per reason). Under FP8 an MLP with the
+    FP8 FFN attached (attach_fp8) runs it: the FFN recomputes SwiGLU in backward by construction."""
+    ffn = self.__dict__.get("_fast_ffn_fp8") if _FP8 is not None else None
+    if ffn is not None and ffn.uses_fp8(math.prod(x.shape[:-1])):
+        return ffn(x)
     recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
     if self.fuse_attention_ffn:
         gate_up = self.gate_up_fused_proj(x)
@@ -124,8 +129,8 @@ def fast_mlp_forward(self, x):
             # gate_up is this forward's private intermediate: its memory can hold its gradient.
             return ops.swiglu_down_proj(gate_up, self.down_proj.weight, reuse_gate_up_memory=True)
         if recompute and _fp8_attached(self.down_proj):
-            _info_once("recompute_fp8", "fast_ffn_precision=fp8: down_proj runs through Fp8Linear, so the fused "
-                                        "SwiGLU output is stored for it (swiglu_recompute reads a bf16 weight)")
+            _info_once("recompute_fp8", "fast_ffn_precision=fp8: this MLP's down_proj runs through Fp8Linear (per "
+                                        "linear), so the fused SwiGLU output is stored for it")
         elif recompute:
             _info_once("recompute_down_proj", f"swiglu_recompute needs a plain Linear down_proj, this one is "
                                               f"{type(self.down_proj).__name__} (LoRA or tensor parallel): "
@@ -709,16 +714,24 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 
 
 # ---------------------------------------------------------------------------------------------
-# FP8 GEMMs (FastFFNOptions.precision == "fp8"). The linear layers of each decoder layer (qkv_proj
-# or q/k/v_proj, o_proj, gate_up_fused_proj or gate/up_proj, down_proj) compute through
-# paddle_fastffn.fp8.Fp8Linear: plain Linear, and PaddleNLP's LoRALinear (adapters in the
-# activation dtype over an FP8 base GEMM). Fp8Linear is not a Layer: it hangs off the Linear's
-# __dict__ (`_fast_ffn_fp8`) with its scaling states and weight cache, so parameters, their
-# dtypes and state_dict names stay stock (FP8 is a compute format only). The Linear classes'
-# forwards are patched while FP8 is active and take the FP8 path only where one is attached;
-# attachment happens at each LlamaModel.forward, so layers LoRA placed after construction are
-# covered. The recipe's first/last-layer rule keeps those layers stock; its min_gemm_size and
-# the 16-alignment rule are Fp8Linear's (a misaligned weight: one warning, bf16).
+# FP8 GEMMs (FastFFNOptions.precision == "fp8"). Each decoder layer runs the composition of
+# composition.py's LLAMA_DECODER_LAYER_FP8, the one the GPU benchmarks time:
+# - the MLP, where gate_up_fused_proj and down_proj are plain Linear layers (the default fused
+#   path), is one FP8 FFN (paddle_fastffn.fp8.Fp8FFN, fp8/ffn.py: gate_up GEMM -> SwiGLU fused
+#   with quantising h -> down GEMM, SwiGLU recomputed in backward), hung off the LlamaMLP's
+#   __dict__; a misaligned one (H or I not a multiple of 16) keeps bf16 with one warning;
+# - the other linears (qkv_proj or q/k/v_proj, o_proj, and the MLP's where it is not that pair:
+#   LoRA, unfused gate_proj/up_proj, fast_ffn_swiglu off) compute through
+#   paddle_fastffn.fp8.Fp8Linear: plain Linear, and PaddleNLP's LoRALinear (adapters in the
+#   activation dtype over an FP8 base GEMM), hung off the Linear's __dict__; SwiGLU then runs in
+#   16 bits between the MLP's FP8 GEMMs. Tensor-parallel layers keep their stock GEMMs.
+# One info line says which path an MLP takes and why. Both objects (`_fast_ffn_fp8`) hold the
+# scaling states and weight caches, so parameters, their dtypes and state_dict names stay stock
+# (FP8 is a compute format only). The Linear classes' forwards are patched while FP8 is active
+# and take the FP8 path only where one is attached; attachment happens at each LlamaModel.forward,
+# so layers LoRA placed after construction are covered. The recipe's first/last-layer rule keeps
+# those layers stock; its min_gemm_size applies per GEMM (the FFN: its down GEMM, the smaller) and
+# the 16-alignment rule per weight (a misaligned one: one warning, bf16).
 #
 # Where FP8 runs: on a Hopper GPU (sm_90) with a CUDA Paddle, cuBLASLt FP8 GEMMs (fp8/cuda.py,
 # csrc/paddle/fp8_op.cc); elsewhere emulated (fp32 GEMMs on FP8-rounded values) with fp8_emulate.
@@ -782,9 +795,57 @@ def _fp8_attached(linear) -> bool:
     return _FP8 is not None and linear is not None and linear.__dict__.get("_fast_ffn_fp8") is not None
 
 
+def _mlp_without_fp8_ffn(mlp) -> str | None:
+    """Why this MLP cannot run the FP8 FFN (its linears then run Fp8Linear each, or keep their
+    stock GEMMs where tensor parallel), or None where it runs it."""
+    from ..fp8.ffn import plain_linear
+
+    if _ACTIVE is None or not _ACTIVE.swiglu:
+        return "fast_ffn_swiglu is off (PaddleNLP's MLP forward)"
+    if not getattr(mlp, "fuse_attention_ffn", False):
+        return "MLPs with unfused gate_proj/up_proj (a model built before the fast path was enabled, or LoRA on them)"
+    parts = (mlp._sub_layers.get("gate_up_fused_proj"), mlp._sub_layers.get("down_proj"))
+    odd = sorted({type(part).__name__ for part in parts if not plain_linear(part)})
+    return f"MLPs with {' and '.join(odd)} projections (LoRA or tensor parallel)" if odd else None
+
+
+def _attach_fp8_ffn(mlp, recipe) -> bool:
+    """Attach the FP8 FFN to a decoder layer's MLP where it applies; True when the MLP is handled
+    as one (FFN attached, or kept bf16 because misaligned), False for the per-linear path."""
+    from ..fp8.ffn import Fp8FFN, ffn_widths
+    from ..fp8.linear import FP8_ALIGNMENT
+
+    if mlp is None:
+        return False
+    why_not = _mlp_without_fp8_ffn(mlp)
+    if why_not is not None:
+        mlp.__dict__.pop("_fast_ffn_fp8", None)
+        _info_once(f"fp8_mlp:{why_not}", f"fast_ffn_precision=fp8: {why_not}: their linears run Fp8Linear each, "
+                                         f"SwiGLU in 16 bits between (the FP8 FFN needs gate_up_fused_proj and "
+                                         f"down_proj as plain Linear layers)")
+        return False
+    gate_up, down = mlp.gate_up_fused_proj, mlp.down_proj
+    existing = mlp.__dict__.get("_fast_ffn_fp8")
+    if existing is not None and existing.recipe == recipe and existing.gate_up is gate_up and existing.down is down:
+        return True
+    mlp.__dict__.pop("_fast_ffn_fp8", None)
+    hidden, inter = ffn_widths("LlamaMLP", gate_up.weight, down.weight)
+    if hidden % FP8_ALIGNMENT or inter % FP8_ALIGNMENT:
+        _fp8_warn_once(f"fp8_align_ffn:{hidden}x{inter}",
+                       f"fast_ffn_precision=fp8: the MLP's hidden size {hidden} and intermediate size {inter} are not "
+                       f"both multiples of {FP8_ALIGNMENT} (the FP8 GEMM's alignment): those MLPs stay in bf16")
+        return True
+    _info_once("fp8_ffn", "fast_ffn_precision=fp8: MLPs with plain fused gate_up_fused_proj and down_proj run the "
+                          "FP8 FFN (gate_up GEMM -> SwiGLU fused with FP8 quantisation -> down GEMM, SwiGLU "
+                          "recomputed in backward), the composition of the GPU benchmarks")
+    mlp.__dict__["_fast_ffn_fp8"] = Fp8FFN(gate_up, down, recipe)
+    return True
+
+
 def attach_fp8(llama_model, recipe) -> int:
-    """Give each target linear of `llama_model`'s decoder layers its Fp8Linear (kept across calls
-    while the recipe is the same); returns how many linears compute in FP8."""
+    """Give each decoder layer of `llama_model` its FP8 objects (kept across calls while the recipe
+    is the same): the MLP's Fp8FFN where it applies, an Fp8Linear for each other target linear;
+    returns how many linears compute in FP8 (an FFN counts its two)."""
     from ..fp8.linear import FP8_ALIGNMENT, Fp8Linear
 
     lora_class = _lora_linear_class()
@@ -792,6 +853,11 @@ def attach_fp8(llama_model, recipe) -> int:
     count = 0
     for index, layer in enumerate(layers):
         in_fp8 = recipe.layer_uses_fp8(index, len(layers))
+        mlp = getattr(layer, "mlp", None)
+        if not in_fp8 and mlp is not None:
+            mlp.__dict__.pop("_fast_ffn_fp8", None)
+        ffn = in_fp8 and _attach_fp8_ffn(mlp, recipe)
+        count += 2 if ffn and mlp.__dict__.get("_fast_ffn_fp8") is not None else 0
         for owner_name, names in _FP8_TARGETS:
             owner = getattr(layer, owner_name, None)
             for name in names:
@@ -799,7 +865,7 @@ def attach_fp8(llama_model, recipe) -> int:
                 if linear is None:
                     continue
                 existing = linear.__dict__.get("_fast_ffn_fp8")
-                if not in_fp8:
+                if not in_fp8 or (ffn and owner is mlp):  # stock, or the MLP's FP8 FFN computes it
                     linear.__dict__.pop("_fast_ffn_fp8", None)
                     continue
                 if existing is not None and existing.recipe == recipe and existing.linear is linear:
@@ -825,7 +891,8 @@ def attach_fp8(llama_model, recipe) -> int:
 
 
 def fp8_layers(model) -> dict:
-    """{sub-layer name: Fp8Linear} of the linears of `model` that compute in FP8 (tests, logs)."""
+    """{sub-layer name: Fp8Linear or Fp8FFN} of what computes in FP8 in `model`: linears, and MLPs
+    running the FP8 FFN (tests, logs)."""
     return {name: layer.__dict__["_fast_ffn_fp8"] for name, layer in model.named_sublayers()
             if layer.__dict__.get("_fast_ffn_fp8") is not None}
 

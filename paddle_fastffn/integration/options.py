@@ -40,10 +40,12 @@ class FastFFNOptions:
     # O2) and ClipGradByGlobalNorm folded into it (integration/trainer.py).
     fused_optimizer: bool = True
     # GEMM precision of the decoder layers' linear layers. "bf16": the activation dtype (bf16
-    # under AMP O2). "fp8": per-tensor scaled FP8 GEMMs through paddle_fastffn.fp8.Fp8Linear (plain
-    # Linear and LoRA's base GEMM; LoRA adapters stay in the activation dtype), with the recipe
-    # below. Parameters and checkpoints keep their dtypes: FP8 is a compute format only. Where FP8
-    # cannot run, one warning and the bf16 path (see integration/llama.py: resolve_fp8).
+    # under AMP O2). "fp8": per-tensor scaled FP8 GEMMs, with the recipe below: the MLP as one
+    # FP8 FFN (paddle_fastffn.fp8.Fp8FFN, SwiGLU fused with quantising its output) where its
+    # fused projections are plain Linear layers, every other linear through
+    # paddle_fastffn.fp8.Fp8Linear (plain Linear and LoRA's base GEMM; LoRA adapters stay in the
+    # activation dtype). Parameters and checkpoints keep their dtypes: FP8 is a compute format
+    # only. Where FP8 cannot run, one warning and the bf16 path (integration/llama.py: resolve_fp8).
     precision: str = "bf16"
     # Fp8Recipe's fields, with the "fp8_" prefix (Fp8Recipe.from_dict validates them).
     fp8_scaling: str = "delayed"
@@ -52,6 +54,7 @@ class FastFFNOptions:
     fp8_margin: float = 0.0
     fp8_first_last_bf16: bool = False
     fp8_min_gemm_size: int = 0
+    fp8_delayed_warm_start: bool = True
     # Run FP8 emulated (same scaling, e4m3/e5m2 rounding, fp32 GEMMs) where the FP8 GEMMs cannot
     # run: CPU CI, and checking recipes and checkpoints. No speed-up; without it FP8 on CPU warns
     # once and trains in bf16/fp32.

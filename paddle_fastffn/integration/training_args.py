@@ -48,8 +48,9 @@ class FastFFNTrainingArguments(TrainingArguments):
                 "clipping folded into it."})
     fast_ffn_precision: str = field(default="bf16", metadata={
         "help": "GEMM precision of the decoder layers' linear layers: \"bf16\" (the activation dtype) or \"fp8\" "
-                "(per-tensor scaled FP8 GEMMs; LoRA adapters stay bf16 over an FP8 base GEMM; parameters and "
-                "checkpoints keep their dtypes). Where FP8 cannot run: one warning, and bf16."})
+                "(per-tensor scaled FP8 GEMMs, the MLP as one FP8 FFN with SwiGLU fused into its quantisation; LoRA "
+                "adapters stay bf16 over an FP8 base GEMM; parameters and checkpoints keep their dtypes). Where FP8 "
+                "cannot run: one warning, and bf16."})
     fast_ffn_fp8_scaling: str = field(default="delayed", metadata={
         "help": "FP8 scaling: \"delayed\" (amax history, Transformer Engine's DelayedScaling) or \"current\"."})
     fast_ffn_fp8_amax_history_len: int = field(default=1024, metadata={
@@ -62,6 +63,10 @@ class FastFFNTrainingArguments(TrainingArguments):
         "help": "Keep the first and last decoder layers' GEMMs in bf16 under fast_ffn_precision=fp8."})
     fast_ffn_fp8_min_gemm_size: int = field(default=0, metadata={
         "help": "GEMMs with M*N*K below this stay bf16 under fast_ffn_precision=fp8."})
+    fast_ffn_fp8_delayed_warm_start: bool = field(default=True, metadata={
+        "help": "FP8 delayed scaling: quantise each tensor's first use with its own amax (current scaling) and seed "
+                "its amax history with it; false: Transformer Engine's exact behaviour (every scale starts at 1, "
+                "so the first steps' e5m2 gradients can underflow to zero)."})
     fast_ffn_fp8_emulate: bool = field(default=False, metadata={
         "help": "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where "
                 "FP8 GEMMs cannot run, e.g. on CPU for tests and to check recipes and checkpoints."})
@@ -80,6 +85,7 @@ class FastFFNTrainingArguments(TrainingArguments):
                               fp8_margin=float(self.fast_ffn_fp8_margin),
                               fp8_first_last_bf16=self.fast_ffn_fp8_first_last_bf16,
                               fp8_min_gemm_size=self.fast_ffn_fp8_min_gemm_size,
+                              fp8_delayed_warm_start=self.fast_ffn_fp8_delayed_warm_start,
                               fp8_emulate=self.fast_ffn_fp8_emulate)
 
     def _checkpoint_writer_without_split(self) -> str | None:

@@ -13,8 +13,13 @@ from paddle_fastffn.ops import build_definition
 
 from build_tools import cuda_math_headers, require_tool, run
 
-FP8_ENTRY_POINTS = {"fastffn_fp8_quantize_cuda", "fastffn_gemm_cuda", "fastffn_gemm_last_error",
-                    "fastffn_fp8_compute_scale_cuda", "fastffn_fp8_update_amax_history_cuda"}
+# The C entry points each FP8 binding must call: those the CUDA FP8 backend composes (fp8/cuda.py
+# for the linear, fp8/ffn.py for the FFN).
+FP8_ENTRY_POINTS = {
+    "fp8_op.cc": {"fastffn_fp8_quantize_cuda", "fastffn_gemm_cuda", "fastffn_gemm_last_error",
+                  "fastffn_fp8_compute_scale_cuda", "fastffn_fp8_update_amax_history_cuda"},
+    "swiglu_fp8_op.cc": {"fastffn_swiglu_fwd_fp8_cuda", "fastffn_swiglu_bwd_fp8_cuda"},
+}
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\w+)'")
 
@@ -90,8 +95,8 @@ def test_paddle_gpu_bindings_compile_with_cuda_and_link_to_defined_kernels(cuda_
         run(build_definition.cxx_compile_command(source, obj, extra))
         needed[source.name] = {s for s in defined_and_undefined(obj)[1] if s.startswith("fastffn_")}
     print(f"bindings reference {sorted(set().union(*needed.values()))}", file=sys.stderr)
-    # The FP8 binding calls every entry point the CUDA FP8 backend composes (fp8/cuda.py).
-    assert FP8_ENTRY_POINTS <= needed["fp8_op.cc"], sorted(FP8_ENTRY_POINTS - needed["fp8_op.cc"])
+    for name, entry_points in FP8_ENTRY_POINTS.items():
+        assert entry_points <= needed[name], f"{name} misses {sorted(entry_points - needed[name])}"
     for name, symbols in needed.items():
         assert any(s.endswith("_cuda") for s in symbols), f"{name} calls no CUDA kernel: PADDLE_WITH_CUDA unseen?"
         missing = symbols - kernel_symbols

@@ -33,13 +33,15 @@ def current_scale(t, fmt):
     return scale_from_amax(paddle.abs(t.astype(paddle.float32)).max(), fmt, 0.0, paddle.ones([1]))
 
 
+def scale_to_use(state, t):
+    """The scale `state` quantises t with: t's own amax's (current scaling, the weights, delayed
+    scaling's warm start), or else the state's scale before the call (delayed)."""
+    return current_scale(t, state.fmt) if state.scales_by_own_amax() else state.scale.clone()
+
+
 def run_fp8_linear(x, w, b, dy, states):
-    """Forward and backward of fp8_linear; also the scales a reference must use (each tensor's own
-    amax, or under delayed scaling the states' scales before the call for x and dy)."""
-    if states.input.mode == "delayed":
-        scales = [states.input.scale.clone(), current_scale(w, "e4m3"), states.grad_output.scale.clone()]
-    else:
-        scales = [current_scale(x, "e4m3"), current_scale(w, "e4m3"), current_scale(dy, "e5m2")]
+    """Forward and backward of fp8_linear; also the scales a reference must use."""
+    scales = [scale_to_use(states.input, x), current_scale(w, "e4m3"), scale_to_use(states.grad_output, dy)]
     y = fp8_linear(x, w, b, states=states)
     y.backward(dy)
     return y, scales

@@ -31,6 +31,7 @@ def test_defaults_are_transformer_engines():
     assert (r.scaling, r.forward_format, r.backward_format) == ("delayed", "e4m3", "e5m2")
     assert (r.amax_history_len, r.amax_compute_algo, r.margin) == (1024, "max", 0.0)
     assert (r.first_last_bf16, r.min_gemm_size) == (False, 0)
+    assert r.delayed_warm_start  # not TE's: TE starts every delayed scale at 1 (Fp8Recipe's docstring)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -45,6 +46,7 @@ def test_defaults_are_transformer_engines():
     (dict(margin="1"), "margin must be a finite number"),
     (dict(min_gemm_size=-1), "min_gemm_size must be >= 0"),
     (dict(first_last_bf16="yes"), "first_last_bf16 must be bool"),
+    (dict(delayed_warm_start=1), "delayed_warm_start must be bool"),
 ])
 def test_invalid_options_raise(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -121,16 +123,17 @@ def test_current_scaling_keeps_the_scale_for_zero_and_nan_tensors():
     assert np.isnan(q.data.astype(paddle.float32).numpy()[1]), "NaN stays visible"
 
 
+@pytest.mark.parametrize("warm_start", [True, False], ids=["warm_start", "te"])
 @pytest.mark.parametrize("history_len", [1, 2, 3])
-def test_delayed_scaling_uses_the_history_up_to_the_previous_step(history_len):
-    """Step t's scale comes from the amaxes of the last `len` steps before t (step 0: the initial
-    scale 1); after step t the history is TE's: [0] = 0 (the next step's slot), then the steps
-    t - len + 2 .. t, oldest first."""
-    state = Fp8Recipe(amax_history_len=history_len).new_state("e4m3")
+def test_delayed_scaling_uses_the_history_up_to_the_previous_step(history_len, warm_start):
+    """Step t's scale comes from the amaxes of the last `len` steps before t (step 0: its own
+    amax with the warm start, TE's initial scale 1 without); after step t the history is TE's:
+    [0] = 0 (the next step's slot), then the steps t - len + 2 .. t, oldest first."""
+    state = Fp8Recipe(amax_history_len=history_len, delayed_warm_start=warm_start).new_state("e4m3")
     amaxes = [2.0, 8.0, 1.0, 0.5, 0.25, 4.0]
     for t, amax in enumerate(amaxes):
         q = state.quantize(tensor_with_amax(amax))
-        window = amaxes[max(0, t - history_len):t]
+        window = amaxes[max(0, t - history_len):t] or ([amax] if warm_start else [])
         expected = 1.0 if not window else float(expected_scale(max(window)))
         assert scale_used(q) == pytest.approx(expected, rel=1e-6), f"step {t}"
         kept = amaxes[:t + 1][-(history_len - 1):] if history_len > 1 else []
@@ -139,6 +142,40 @@ def test_delayed_scaling_uses_the_history_up_to_the_previous_step(history_len):
     # after the last step: the next scale covers the last `len` amaxes
     assert float(state.scale) == pytest.approx(float(expected_scale(max(amaxes[-history_len:]))), rel=1e-6)
     assert float(state.scale_inv) == pytest.approx(1 / float(state.scale), rel=1e-7)
+
+
+def test_warm_start_scales_the_first_quantisation_by_its_own_amax_then_follows_the_history():
+    """The first quantisation of a delayed-scaling tensor is current scaling's, bit for bit, and
+    seeds the history; the second uses that history (not its own, larger amax)."""
+    delayed = Fp8Recipe(amax_history_len=4).new_state("e5m2")
+    current = Fp8Recipe(scaling="current").new_state("e5m2")
+    first, second = tensor_with_amax(3e-6), tensor_with_amax(5e-5)  # gradients below e5m2's range at scale 1
+    q, q_current = delayed.quantize(first), current.quantize(first)
+    assert scale_used(q) == scale_used(q_current) == pytest.approx(float(expected_scale(3e-6, "e5m2")), rel=1e-6)
+    codes = [t.data.astype(paddle.float32).numpy() for t in (q, q_current)]
+    np.testing.assert_array_equal(*codes)
+    assert q.data.astype(paddle.float32).abs().max() > 0, "nothing underflows"
+    assert delayed.seeded and delayed.amax_history.numpy()[-1] == np.float32(3e-6)
+    q = delayed.quantize(second)
+    assert scale_used(q) == pytest.approx(float(expected_scale(3e-6, "e5m2")), rel=1e-6), "the history's scale"
+    te = Fp8Recipe(amax_history_len=4, delayed_warm_start=False).new_state("e5m2")
+    q = te.quantize(first)
+    assert scale_used(q) == 1.0 and not q.data.astype(paddle.float32).abs().max(), "TE: all of it flushes to 0"
+
+
+def test_warm_start_of_a_zero_tensor_keeps_the_scale_and_restored_histories_continue():
+    state = Fp8Recipe(amax_history_len=4).new_state("e4m3")
+    state.quantize(paddle.zeros([8]))
+    assert float(state.scale) == 1.0 and state.seeded  # amax 0: the previous scale, as every rule
+    trained = Fp8Recipe(amax_history_len=4).new_state("e4m3")
+    trained.quantize(tensor_with_amax(2.0))
+    restored = Fp8Recipe(amax_history_len=4).new_state("e4m3")
+    restored.set_state_dict(trained.state_dict())
+    assert restored.seeded and not restored.scales_by_own_amax()
+    assert scale_used(restored.quantize(tensor_with_amax(50.0))) == pytest.approx(224.0, rel=1e-6)
+    fresh = Fp8Recipe(amax_history_len=4).new_state("e4m3")
+    restored.set_state_dict(fresh.state_dict())
+    assert not restored.seeded and restored.scales_by_own_amax(), "an empty history warm-starts again"
 
 
 def test_delayed_most_recent_uses_the_last_amax_only():

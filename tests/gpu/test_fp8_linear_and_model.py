@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_checks import close  # noqa: E402
 from test_fp8_kernels import E4M3, E5M2, assert_gemm_close, quantize_ref  # noqa: E402
-from test_swiglu_fp8_kernels import FP8_BUDGET, _rss, rel_err, scale_rule  # noqa: E402
+from test_swiglu_fp8_kernels import FP8_BUDGET, rel_err, scale_rule  # noqa: E402
+from fp8_ffn_budget import rss  # noqa: E402
 
 from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
 from benchmarks.gpu.fp8_ffn import Fp8Recipe  # noqa: E402
@@ -63,8 +64,9 @@ def test_fp8_linear_runs_the_three_gemms_of_its_fp8_operands(shape):
 
 
 def test_fp8_linear_delayed_scaling_and_the_weight_cache():
-    """Delayed: x and dy use the scale of their history (1 at the first step, then the amax's);
-    the weight is current-scaled and quantised once per step until invalidate()."""
+    """Delayed: x and dy use the scale of their history (the first step: their own amax's, the
+    warm start, which seeds the history); the weight is current-scaled and quantised once per step
+    until invalidate()."""
     t, n_in, n_out = 64, 128, 256
     w = (torch.randn(n_out, n_in, device="cuda") / math.sqrt(n_in)).to(torch.bfloat16).requires_grad_()
     state = Fp8LinearState(Fp8Recipe("delayed", amax_history_len=4))
@@ -113,7 +115,7 @@ def _tiny_config(**overrides):
 # (qkv, o, the FFN's two) each add about the budget of one FP8 GEMM pair, and attention and the
 # norms pass relative errors on roughly unchanged. Budget: the FFN's output budget (two chained
 # FP8 GEMMs with SwiGLU between) for the attention half plus the FFN's, added in quadrature.
-DECODER_FP8_BUDGET = _rss(FP8_BUDGET["y"], FP8_BUDGET["y"])
+DECODER_FP8_BUDGET = rss(FP8_BUDGET["y"], FP8_BUDGET["y"])
 
 
 @pytest.mark.parametrize("kind", ["current", "delayed"])
@@ -151,6 +153,14 @@ def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind
         print(f"{kind} {name}: fp8 vs bf16 {err:.4f} (budget {DECODER_FP8_BUDGET:.3f})")
         assert err <= DECODER_FP8_BUDGET, f"{kind} {name}: {err}"
     assert ours.fp8["qkv"].cache.quantizations >= 1 and ours.fp8["ffn"].cache.quantizations >= 2
+
+
+def _scaling_states(layer):
+    """{name.role: ScalingState} of a FastDecoderLayer's FP8 linears and FFN."""
+    from benchmarks.gpu.fp8_ffn import ScalingState
+
+    return {f"{name}.{role}": value for name, state in layer.fp8.items() for role, value in vars(state).items()
+            if isinstance(value, ScalingState)}
 
 
 def _hf_model(config, dtype):
@@ -213,6 +223,35 @@ def test_master_weight_adamw_is_adamw_on_fp32_masters():
         torch.testing.assert_close(m, r.detach(), rtol=1e-6, atol=1e-6)  # fused vs for-each kernels
         assert torch.equal(p.detach(), m.to(p.dtype)), "parameters = masters rounded"
     assert all(p.grad is None for p in params)
+
+
+def test_fast_llama_delayed_scaling_first_step_is_calibrated():
+    """The warm start (Fp8Recipe.delayed_warm_start): FastLlama's first step under delayed scaling
+    quantises every tensor with its own amax, as current scaling does, so its loss is current
+    scaling's bit for bit (the gradients pass SDPA's backward, whose atomics make bits vary); every
+    scaling state, the gradients' included, leaves the step with an amax in its history and a
+    scale other than the initial 1. TE's start (scales of 1) gives another first loss."""
+    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+
+    config = _tiny_config()
+    base = _hf_model(config, torch.bfloat16)
+    ids = torch.randint(0, config.vocab_size, (4, 64), device="cuda")
+
+    def first_step(recipe):
+        model = FastLlama(base, fp8_recipe=recipe)
+        loss = model(ids, shift_labels(ids))
+        loss.backward()
+        return model, loss.detach()
+
+    _, loss_current = first_step(Fp8Recipe("current"))
+    model, loss = first_step(Fp8Recipe("delayed", amax_history_len=8))
+    assert torch.equal(loss, loss_current)
+    for index, layer in enumerate(model.layers):
+        for name, state in _scaling_states(layer).items():
+            assert state.seeded and state.amax_history.max().item() > 0, f"layer {index} {name}: no amax"
+            assert state.scale.item() != 1.0, f"layer {index} {name}: still the initial scale"
+    _, loss_te = first_step(Fp8Recipe("delayed", amax_history_len=8, delayed_warm_start=False))
+    assert not torch.equal(loss_te, loss_current)
 
 
 @pytest.mark.parametrize("kind", [None, "current", "delayed"], ids=["bf16", "fp8_current", "fp8_delayed"])

@@ -4,18 +4,23 @@ that benchmarks/gpu/llama_model.py's FastDecoderLayer executes. If either side c
 composition, this test (or the GPU test of the benchmarked layer) fails."""
 
 import paddle
+import pytest
 
 import paddle_fastffn
 from llama_fixtures import batch, tiny_model
 from paddle_fastffn import ops
-from paddle_fastffn.integration.composition import LLAMA_DECODER_LAYER
+from paddle_fastffn.fp8 import FP8_DTYPES, Fp8FFN, Fp8Recipe, WeightCache, fp8_ffn_cuda
+from paddle_fastffn.fp8 import cuda as fp8_cuda
+from paddle_fastffn.integration.composition import (IN_OUT, LLAMA_DECODER_LAYER, LLAMA_DECODER_LAYER_FP8, OUT_IN,
+                                                    ROWWISE, TRANSPOSED, comparable, fp8_ffn_calls)
 from paddle_fastffn.ops import _loader
 
 KERNEL_STEPS = {"fastffn_rms_norm_fwd": "rms_norm", "fastffn_rotary": "rotary"}
 
 
-def traced_forward(model, ids, monkeypatch):
-    """The composition steps a forward runs, in order."""
+def traced_forward(model, ids, monkeypatch, wrapped=()):
+    """The composition steps a forward runs, in order. wrapped: (step, owner, attribute) of further
+    callables that record their step."""
     from paddlenlp.transformers.llama import modeling
 
     steps = []
@@ -39,6 +44,8 @@ def traced_forward(model, ids, monkeypatch):
         return wrapped
 
     monkeypatch.setattr(_loader, "CALL_LOG", Recorder())
+    for step, owner, attribute in wrapped:
+        monkeypatch.setattr(owner, attribute, record(step, getattr(owner, attribute)))
     monkeypatch.setattr(modeling, "scaled_dot_product_attention",
                         record("attention", modeling.scaled_dot_product_attention))
     monkeypatch.setattr(ops, "swiglu_down_proj", record("swiglu_down_proj", ops.swiglu_down_proj))
@@ -61,3 +68,117 @@ def test_patched_layers_follow_the_composition_the_benchmark_runs(monkeypatch):
     per_layer = [step for step in LLAMA_DECODER_LAYER if step != "residual_add"]
     assert LLAMA_DECODER_LAYER[-1] == "residual_add"
     assert steps == per_layer * len(model.llama.layers) + ["rms_norm"], steps
+
+
+def test_patched_fp8_layers_follow_the_fp8_composition_the_benchmark_runs(monkeypatch):
+    """fast_ffn_precision=fp8 (emulated here): qkv_proj and o_proj through Fp8Linear, the MLP as one
+    FP8 FFN (gate_up_fused_proj is not called as a layer)."""
+    paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True)
+    model = tiny_model(intermediate_size=176)  # FP8 needs every width a multiple of 16
+    ids, _, _ = batch()
+    steps = traced_forward(model, ids, monkeypatch, wrapped=[("fp8_ffn", Fp8FFN, "__call__")])
+    per_layer = [step for step in LLAMA_DECODER_LAYER_FP8 if step != "residual_add"]
+    assert steps == per_layer * len(model.llama.layers) + ["rms_norm"], steps
+
+
+# --- the FP8 FFN's C entry-point calls ------------------------------------------------------------
+
+class CudaCallTracer:
+    """Stands in for fp8/cuda.py's _run on a machine without a GPU: records each C entry point the
+    Paddle CUDA backend calls, named as composition.FP8_FFN_CALLS names them, and returns
+    placeholders of the right shapes and dtypes (zeros: this traces the call order and the
+    operands, it computes nothing). Tensors are named by the scaling state whose scale or amax a
+    call receives (each role has its own) and FP8 copies by the call that wrote them."""
+
+    def __init__(self, states):
+        self.calls = []
+        self.role_of = {}
+        for role in states.roles():
+            state = getattr(states, role)
+            self.role_of[id(state.scale)] = self.role_of[id(state.amax_history)] = role
+        self.copy_of = {}  # id(FP8 output) -> (tensor, copy)
+
+    def _out(self, shape, dtype, name=None):
+        t = paddle.zeros(shape, paddle.float32).astype(dtype)
+        if name is not None:
+            self.copy_of[id(t)] = name
+        return t
+
+    def _written(self, role, rowwise, transposed, shape, cols, dtype, padded):
+        """The row-wise [R, C] and transposed [C, padded] copies of `role` (weights: [in, out] as
+        Paddle stores them, and [out, in]); empty where not asked for."""
+        width = padded or shape[0]  # the transposed copy's row length: a K of the weight gradients
+        assert not transposed or (width % 16 == 0 and width >= shape[0]), f"{role}^T: {width} columns"
+        weight = role.startswith("w_")
+        row_name, col_name = (IN_OUT, OUT_IN) if weight else (ROWWISE, TRANSPOSED)
+        data = self._out(shape if rowwise else [0], dtype, (role, row_name) if rowwise else None)
+        data_t = self._out([cols, width] if transposed else [0], dtype,
+                           (role, col_name) if transposed else None)
+        writes = ((role, row_name),) * rowwise + ((role, col_name),) * transposed
+        return data, data_t, writes
+
+    def __call__(self, name, *args):
+        kernel = name.removeprefix("fastffn_")
+        if name == "fastffn_fp8_quantize":
+            x, scale, _, fmt, rowwise, transpose, cols = args
+            role = self.role_of[id(scale)]
+            data, data_t, writes = self._written(role, rowwise, transpose, list(x.shape), x.shape[1],
+                                                 FP8_DTYPES[fmt], cols)
+            self.calls.append((kernel, role, writes))
+            return data, data_t, self._out([1], paddle.float32)
+        if name == "fastffn_swiglu_fwd_fp8":
+            gate_up, scale, _, fmt, rowwise, _, _ = args
+            shape = [gate_up.shape[0], gate_up.shape[1] // 2]
+            data, data_t, writes = self._written(self.role_of[id(scale)], rowwise, False, shape, 0,
+                                                 FP8_DTYPES[fmt], 0)
+            self.calls.append((kernel, "h", writes))
+            return data, data_t, self._out([1], paddle.float32)
+        if name == "fastffn_swiglu_bwd_fp8":
+            gate_up, d_h, scale, _, h_scale, fmt, rowwise, transpose, h_fmt, h_rowwise, h_transpose, cols = args
+            assert list(d_h.shape) == [gate_up.shape[0], gate_up.shape[1] // 2]
+            role = self.role_of[id(scale)]
+            rows, width = gate_up.shape
+            d, d_t, writes = self._written(role, rowwise, transpose, [rows, width], width, FP8_DTYPES[fmt], cols)
+            h_fp8 = FP8_DTYPES.get(h_fmt, paddle.float8_e4m3fn)
+            h, h_t, h_writes = self._written("h", h_rowwise, h_transpose, [rows, width // 2], width // 2, h_fp8,
+                                             cols)
+            assert not h_writes or h_scale is not None, "q(h) needs the forward's scale"
+            self.calls.append((kernel, role, writes + h_writes))
+            return d, d_t, self._out([1], paddle.float32), h, h_t, self._out([1], paddle.float32)
+        if name == "fastffn_gemm":
+            a, b, _, _, out_dtype = args[:5]
+            assert a.shape[1] == b.shape[1], f"GEMM K mismatch: {a.shape} vs {b.shape}"
+            self.calls.append((kernel, (self.copy_of[id(a)], self.copy_of[id(b)])))
+            return [self._out([a.shape[0], b.shape[0]], getattr(paddle, out_dtype))]
+        assert name in ("fastffn_fp8_compute_scale", "fastffn_fp8_update_amax_history"), name
+        self.calls.append((kernel, self.role_of[id(args[0])], ()))
+        return []
+
+
+@pytest.mark.parametrize("scaling, warm_start", [("current", True), ("delayed", True), ("delayed", False)])
+def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scaling, warm_start):
+    """The Paddle CUDA FP8 FFN (fp8/ffn.py, traced on CPU with placeholder results) calls the C
+    entry points in the order, on the tensors and with the stored copies of
+    composition.fp8_ffn_calls, which the harness's Fp8FFN follows too (tests/gpu: the same
+    comparison on the H200). Two steps: the first (warm start) and one after an optimizer step.
+    37 tokens: the transposed copies are padded to 48 columns."""
+    recipe = Fp8Recipe(scaling=scaling, amax_history_len=4, delayed_warm_start=warm_start)
+    states, cache = recipe.ffn_states(), WeightCache()
+    tracer = CudaCallTracer(states)
+    monkeypatch.setattr(fp8_cuda, "_run", tracer)
+    monkeypatch.setattr(fp8_cuda, "_state_on", lambda state, place: None)
+    tokens, hidden, inter = 37, 32, 80
+    for step in range(2):
+        x = paddle.randn([tokens, hidden]).astype(paddle.bfloat16)
+        w_gate_up = paddle.randn([hidden, 2 * inter]).astype(paddle.bfloat16)
+        w_down = paddle.randn([inter, hidden]).astype(paddle.bfloat16)
+        for t in (x, w_gate_up, w_down):
+            t.stop_gradient = False
+        tracer.calls.clear()
+        y = fp8_ffn_cuda(x, w_gate_up, w_down, states=states, weight_cache=cache)
+        y.backward(paddle.ones_like(y))
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert (x.grad.shape, w_gate_up.grad.shape, w_down.grad.shape) == (x.shape, w_gate_up.shape, w_down.shape)
+        expected = fp8_ffn_calls(scaling, first_step=step == 0, delayed_warm_start=warm_start)
+        assert comparable(tracer.calls) == comparable(expected), f"step {step}:\n{tracer.calls}"
+        assert all(state.seeded for state in map(lambda r: getattr(states, r), states.roles()))

@@ -1,0 +1,112 @@
+"""The harness's FP8 FFN (benchmarks/gpu/fp8_ffn.py) issues the C entry-point calls that
+paddle_fastffn/integration/composition.py lists (fp8_ffn_calls), the list the Paddle FFN is traced
+against on CPU (tests/integration/test_composition.py): what is benchmarked is what Paddle runs.
+
+Each call of the Fp8Kernels methods the FFN uses is recorded as the composition names it: the
+tensor by the scaling state whose scale or amax the call receives (one per role), the FP8 copies a
+GEMM reads by the call that wrote them (device pointers)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from benchmarks.gpu import fp8_ffn
+from benchmarks.gpu import fp8_harness as fp8
+from benchmarks.gpu.llama_model import COMPOSITION
+
+ROLES = ("x", "w_gate_up", "w_down", "h", "dy", "d_gate_up")
+
+
+class HarnessTracer:
+    """Wraps the FFN's Fp8Kernels methods (instance attributes, undone by monkeypatch)."""
+
+    def __init__(self, k: fp8.Fp8Kernels, state: fp8_ffn.Fp8FFNState, monkeypatch):
+        self.calls: list = []
+        self.copy_of: dict[int, tuple[str, str]] = {}  # data_ptr of an FP8 copy -> (tensor, copy)
+        self.role_of = {}
+        for role in ROLES:
+            scaling = getattr(state, role)
+            self.role_of[scaling.scale.data_ptr()] = self.role_of[scaling.amax_history.data_ptr()] = role
+        for name in ("quantize", "swiglu_fwd_fp8", "swiglu_bwd_fp8", "gemm", "compute_scale",
+                     "update_amax_history"):
+            monkeypatch.setattr(k, name, getattr(self, f"_{name}")(getattr(k, name)))
+
+    def _wrote(self, role, q: fp8.Quantized, rowwise: bool, transposed: bool):
+        """The (tensor, copy) pairs q holds: torch's weights are stored [out, in]."""
+        row, col = (COMPOSITION.OUT_IN, COMPOSITION.IN_OUT) if role.startswith("w_") else (
+            COMPOSITION.ROWWISE, COMPOSITION.TRANSPOSED)
+        writes = []
+        for wanted, data, copy in ((rowwise, q.data, row), (transposed, q.data_t, col)):
+            if wanted:
+                assert data is not None, (role, copy)
+                self.copy_of[data.data_ptr()] = (role, copy)
+                writes.append((role, copy))
+        return tuple(writes)
+
+    def _quantizing(self, kernel, original, transpose_default):
+        """fastffn_fp8_quantize / fastffn_swiglu_fwd_fp8: (input, fmt, scale, rowwise, transpose,
+        amax=...); an amax-only pass writes no copy."""
+        def wrapped(x, fmt, scale=None, rowwise=True, transpose=transpose_default, amax=None, **kw):
+            q = original(x, fmt, scale, rowwise, transpose, amax=amax, **kw)
+            role = self.role_of[amax.data_ptr()]
+            self.calls.append((kernel, role, self._wrote(role, q, rowwise, transpose)))
+            return q
+        return wrapped
+
+    def _quantize(self, original):
+        return self._quantizing("fp8_quantize", original, transpose_default=True)
+
+    def _swiglu_fwd_fp8(self, original):
+        return self._quantizing("swiglu_fwd_fp8", original, transpose_default=False)
+
+    def _swiglu_bwd_fp8(self, original):
+        def swiglu_bwd_fp8(gate_up, d_h, fmt=fp8_ffn.E5M2, scale=None, rowwise=True, transpose=True, amax=None,
+                           **kw):
+            q, q_h = original(gate_up, d_h, fmt, scale, rowwise, transpose, amax=amax, **kw)
+            role = self.role_of[amax.data_ptr()]
+            writes = self._wrote(role, q, rowwise, transpose)
+            if kw.get("h") in fp8.FP8_DTYPES:
+                writes += self._wrote("h", q_h, kw.get("h_rowwise", False), kw.get("h_transpose", True))
+            self.calls.append(("swiglu_bwd_fp8", role, writes))
+            return q, q_h
+        return swiglu_bwd_fp8
+
+    def _gemm(self, original):
+        def gemm(a, b, *args, **kw):
+            self.calls.append(("gemm", (self.copy_of[a.data_ptr()], self.copy_of[b.data_ptr()])))
+            return original(a, b, *args, **kw)
+        return gemm
+
+    def _compute_scale(self, original):
+        def compute_scale(amax, *args, **kw):
+            self.calls.append(("fp8_compute_scale", self.role_of[amax.data_ptr()], ()))
+            return original(amax, *args, **kw)
+        return compute_scale
+
+    def _update_amax_history(self, original):
+        def update_amax_history(history, *args, **kw):
+            self.calls.append(("fp8_update_amax_history", self.role_of[history.data_ptr()], ()))
+            return original(history, *args, **kw)
+        return update_amax_history
+
+
+@pytest.mark.parametrize("kind, warm_start", [("current", True), ("delayed", True), ("delayed", False)])
+def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_start):
+    """Two steps (the first, then one after the weights changed) of the harness's FFN against
+    composition.fp8_ffn_calls, call by call."""
+    k = fp8.kernels()
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=4, delayed_warm_start=warm_start))
+    tracer = HarnessTracer(k, state, monkeypatch)
+    t, hidden, inter = 64, 256, 688
+    for step in range(2):
+        x = torch.randn(t, hidden, device="cuda").to(torch.bfloat16).requires_grad_()
+        w_gu = (torch.randn(2 * inter, hidden, device="cuda") / math.sqrt(hidden)).to(torch.bfloat16).requires_grad_()
+        w_d = (torch.randn(hidden, inter, device="cuda") / math.sqrt(inter)).to(torch.bfloat16).requires_grad_()
+        tracer.calls.clear()
+        fp8_ffn.fp8_ffn(x, w_gu, w_d, state).backward(torch.randn(t, hidden, device="cuda").to(torch.bfloat16))
+        state.cache.invalidate()
+        expected = COMPOSITION.fp8_ffn_calls(kind, first_step=step == 0, delayed_warm_start=warm_start)
+        assert COMPOSITION.comparable(tracer.calls) == COMPOSITION.comparable(expected), f"step {step}: {tracer.calls}"
