@@ -67,6 +67,27 @@ class RotaryArgs(ctypes.Structure):
                 ("position_error", ctypes.c_void_p)]
 
 
+class Scalar(ctypes.Structure):
+    """fastffn_scalar: `value`, or the fp32 at device address `ptr` when it is not NULL."""
+    _fields_ = [("value", ctypes.c_float), ("ptr", ctypes.c_void_p)]
+
+
+class AdamwArgs(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("param_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
+                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("epsilon", ctypes.c_float),
+                ("coeff", ctypes.c_float), ("lr_ratio", ctypes.c_float), ("with_decay", ctypes.c_int),
+                ("lr", Scalar), ("beta1_pow", Scalar), ("beta2_pow", Scalar), ("grad_scale", Scalar)]
+
+
+def scalar(value) -> Scalar:
+    """A Python number as a host value, a one-element fp32 CUDA tensor as its device address (the
+    kernel reads it when it runs: no host sync, and a CUDA graph replays the current value)."""
+    if isinstance(value, torch.Tensor):
+        assert value.dtype == torch.float32 and value.numel() == 1 and value.is_cuda, value
+        return Scalar(0.0, value.data_ptr())
+    return Scalar(float(value), None)
+
+
 def _run(cmd: list[str]) -> str:
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -117,6 +138,11 @@ class Kernels:
         for name in ("fastffn_device_limits_cuda", "fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
                      "fastffn_rms_norm_bwd_cuda", "fastffn_rotary_cuda"):
             getattr(self.lib, name).restype = ctypes.c_int
+        ptr = ctypes.c_void_p
+        self.lib.fastffn_adamw_cuda.restype = ctypes.c_int
+        self.lib.fastffn_adamw_cuda.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr, ptr]
+        self.lib.fastffn_adamw_update_pows_cuda.restype = ctypes.c_int
+        self.lib.fastffn_adamw_update_pows_cuda.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr, ptr]
 
     def _check(self, status: int, op: str):
         if status != 0:
@@ -224,6 +250,30 @@ class Kernels:
         if error is not None and int(error.item()) != 0:
             raise ValueError(f"rotary: position_ids holds a position outside the cos/sin table [0, {cos.shape[0]})")
         return q_out, k_out
+
+    # --- AdamW (fastffn/optimizer.h) ----------------------------------------------------------
+    def adamw(self, param, grad, moment1, moment2, master=None, *, lr, beta1_pow, beta2_pow,
+              beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, lr_ratio=1.0, with_decay=True,
+              grad_scale=1.0):
+        """One step of Paddle's AdamW on one tensor, in place: param (fp32/fp16/bf16), grad (its
+        dtype or fp32), master (fp32 or None), moment1/moment2 (fp32), all with param's element
+        count (contiguous; any alignment). lr, beta1_pow (beta1^t), beta2_pow and grad_scale: host
+        numbers or one-element fp32 CUDA tensors (read by the kernel)."""
+        for t in (param, grad, moment1, moment2, master):
+            assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw: tensor layout"
+        args = AdamwArgs(param.numel(), _DTYPES[param.dtype], _DTYPES[grad.dtype], beta1, beta2, eps,
+                         weight_decay, lr_ratio, int(with_decay), scalar(lr), scalar(beta1_pow),
+                         scalar(beta2_pow), scalar(grad_scale))
+        self._check(self.lib.fastffn_adamw_cuda(args, param.data_ptr(), grad.data_ptr(),
+                                                master.data_ptr() if master is not None else None,
+                                                moment1.data_ptr(), moment2.data_ptr(),
+                                                self._stream()), "adamw")
+
+    def adamw_update_pows(self, beta1, beta2, beta1_pow, beta2_pow):
+        """beta1_pow *= beta1, beta2_pow *= beta2 on the device (fp32 one-element tensors)."""
+        self._check(self.lib.fastffn_adamw_update_pows_cuda(beta1, beta2, beta1_pow.data_ptr(),
+                                                            beta2_pow.data_ptr(), self._stream()),
+                    "adamw_update_pows")
 
 
 _KERNELS: Kernels | None = None
