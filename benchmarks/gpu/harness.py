@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -65,18 +67,6 @@ class RotaryArgs(ctypes.Structure):
                 ("q_out_token_stride", ctypes.c_int64), ("k_out_token_stride", ctypes.c_int64),
                 ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("position_error", ctypes.c_void_p)]
-
-
-class Scalar(ctypes.Structure):
-    """fastffn_scalar: `value`, or the fp32 at device address `ptr` when it is not NULL."""
-    _fields_ = [("value", ctypes.c_float), ("ptr", ctypes.c_void_p)]
-
-
-class AdamwArgs(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("param_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
-                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("epsilon", ctypes.c_float),
-                ("coeff", ctypes.c_float), ("lr_ratio", ctypes.c_float), ("with_decay", ctypes.c_int),
-                ("lr", Scalar), ("beta1_pow", Scalar), ("beta2_pow", Scalar), ("grad_scale", Scalar)]
 
 
 def scalar(value) -> Scalar:

@@ -224,7 +224,7 @@ class FusedMasterAdamW:
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.max_grad_norm = eps, weight_decay, max_grad_norm
         device = self.params[0].device
-        self.masters = [p.detach().float().clone() if p.dtype != torch.float32 else None for p in self.params]
+        self.masters = [p.detach().float() if p.dtype != torch.float32 else None for p in self.params]
         self.m = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
         self.v = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
         self.lr = torch.tensor([lr], dtype=torch.float32, device=device)

@@ -67,20 +67,26 @@ def assert_same_state(ours, stock, params, stock_params, steps, lr, model=False)
                 assert_within(a, b, *tol, f"{acc} of {p.name}")
 
 
-def run_twins(shapes, steps=5, grad_scale=1.0, seed=0, attr=None, **options):
-    """FastAdamW and stock AdamW, the same options and gradients, `steps` steps."""
-    ours_p, stock_p = twin_parameters(shapes, seed=seed, **(attr or {}))
-    ours = FastAdamW(parameters=ours_p, **options)
-    stock = paddle.optimizer.AdamW(parameters=stock_p, **options)
-    rng = np.random.default_rng(seed + 1)
+def step_twins(ours, stock, ours_p, stock_p, steps, seed, grad_scale=1.0, after_step=None):
+    """`steps` steps of both optimizers on the same random gradients; after_step(grads)."""
+    rng = np.random.default_rng(seed)
+    shapes = [p.shape for p in ours_p]
     for _ in range(steps):
         grads = random_grads(shapes, rng, grad_scale)
         set_grads(ours_p, grads)
         set_grads(stock_p, grads)
         ours.step()
         stock.step()
-        ours.clear_grad()
-        stock.clear_grad()
+        if after_step is not None:
+            after_step(grads)
+
+
+def run_twins(shapes, steps=5, grad_scale=1.0, seed=0, **options):
+    """FastAdamW and stock AdamW, the same options and gradients, `steps` steps."""
+    ours_p, stock_p = twin_parameters(shapes, seed=seed)
+    ours = FastAdamW(parameters=ours_p, **options)
+    stock = paddle.optimizer.AdamW(parameters=stock_p, **options)
+    step_twins(ours, stock, ours_p, stock_p, steps, seed + 1, grad_scale)
     return ours, stock, ours_p, stock_p
 
 
@@ -175,13 +181,7 @@ def test_lr_ratio_matches_stock_parameter_group_learning_rates(kernel_calls):
     ours = FastAdamW(learning_rate=0.02, parameters=ours_p, lr_ratio=lambda p: ratios[p.name])
     stock = paddle.optimizer.AdamW(learning_rate=0.02, parameters=[
         {"params": [stock_p[0]]}, {"params": [stock_p[1]], "learning_rate": ratio[1]}])
-    rng = np.random.default_rng(3)
-    for _ in range(5):
-        grads = random_grads(shapes, rng)
-        set_grads(ours_p, grads)
-        set_grads(stock_p, grads)
-        ours.step()
-        stock.step()
+    step_twins(ours, stock, ours_p, stock_p, 5, 3)
     assert_same_state(ours, stock, ours_p, stock_p, 5, 0.02)
     assert kernel_calls() == {OP: 10}
 
@@ -196,13 +196,7 @@ def test_parameter_groups_with_their_own_betas_and_decay_match_stock_adamw():
     ours_p, stock_p = twin_parameters(shapes)
     ours = FastAdamW(learning_rate=0.05, parameters=groups(ours_p))
     stock = paddle.optimizer.AdamW(learning_rate=0.05, parameters=groups(stock_p))
-    rng = np.random.default_rng(4)
-    for _ in range(4):
-        grads = random_grads(shapes, rng)
-        set_grads(ours_p, grads)
-        set_grads(stock_p, grads)
-        ours.step()
-        stock.step()
+    step_twins(ours, stock, ours_p, stock_p, 4, 4)
     assert_same_state(ours, stock, ours_p, stock_p, 4, 0.05)
 
 
@@ -221,14 +215,10 @@ def test_global_norm_clip_is_fused_and_matches_stock(clip_norm, auto_skip_clip, 
                    grad_clip=paddle.nn.ClipGradByGlobalNorm(clip_norm, auto_skip_clip=auto_skip_clip))
 
     ours, stock = make(FastAdamW, ours_p), make(paddle.optimizer.AdamW, stock_p)
-    rng = np.random.default_rng(5)
-    for _ in range(4):
-        grads = random_grads(shapes, rng, scale=3.0)
-        set_grads(ours_p, grads)
-        set_grads(stock_p, grads)
-        ours.step()
-        stock.step()
-        np.testing.assert_array_equal(ours_p[0].grad.numpy(), grads[0].numpy())  # unclipped
+    def grad_unclipped(grads):
+        np.testing.assert_array_equal(ours_p[0].grad.numpy(), grads[0].numpy())
+
+    step_twins(ours, stock, ours_p, stock_p, 4, 5, 3.0, after_step=grad_unclipped)
     assert_same_state(ours, stock, ours_p, stock_p, 4, 0.01)
     assert kernel_calls() == {OP: 12}
     assert not ours.deferred
@@ -251,13 +241,7 @@ def test_global_norm_clip_reaches_parameters_that_take_paddles_update(monkeypatc
     ours = FastAdamW(learning_rate=0.01, parameters=ours_p, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.1))
     stock = paddle.optimizer.AdamW(learning_rate=0.01, parameters=stock_p,
                                    grad_clip=paddle.nn.ClipGradByGlobalNorm(0.1))
-    rng = np.random.default_rng(6)
-    for _ in range(3):
-        grads = random_grads(shapes, rng, 2.0)
-        set_grads(ours_p, grads)
-        set_grads(stock_p, grads)
-        ours.step()
-        stock.step()
+    step_twins(ours, stock, ours_p, stock_p, 3, 6, 2.0)
     assert ours.deferred == {"simulated": 3} and kernel_calls() == {OP: 3}
     assert_same_state(ours, stock, ours_p, stock_p, 3, 0.01)
 
@@ -502,14 +486,8 @@ def test_kernel_statuses_for_bad_pointers_and_dtypes():
     UNSUPPORTED_DTYPE (2) for a float64 parameter or a gradient of a third dtype."""
     import ctypes
 
-    class Scalar(ctypes.Structure):
-        _fields_ = [("value", ctypes.c_float), ("ptr", ctypes.c_void_p)]
-
-    class Args(ctypes.Structure):
-        _fields_ = [("n", ctypes.c_int64), ("param_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
-                    ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("epsilon", ctypes.c_float),
-                    ("coeff", ctypes.c_float), ("lr_ratio", ctypes.c_float), ("with_decay", ctypes.c_int),
-                    ("lr", Scalar), ("beta1_pow", Scalar), ("beta2_pow", Scalar), ("grad_scale", Scalar)]
+    from benchmarks.gpu.optimizer_ctypes import AdamwArgs as Args
+    from benchmarks.gpu.optimizer_ctypes import Scalar
 
     _loader.ensure_loaded()
     fn = ctypes.CDLL(str(_loader.library_path())).fastffn_adamw_cpu
