@@ -120,10 +120,9 @@ def global_norm_clip_coefficient(clip: paddle.nn.ClipGradByGlobalNorm, params_gr
     """clip_norm / max(global_norm, clip_norm) as paddle.nn.ClipGradByGlobalNorm computes it in
     dygraph (its own squared norm per gradient, in the gradient's dtype unless Paddle's mp-type
     flag is set, summed per dtype group, in float64 when any gradient is float64, else float32),
-    without scaling any gradient: a [1] tensor in that sum
-    dtype on the gradients' device, or None when no gradient is clipped (need_clip False).
-    auto_skip_clip: 1 where Paddle skips the clip (global_norm <= clip_norm), decided on the device
-    instead of by a host read."""
+    without scaling any gradient: a [1] tensor in that sum dtype on the gradients' device, or None
+    when no gradient is clipped (need_clip False). auto_skip_clip: 1 where Paddle skips the clip
+    (global_norm <= clip_norm), decided on the device instead of by a host read."""
     half, single, other = [], [], []
     for param, grad in params_grads:
         if grad is None or not _need_clip(param):
@@ -189,7 +188,9 @@ class FastAdamW(paddle.optimizer.AdamW):
                             f"{type(lr_ratio).__name__}")
         self._lr_ratio = lr_ratio
         self.deferred: Counter = Counter()
-        self._clip_coefficient = None  # while a step runs with the global-norm clip fused
+        # While a step runs with the global-norm clip fused: Paddle's coefficient (in its sum
+        # dtype, for gradients that take Paddle's update) and its fp32 value (for the kernel).
+        self._clip_coefficient = self._clip_coefficient_fp32 = None
 
     # --- which parameters the kernel takes --------------------------------------------------
     def _optimizer_reason(self) -> str | None:
@@ -233,13 +234,13 @@ class FastAdamW(paddle.optimizer.AdamW):
             return self._paddle_update(block, param, grad, reason)
         find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
         with_decay = self._apply_decay_param_fun is None or self._apply_decay_param_fun(param.name)
-        clipped = self._clip_coefficient is not None and _need_clip(param)
+        clipped = self._clip_coefficient_fp32 is not None and _need_clip(param)
         _adamw_op(param, grad, learning_rate, moment1,
                   self._get_accumulator_master(self._moment2_acc_str, param),
                   self._get_accumulator_master(self._beta1_pow_acc_str, param),
                   self._get_accumulator_master(self._beta2_pow_acc_str, param),
                   self._master_weights[param.name] if find_master else None,
-                  self._clip_coefficient.astype(paddle.float32) if clipped else None,
+                  self._clip_coefficient_fp32 if clipped else None,
                   _as_float(self._beta1), _as_float(self._beta2), _as_float(self._epsilon),
                   1.0 if self._lr_ratio is None else self._lr_ratio(param),
                   float(self._weight_decay), with_decay)
@@ -278,6 +279,8 @@ class FastAdamW(paddle.optimizer.AdamW):
         if not self._clip_to_fuse(clip, pairs):
             return super()._apply_optimize(loss, startup_program, params_grads, param_group_idx)
         self._clip_coefficient = global_norm_clip_coefficient(clip, pairs)
+        if self._clip_coefficient is not None:
+            self._clip_coefficient_fp32 = self._clip_coefficient.astype(paddle.float32)
         saved_clip = self._grad_clip
         try:
             if grouped:
@@ -287,7 +290,7 @@ class FastAdamW(paddle.optimizer.AdamW):
             return super()._apply_optimize(loss, startup_program, params_grads, param_group_idx)
         finally:
             self._grad_clip = saved_clip
-            self._clip_coefficient = None
+            self._clip_coefficient = self._clip_coefficient_fp32 = None
 
 
 def adamw_ref(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
