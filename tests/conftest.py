@@ -16,7 +16,7 @@ os.environ["PADDLE_FASTFFN_STRICT"] = "1"
 
 HAS_PADDLE = importlib.util.find_spec("paddle") is not None
 # The GPU machine has torch but no Paddle: only tests/gpu is collected there.
-collect_ignore = [] if HAS_PADDLE else ["ops", "integration", "build_checks", "fp8"]
+collect_ignore = [] if HAS_PADDLE else ["ops", "integration", "build_checks", "fp8", "optim"]
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

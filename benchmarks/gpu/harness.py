@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,15 @@ class RotaryArgs(ctypes.Structure):
                 ("q_out_token_stride", ctypes.c_int64), ("k_out_token_stride", ctypes.c_int64),
                 ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("position_error", ctypes.c_void_p)]
+
+
+def scalar(value) -> Scalar:
+    """A Python number as a host value, a one-element fp32 CUDA tensor as its device address (the
+    kernel reads it when it runs: no host sync, and a CUDA graph replays the current value)."""
+    if isinstance(value, torch.Tensor):
+        assert value.dtype == torch.float32 and value.numel() == 1 and value.is_cuda, value
+        return Scalar(0.0, value.data_ptr())
+    return Scalar(float(value), None)
 
 
 def _run(cmd: list[str]) -> str:
@@ -117,6 +128,11 @@ class Kernels:
         for name in ("fastffn_device_limits_cuda", "fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
                      "fastffn_rms_norm_bwd_cuda", "fastffn_rotary_cuda"):
             getattr(self.lib, name).restype = ctypes.c_int
+        ptr = ctypes.c_void_p
+        self.lib.fastffn_adamw_cuda.restype = ctypes.c_int
+        self.lib.fastffn_adamw_cuda.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr, ptr]
+        self.lib.fastffn_adamw_update_pows_cuda.restype = ctypes.c_int
+        self.lib.fastffn_adamw_update_pows_cuda.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr, ptr]
 
     def _check(self, status: int, op: str):
         if status != 0:
@@ -224,6 +240,30 @@ class Kernels:
         if error is not None and int(error.item()) != 0:
             raise ValueError(f"rotary: position_ids holds a position outside the cos/sin table [0, {cos.shape[0]})")
         return q_out, k_out
+
+    # --- AdamW (fastffn/optimizer.h) ----------------------------------------------------------
+    def adamw(self, param, grad, moment1, moment2, master=None, *, lr, beta1_pow, beta2_pow,
+              beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, lr_ratio=1.0, with_decay=True,
+              grad_scale=1.0):
+        """One step of Paddle's AdamW on one tensor, in place: param (fp32/fp16/bf16), grad (its
+        dtype or fp32), master (fp32 or None), moment1/moment2 (fp32), all with param's element
+        count (contiguous; any alignment). lr, beta1_pow (beta1^t), beta2_pow and grad_scale: host
+        numbers or one-element fp32 CUDA tensors (read by the kernel)."""
+        for t in (param, grad, moment1, moment2, master):
+            assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw: tensor layout"
+        args = AdamwArgs(param.numel(), _DTYPES[param.dtype], _DTYPES[grad.dtype], beta1, beta2, eps,
+                         weight_decay, lr_ratio, int(with_decay), scalar(lr), scalar(beta1_pow),
+                         scalar(beta2_pow), scalar(grad_scale))
+        self._check(self.lib.fastffn_adamw_cuda(args, param.data_ptr(), grad.data_ptr(),
+                                                master.data_ptr() if master is not None else None,
+                                                moment1.data_ptr(), moment2.data_ptr(),
+                                                self._stream()), "adamw")
+
+    def adamw_update_pows(self, beta1, beta2, beta1_pow, beta2_pow):
+        """beta1_pow *= beta1, beta2_pow *= beta2 on the device (fp32 one-element tensors)."""
+        self._check(self.lib.fastffn_adamw_update_pows_cuda(beta1, beta2, beta1_pow.data_ptr(),
+                                                            beta2_pow.data_ptr(), self._stream()),
+                    "adamw_update_pows")
 
 
 _KERNELS: Kernels | None = None

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "fastffn/c_api.h"
+#include "fastffn/optimizer.h"
 
 namespace fastffn {
 
@@ -39,6 +40,20 @@ inline bool rotary_valid(const fastffn_rotary_args& a, const void* q, const void
          (a.q_out_token_stride == 0 || a.q_out_token_stride >= q_width) &&
          (a.k_out_token_stride == 0 || a.k_out_token_stride >= k_width) &&
          (position_ids != nullptr || a.seq <= a.table_rows);
+}
+
+// AdamW: INVALID_ARGUMENT for missing tensors or n < 0, UNSUPPORTED_DTYPE for dtypes outside
+// fastffn/optimizer.h's contract (checked in that order).
+inline fastffn_status adamw_args_status(const fastffn_adamw_args& a, const void* param,
+                                        const void* grad, const float* moment1,
+                                        const float* moment2) {
+  if (param == nullptr || grad == nullptr || moment1 == nullptr || moment2 == nullptr || a.n < 0)
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const bool param_ok = a.param_dtype == FASTFFN_DTYPE_FLOAT32 ||
+                        a.param_dtype == FASTFFN_DTYPE_FLOAT16 ||
+                        a.param_dtype == FASTFFN_DTYPE_BFLOAT16;
+  const bool grad_ok = a.grad_dtype == a.param_dtype || a.grad_dtype == FASTFFN_DTYPE_FLOAT32;
+  return param_ok && grad_ok ? FASTFFN_STATUS_OK : FASTFFN_STATUS_UNSUPPORTED_DTYPE;
 }
 
 }  // namespace fastffn

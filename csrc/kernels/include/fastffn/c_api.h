@@ -3,7 +3,8 @@
 // Every entry point takes raw pointers, sizes, strides (in elements), a dtype and, for CUDA, a
 // cudaStream_t passed as void*. No framework header is included here or in the kernels: the Paddle
 // bindings (csrc/paddle) and the standalone GPU harness (benchmarks/gpu, via ctypes) call the same
-// functions. All math is fp32 inside, whatever the storage dtype.
+// functions. All math is fp32 inside, whatever the storage dtype. Beside this header, with their
+// own extern "C" blocks: fastffn/optimizer.h (AdamW) and fastffn/scaled_tensor.h (FP8).
 #ifndef FASTFFN_C_API_H_
 #define FASTFFN_C_API_H_
 

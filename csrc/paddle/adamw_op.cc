@@ -1,0 +1,133 @@
+// Paddle binding of the AdamW kernel (fastffn/optimizer.h), in place like Paddle's adamw_:
+//   fastffn_adamw_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
+//                  master_param?, grad_scale?; beta1, beta2, epsilon, lr_ratio, coeff, with_decay)
+// updates param, moment1, moment2 and master_param (when given) in one pass, then multiplies the
+// beta powers by beta1 / beta2 as Paddle's kernel does after each parameter's step. The scalars
+// (learning_rate, beta powers, grad_scale) are one-element fp32 tensors on the CPU, whose value is
+// read here, or on the parameter's GPU, whose address the kernel reads: Paddle keeps its learning
+// rate on the device and its beta powers on the CPU.
+#include "binding_utils.h"
+#include "fastffn/optimizer.h"
+
+namespace {
+
+using namespace fastffn::paddle_binding;
+constexpr const char* kOp = "paddle_fastffn.optim.adamw";
+
+void check_like_param(const paddle::Tensor& param, const paddle::Tensor& t, const char* arg) {
+  check_contiguous(t, arg, kOp);
+  check_same_place(param, t, arg, kOp);
+  PD_CHECK(t.numel() == param.numel(), kOp, ": argument `", arg, "` must have the ",
+           param.numel(), " elements of `param`, got ", t.numel());
+}
+
+void check_fp32(const paddle::Tensor& t, const char* arg) {
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, kOp, ": argument `", arg,
+           "` must be float32, got ", phi::DataTypeToString(t.dtype()));
+}
+
+// A one-element fp32 tensor as a kernel scalar: its value when it lives on the CPU, its address
+// when it lives where the parameter does (the CUDA kernel reads it there).
+fastffn_scalar scalar_of(const paddle::Tensor& t, const paddle::Tensor& param, const char* arg) {
+  check_fp32(t, arg);
+  PD_CHECK(t.numel() == 1, kOp, ": argument `", arg, "` must hold one value, got ", t.numel());
+  if (t.is_cpu()) return {*t.data<float>(), nullptr};
+  PD_CHECK(t.place() == param.place(), kOp, ": argument `", arg,
+           "` must be on the CPU or on the device of `param`");
+  return {0.f, t.data<float>()};
+}
+
+fastffn_dtype param_dtype(const paddle::Tensor& param) {
+  const auto dtype = param.dtype();
+  PD_CHECK(dtype == paddle::DataType::FLOAT32 || dtype == paddle::DataType::FLOAT16 ||
+               dtype == paddle::DataType::BFLOAT16,
+           kOp, ": argument `param` must be float32, float16 or bfloat16, got ",
+           phi::DataTypeToString(dtype));
+  return kernel_dtype(param, kOp, "param");
+}
+
+// The beta powers after the step, where they live.
+fastffn_status update_pows(paddle::Tensor& beta1_pow, paddle::Tensor& beta2_pow, float beta1,
+                           float beta2) {
+  PD_CHECK(beta1_pow.place() == beta2_pow.place(), kOp,
+           ": arguments `beta1_pow` and `beta2_pow` must be on one device");
+  return run_on_device(
+      beta1_pow, kOp,
+      [&] {
+        return fastffn_adamw_update_pows_cpu(beta1, beta2, beta1_pow.data<float>(),
+                                             beta2_pow.data<float>());
+      },
+      [&](void* stream) {
+        return fastffn_adamw_update_pows_cuda(beta1, beta2, beta1_pow.data<float>(),
+                                              beta2_pow.data<float>(), stream);
+      });
+}
+
+void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
+                  const paddle::Tensor& learning_rate, paddle::Tensor& moment1,
+                  paddle::Tensor& moment2, paddle::Tensor& beta1_pow, paddle::Tensor& beta2_pow,
+                  paddle::optional<paddle::Tensor>& master_param,
+                  const paddle::optional<paddle::Tensor>& grad_scale, float beta1, float beta2,
+                  float epsilon, float lr_ratio, float coeff, bool with_decay) {
+  check_contiguous(param, "param", kOp);
+  fastffn_adamw_args args{};
+  args.n = param.numel();
+  args.param_dtype = param_dtype(param);
+  check_like_param(param, grad, "grad");
+  PD_CHECK(grad.dtype() == param.dtype() || grad.dtype() == paddle::DataType::FLOAT32, kOp,
+           ": argument `grad` must have the dtype of `param` (", phi::DataTypeToString(param.dtype()),
+           ") or float32, got ", phi::DataTypeToString(grad.dtype()));
+  args.grad_dtype = kernel_dtype(grad, kOp, "grad");
+  for (auto [t, arg] : {std::pair<paddle::Tensor*, const char*>{&moment1, "moment1"},
+                        {&moment2, "moment2"}}) {
+    check_like_param(param, *t, arg);
+    check_fp32(*t, arg);
+  }
+  float* master = nullptr;
+  if (master_param) {
+    check_like_param(param, *master_param, "master_param");
+    check_fp32(*master_param, "master_param");
+    master = master_param->data<float>();
+  }
+  args.beta1 = beta1;
+  args.beta2 = beta2;
+  args.epsilon = epsilon;
+  args.coeff = coeff;
+  args.lr_ratio = lr_ratio;
+  args.with_decay = with_decay ? 1 : 0;
+  args.lr = scalar_of(learning_rate, param, "learning_rate");
+  args.beta1_pow = scalar_of(beta1_pow, param, "beta1_pow");
+  args.beta2_pow = scalar_of(beta2_pow, param, "beta2_pow");
+  args.grad_scale = grad_scale ? scalar_of(*grad_scale, param, "grad_scale")
+                               : fastffn_scalar{1.f, nullptr};
+  check_status(run_on_device(
+                   param, kOp,
+                   [&] {
+                     return fastffn_adamw_cpu(args, param.data(), grad.data(), master,
+                                              moment1.data<float>(), moment2.data<float>());
+                   },
+                   [&](void* stream) {
+                     return fastffn_adamw_cuda(args, param.data(), grad.data(), master,
+                                               moment1.data<float>(), moment2.data<float>(),
+                                               stream);
+                   }),
+               kOp);
+  check_status(update_pows(beta1_pow, beta2_pow, beta1, beta2), kOp);
+}
+
+}  // namespace
+
+PD_BUILD_OP(fastffn_adamw_)
+    .Inputs({"Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow",
+             paddle::Optional("MasterParam"), paddle::Optional("GradScale")})
+    .Outputs({"ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut",
+              paddle::Optional("MasterParamOut")})
+    .Attrs({"beta1: float", "beta2: float", "epsilon: float", "lr_ratio: float", "coeff: float",
+            "with_decay: bool"})
+    .SetInplaceMap({{"Param", "ParamOut"},
+                    {"Moment1", "Moment1Out"},
+                    {"Moment2", "Moment2Out"},
+                    {"Beta1Pow", "Beta1PowOut"},
+                    {"Beta2Pow", "Beta2PowOut"},
+                    {paddle::Optional("MasterParam"), paddle::Optional("MasterParamOut")}})
+    .SetKernelFn(PD_KERNEL(AdamwInPlace));
