@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.gpu import fp8_ffn, fp8_harness, harness
-from benchmarks.gpu.bench_gpu import (DT, ceilings, environment, fwd_bwd, graphed, leaf, peak_bytes,
-                                      saved_activation_bytes, timeit, timeit_interleaved)
+from benchmarks.gpu.bench_gpu import (DT, GEMM_KERNEL_MARKS, ceilings, environment, fwd_bwd, graphed,
+                                      kernel_times, leaf, peak_bytes, saved_activation_bytes, timeit,
+                                      timeit_interleaved)
 
 # hidden, intermediate: LLaMA-2 7B / 13B / 70B and Llama-3-8B.
 WIDTHS = {"llama2_7b": (4096, 11008), "llama2_13b": (5120, 13824), "llama2_70b": (8192, 28672),
@@ -183,26 +184,6 @@ def ffn_rows(model, hidden, inter, tokens):
     return rows
 
 
-def kernel_times(run, reps=5) -> dict:
-    """{kernel name: GPU ms per run} from torch.profiler over `reps` runs, largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            run()
-        torch.cuda.synchronize()
-    times = {}
-    for event in prof.key_averages():
-        if getattr(event, "device_type", None) is not None and "cuda" not in str(event.device_type).lower():
-            continue
-        t = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-        if t:
-            times[event.key[:100]] = times.get(event.key[:100], 0.0) + t / reps / 1e3
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
-
-
 def profile_rows(models, tokens=8192):
     """Where the FP8 FFN's time goes, per recipe: the GPU time of every kernel (profiler), their sum,
     the eager wall time (CUDA events, as the FFN table times it) and the same fwd+bwd replayed from
@@ -220,9 +201,8 @@ def profile_rows(models, tokens=8192):
             run = fwd_bwd(ours_fp8(x, w_gate_up, w_down, dy, kind), [x, w_gate_up, w_down], [dy])
             row = {"model": model, "tokens": tokens, "impl": f"ours_fp8_{kind}"}
             try:
-                kernels = kernel_times(run)
-                gemm_ms = sum(t for name, t in kernels.items()
-                              if any(s in name.lower() for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas")))
+                kernels = kernel_times(run, reps=5)
+                gemm_ms = sum(t for name, t in kernels.items() if any(s in name.lower() for s in GEMM_KERNEL_MARKS))
                 row.update(kernels_ms=kernels, kernel_sum_ms=sum(kernels.values()), gemm_ms=gemm_ms,
                            eager=timeit(run))
                 try:

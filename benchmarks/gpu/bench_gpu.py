@@ -505,8 +505,8 @@ FASTFFN_KERNELS = ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials", "
                    "compute_scale_kernel", "update_history_kernel", "cross_entropy_kernel")
 
 
-def kernel_breakdown(run, reps=3):
-    """GPU kernel time per category from torch.profiler over `reps` runs (ms per run)."""
+def kernel_times(run, reps=3) -> dict:
+    """{kernel name: GPU ms per run} from torch.profiler over `reps` runs, largest first."""
     from torch.profiler import ProfilerActivity, profile
 
     run()
@@ -515,14 +515,26 @@ def kernel_breakdown(run, reps=3):
         for _ in range(reps):
             run()
         torch.cuda.synchronize()
-    cats = {"gemm": 0.0, "attention": 0.0, "fastffn": 0.0, "other": 0.0}
-    top_other = {}
+    times = {}
     for evt in prof.key_averages():
-        name = evt.key.lower()
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
         if getattr(evt, "device_type", None) is not None and "cuda" not in str(evt.device_type).lower():
             continue
-        if any(s in name for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul")):
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if t:
+            times[evt.key[:100]] = times.get(evt.key[:100], 0.0) + t / reps / 1e3
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+GEMM_KERNEL_MARKS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul")
+
+
+def kernel_breakdown(run, reps=3):
+    """GPU kernel time per category from torch.profiler over `reps` runs (ms per run)."""
+    cats = {"gemm": 0.0, "attention": 0.0, "fastffn": 0.0, "other": 0.0}
+    top_other = {}
+    for key, t in kernel_times(run, reps).items():
+        name = key.lower()
+        if any(s in name for s in GEMM_KERNEL_MARKS):
             cats["gemm"] += t
         elif any(s in name for s in ("flash", "fmha", "attention", "cudnn", "sdpa")):
             cats["attention"] += t
@@ -530,9 +542,9 @@ def kernel_breakdown(run, reps=3):
             cats["fastffn"] += t
         else:
             cats["other"] += t
-            top_other[evt.key[:80]] = top_other.get(evt.key[:80], 0.0) + t
-    per_run = {k: v / reps / 1e3 for k, v in cats.items()}
-    per_run["top_other_ms"] = {k: v / reps / 1e3 for k, v in sorted(top_other.items(), key=lambda kv: -kv[1])[:6]}
+            top_other[key[:80]] = top_other.get(key[:80], 0.0) + t
+    per_run = dict(cats)
+    per_run["top_other_ms"] = dict(sorted(top_other.items(), key=lambda kv: -kv[1])[:6])
     return per_run
 
 
