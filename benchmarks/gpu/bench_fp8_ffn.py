@@ -282,11 +282,12 @@ def main():
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192])
     parser.add_argument("--models", nargs="+", default=list(WIDTHS))
     parser.add_argument("--sections", default="quantization,ffn")
+    parser.add_argument("--profile-models", nargs="+", default=["llama2_7b", "llama3_8b"])
     args = parser.parse_args()
     sections = args.sections.split(",")
     started = time.time()
     report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.bench_fp8_ffn " +
-              " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+              " ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
               "note": "fwd+bwd of LLaMA's SwiGLU FFN, bf16 activations; FP8 = e4m3 forward, e5m2 gradients, "
                       "per-tensor scales, weights re-quantised every step",
               "ceilings": ceilings(), "ffn": []}
@@ -303,7 +304,7 @@ def main():
             print(f"{row['model']:11s} {row['kernel']:40s} {row['p50_ms'] * 1e3:8.1f} us "
                   f"{row['fraction_of_copy']:.1%} of copy", flush=True)
     if "profile" in sections:
-        report["profile"] = profile_rows(args.models, args.tokens[0])
+        report["profile"] = profile_rows(args.profile_models, args.tokens[0])
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
     for model in (args.models if "ffn" in sections else []):
