@@ -228,16 +228,19 @@ def fp8_grid_section(out, runs):
         bf16, floor, tao = d["ours_bf16"], d["six_fp8_gemms_alone"]["p50_ms"], d["torchao_tensorwise"]["p50_ms"]
         eager_saved = d["eager_bf16"]["saved_activation_bytes"]
         cur, dl = d["ours_fp8_current"], d["ours_fp8_delayed"]
+        accumulating = [d.get(f"ours_fp8_{kind}_accumulate4") for kind in ("current", "delayed")]
         rows.append([model, tokens, f"{bf16['p50_ms']:.2f}", f"{cur['p50_ms']:.2f}", f"{dl['p50_ms']:.2f}",
                      f"{tao:.2f}", f"{d['torchao_rowwise']['p50_ms']:.2f}", f"{floor:.2f}",
                      f"{bf16['p50_ms'] / cur['p50_ms']:.2f}x", f"{bf16['p50_ms'] / dl['p50_ms']:.2f}x",
                      f"{tao / cur['p50_ms']:.2f}x", f"{tao / dl['p50_ms']:.2f}x",
                      f"{(1 - floor / cur['p50_ms']) * 100:.0f}% / {(1 - floor / dl['p50_ms']) * 100:.0f}%",
-                     f"{cur['saved_activation_bytes'] / eager_saved:.2f}"])
+                     f"{cur['saved_activation_bytes'] / eager_saved:.2f}",
+                     " / ".join(f"{bf16['p50_ms'] / r['p50_ms']:.2f}x" if r else "-" for r in accumulating)])
     out.append(_table(["model", "tokens", "ours bf16 ms", "FP8 current ms", "FP8 delayed ms", "torchao tensorwise",
                        "torchao rowwise", "6 FP8 GEMMs", "current vs bf16", "delayed vs bf16",
                        "current vs torchao tw", "delayed vs torchao tw", "outside GEMMs (cur / del)",
-                       "saved act. vs eager bf16"], rows))
+                       "saved act. vs eager bf16",
+                       "4 micro-batches per weight cast: current / delayed vs bf16"], rows))
     out.append("")
 
 
@@ -298,9 +301,12 @@ def step_section(out, run, first_run=None):
     for config, results in run["step"].items():
         shape = results["shape"]
         liger, compiled = results.get("hf_liger", {}), results.get("hf_torch_compile", {})
-        for name in ("hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_again", "ours_fp8_current",
-                     "ours_fp8_delayed"):
-            r = results.get(name, {})
+        for name in ("hf_eager", "hf_torch_compile", "hf_liger", "hf_liger_amp", "ours", "ours_again",
+                     "ours_fp8_current", "ours_fp8_delayed"):
+            r = results.get(name)
+            if r is None and name == "hf_liger_amp":
+                continue  # runs before run 10 had no such contender
+            r = r or {}
             if "p50_ms" not in r:
                 rows.append([config, name, r.get("error", r.get("skipped", "missing"))[:80]] + [""] * 7)
                 continue
@@ -314,6 +320,11 @@ def step_section(out, run, first_run=None):
     out.append(_table(["config", "impl", "ms/step", "fwd+bwd / optimizer ms", "tokens/s", "model TFLOP/s",
                        "peak GiB", "vs HF+Liger",
                        "vs HF torch.compile", "losses of steps 1-3"], rows))
+    optimizers = {r["optimizer"] for results in run["step"].values() for r in results.values()
+                  if isinstance(r, dict) and "optimizer" in r}
+    if optimizers:
+        out.append("")
+        out.append("Optimizers (each row's `optimizer` field in the JSON): " + "; ".join(sorted(optimizers)) + "\n")
     out.append("")
     if first_run:
         out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
@@ -445,6 +456,54 @@ def norm_section(out, run):
     rows = [[r["op"], r["model"], r["pass"], r["impl"], f"{r['p50_ms'] * 1e3:.1f}", f"{r['fraction_of_copy'] * 100:.0f}%"]
             for r in run["kernels"] if "rms" in r["op"] and "fraction_of_copy" in r and r["impl"] != "eager"]
     out.append(_table(["op", "widths", "pass", "impl", "µs", "of copy"], rows))
+    out.append("")
+
+
+def optimizer_section(out, run):
+    run_header(out, "Optimizer step alone: our AdamW kernel vs the three-pass master-weight AdamW", run)
+    out.append("The whole-step benchmark's trainable tensors, bf16 parameters with fp32 masters and moments. "
+               "Bytes per parameter: ours 28 (bf16 grad, master, m, v read; master, m, v, bf16 param written), "
+               "three-pass 40 (grads copied into fp32 buffers, torch's fused AdamW, masters copied back); the "
+               "global-norm clip adds a read of each gradient (ours: bf16, +2; torch: fp32 norm and in-place "
+               "scale, +12). Eager = step() from Python, CUDA events; graph = the step replayed from a CUDA graph.\n")
+    rows = []
+    for config, results in run.items():
+        if not isinstance(results, list):
+            continue
+        for r in results:
+            if "error" in r:
+                rows.append([config, r["impl"], r["clip"], "error: " + r["error"][:80], "", "", "", ""])
+                continue
+            eager, graph = r["eager"], r["graph"]
+            rows.append([config, r["impl"], r["clip"], f"{r['parameters'] / 1e9:.2f} B x {r['bytes_per_parameter']} B",
+                         f"{eager['p50_ms']:.2f}", f"{eager.get('fraction_of_copy', 0) * 100:.0f}%",
+                         f"{graph['p50_ms']:.2f}" if "p50_ms" in graph else graph.get("error", "")[:60],
+                         f"{graph['fraction_of_copy'] * 100:.0f}%" if "fraction_of_copy" in graph else ""])
+    out.append(_table(["config", "impl", "clip", "params x bytes", "eager ms", "eager of copy", "graph ms",
+                       "graph of copy"], rows))
+    out.append("")
+
+
+def fp8_profile_section(out, run):
+    run_header(out, "Where our FP8 FFN's time goes (8192 tokens; torch.profiler kernel times per fwd+bwd)", run)
+    out.append("Eager = the FFN table's timing (CUDA events around one fwd+bwd launched from Python); graph = the "
+               "same fwd+bwd replayed from a CUDA graph (no host launch cost); kernels = the sum of every kernel's "
+               "GPU time. Eager minus kernels is time the GPU waited for the host.\n")
+    rows = []
+    for r in run["profile"]:
+        if "error" in r:
+            rows.append([r["model"], r["impl"], "error: " + r["error"][:80]] + [""] * 5)
+            continue
+        others = [(name, t) for name, t in r["kernels_ms"].items()
+                  if not any(m in name.lower() for m in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul"))]
+        top = "; ".join(f"{name.split('<')[0].split('(')[0].replace('void ', '')[-40:]} {t * 1e3:.0f} µs"
+                        for name, t in sorted(others, key=lambda kv: -kv[1])[:5])
+        graph = r["graph_replay"]
+        rows.append([r["model"], r["impl"], f"{r['eager']['p50_ms']:.3f}",
+                     f"{graph['p50_ms']:.3f}" if "p50_ms" in graph else "error", f"{r['kernel_sum_ms']:.3f}",
+                     f"{r['gemm_ms']:.3f}", f"{r['kernel_sum_ms'] - r['gemm_ms']:.3f}", top])
+    out.append(_table(["widths", "impl", "eager ms", "graph ms", "kernels ms", "GEMMs ms", "other kernels ms",
+                       "largest other kernels"], rows))
     out.append("")
 
 
