@@ -13,6 +13,7 @@ from benchmarks.common import SPIKE_RATIO, same_batch_spikes
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN8 = "run8"  # the H200 run of 2026-12-02 (three device calls; run8/README.md says which file is which)
 RUN9 = "run9"  # the H200 run of the next session, same day (run9/README.md says which file is which)
+RUN10 = "run10"  # the H200 run of 2026-12-03, one device call (run10/README.md)
 
 
 def _load(name):
@@ -320,11 +321,15 @@ def step_section(out, run, first_run=None):
     out.append(_table(["config", "impl", "ms/step", "fwd+bwd / optimizer ms", "tokens/s", "model TFLOP/s",
                        "peak GiB", "vs HF+Liger",
                        "vs HF torch.compile", "losses of steps 1-3"], rows))
-    optimizers = {r["optimizer"] for results in run["step"].values() for r in results.values()
-                  if isinstance(r, dict) and "optimizer" in r}
+    optimizers = {}
+    for results in run["step"].values():
+        for name, r in results.items():
+            if isinstance(r, dict) and "p50_ms" in r and "optimizer" in r:
+                optimizers.setdefault(r["optimizer"], []).append(name)
     if optimizers:
         out.append("")
-        out.append("Optimizers (each row's `optimizer` field in the JSON): " + "; ".join(sorted(optimizers)) + "\n")
+        out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): " +
+                   "; ".join(f"{', '.join(dict.fromkeys(names))}: {text}" for text, names in optimizers.items()) + "\n")
     out.append("")
     if first_run:
         out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
@@ -388,24 +393,25 @@ def plot_convergence(run) -> list[Path]:
     return [path]
 
 
-def plot_step(run) -> list[Path]:
+def plot_step(run, filename="gpu_step.png") -> list[Path]:
     plt = _pyplot()
     if plt is None:
         return []
-    names = ["hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"]
     configs = list(run["step"])
+    names = [n for n in ("hf_eager", "hf_torch_compile", "hf_liger", "hf_liger_amp", "ours", "ours_fp8_current",
+                         "ours_fp8_delayed") if any(n in run["step"][c] for c in configs)]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.13
+    width = 0.8 / len(names)
     for i, name in enumerate(names):
         values = [run["step"][c].get(name, {}).get("tokens_per_s", 0) / 1e3 for c in configs]
-        ax.bar([x + (i - 2.5) * width for x in range(len(configs))], values, width, label=name)
+        ax.bar([x + (i - (len(names) - 1) / 2) * width for x in range(len(configs))], values, width, label=name)
     ax.set_xticks(range(len(configs)))
     ax.set_xticklabels(configs)
     ax.set_ylabel("thousand tokens/s (whole training step)")
     ax.set_title(f"{run['environment']['device']}: 8-layer LLaMA training step, 8192 tokens")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = RESULTS / "gpu_step.png"
+    path = RESULTS / filename
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
@@ -531,6 +537,36 @@ def run9_sections(out):
         norm_section(out, kp)
 
 
+def run10_sections(out):
+    load = _run_loader(RUN10)
+    out.append("## GPU run 10 (NVIDIA H200, 2026-12-03): whole step with FastAdamW's kernel, FP8 decoder layer "
+               "and FFN with the Paddle path's FP8 composition, the optimizer alone\n")
+    out.append("Standalone harness as above, one device call; files and commit: run10/README.md. Since run 9: "
+               "the one-pass AdamW kernel (ours in the step), the HF + Liger contender as Hugging Face's Trainer "
+               "runs bf16 (`hf_liger_amp`: fp32 weights, autocast, torch's fused AdamW), the FP8 FFN as one "
+               "composition (Paddle and harness), the delayed-scaling warm start, and FP8 FFN rows with four "
+               "micro-batches per weight cast (`_accumulate4`: configs/llama2_7b_sft accumulates 4). Run 10's step.json "
+               "records ours' optimizer text cut after its first line; in full: \"...: our kernel, the Paddle path's "
+               "FastAdamW (llama_model.FusedMasterAdamW)\" (bench_step now records the whole paragraph).\n")
+    step = load("step.json")
+    if step:
+        step_section(out, step)
+        for plot in plot_step(step, "gpu_step_run10.png"):
+            out.append(f"![{plot.stem}]({plot.name})\n")
+        loss_section(out, step)
+    dec = load("decoder.json")
+    if dec:
+        decoder8_section(out, dec)
+    fp8 = load("fp8_ffn.json")
+    if fp8:
+        quantization_section(out, fp8)
+        fp8_grid_section(out, [("every width at 8192 tokens", fp8, lambda shape: True)])
+        fp8_profile_section(out, fp8)
+    opt = load("optimizer.json")
+    if opt:
+        optimizer_section(out, opt)
+
+
 def plot_kernels(gpu) -> list[Path]:
     plt = _pyplot()
     if plt is None:
@@ -564,6 +600,7 @@ def main():
            "Generated by `python -m benchmarks.report` from the JSON files in this folder; each JSON "
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
+    run10_sections(out)
     run9_sections(out)
     run8_sections(out)
     kernels_run, ffn_run = _load("gpu_h200_run7.json"), _load("gpu_h200.json")

@@ -266,7 +266,8 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                 with patch:
                     model, forward, make_optimizer = build()
                     row = measure_training(forward, model, make_optimizer)
-                row["optimizer"] = make_optimizer.__doc__.split("\n")[0]
+                # The docstring's first paragraph (its first line alone cut run 10's text mid-sentence).
+                row["optimizer"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
                 row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
                 row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
                 results[contender] = row
@@ -283,7 +284,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                   f"losses {r.get('first_losses')} at {time.time() - started:.0f}s", flush=True)
             save()
         results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
-                            "optimizer": "each row's 'optimizer' field (lr 1e-5, no clipping, weight decay 0.01)",
+                            "optimizer_settings": "each row's 'optimizer' field (lr 1e-5, no clipping, weight decay 0.01)",
                             "flops_convention": "3x forward; causal attention at half; LM head included; "
                                                 "FP8 rows count the same bf16-equivalent FLOPs"}
         base = None  # the next configuration's model needs the memory
