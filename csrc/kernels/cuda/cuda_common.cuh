@@ -126,6 +126,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // The current device's limits (device_limits.cu; cached per device).
 fastffn_status current_device_limits(fastffn_device_limits* limits);
 
+// Blocks of a persistent grid of `threads`-thread blocks: every SM filled to the kernel's
+// occupancy (queried, with the device's SM count), never more blocks than work items.
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, int64_t items, int threads, int sm_count, size_t dynamic_shared = 0) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dynamic_shared) != cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const int64_t cap = static_cast<int64_t>(per_sm) * (sm_count > 0 ? sm_count : 1);
+  return items < 1 ? 1 : (items < cap ? items : cap);
+}
+
 inline unsigned int blocks_for(int64_t work, int threads, int64_t cap) {
   int64_t blocks = (work + threads - 1) / threads;
   if (blocks < 1) blocks = 1;

@@ -164,7 +164,7 @@ extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_te
       constexpr __nv_fp8_interpretation_t F = kE5M2 ? __NV_E5M2 : __NV_E4M3;
       return FASTFFN_BOOL_SWITCH(out_t.data != nullptr, kTranspose, [&] {
         auto kernel = quantize_kernel<T, F, kTranspose>;
-        const int64_t blocks = persistent_blocks(kernel, p.tiles, limits.sm_count);
+        const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count);
         kernel<<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(p);
         return launch_status();
       });

@@ -299,16 +299,10 @@ inline bool bytes_aligned16(const void* p, int64_t row_stride) {
   return aligned16(p) && row_stride % 16 == 0;
 }
 
-// Blocks of a persistent grid: every SM filled to the kernel's occupancy, never more than tiles.
+// Blocks of a persistent FP8 grid (kTileThreads per block): cuda_common.cuh's persistent_blocks.
 template <typename Kernel>
-int64_t persistent_blocks(Kernel kernel, int64_t tiles, int sm_count, size_t dynamic_shared = 0) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads,
-                                                    dynamic_shared) != cudaSuccess ||
-      per_sm < 1)
-    per_sm = 1;
-  const int64_t cap = static_cast<int64_t>(per_sm) * (sm_count > 0 ? sm_count : 1);
-  return tiles < 1 ? 1 : (tiles < cap ? tiles : cap);
+int64_t persistent_tile_blocks(Kernel kernel, int64_t tiles, int sm_count, size_t dynamic_shared = 0) {
+  return persistent_blocks(kernel, tiles, kTileThreads, sm_count, dynamic_shared);
 }
 
 }  // namespace cuda

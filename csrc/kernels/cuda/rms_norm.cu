@@ -1,7 +1,9 @@
 // RMSNorm (+ fused residual add) forward and backward on CUDA, PaddleNLP LlamaRMSNorm numerics.
-// One block per row (grid-stride over rows). Rows are read twice: the second read of a row of a
-// few KiB hits L1/L2, so DRAM traffic stays one read per input, while any width works without
-// holding the row in registers. The backward keeps each block's weight-gradient partial sums in
+// Forward: rows that fit in registers are read once (the plain norm through a persistent kernel
+// that keeps the next row's loads in flight, the fused add one block per row); wider rows, and the
+// backward, one block per row (grid-stride over rows), reading each row twice: the second read of
+// a row of a few KiB hits L1/L2, so DRAM traffic stays one read per input, while any width works
+// without holding the row in registers. The backward keeps each block's weight-gradient partial sums in
 // shared memory where the device's limit allows (each thread owns its columns: no atomics), in
 // the workspace otherwise, and a second small kernel reduces the per-block partials in fp32. The
 // block count and that choice come from fastffn_plan_rms_norm_bwd and the device's limits.
@@ -75,6 +77,67 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
 #pragma unroll
         for (int k = 0; k < V; ++k)
           ov.v[k] = from_float<T>(round_to_storage<T>(to_float(xv[it].v[k]) * inv) * to_float(w.v[k]));
+        store_vec<V>(out + row * cols + i * V, ov);
+      }
+    }
+  }
+}
+
+// The plain norm's fast path: a persistent grid (every SM filled to the kernel's occupancy) whose
+// blocks walk the rows, one row in registers (kItems vectors per thread). Each thread always owns
+// the same columns, so its slice of the weight is loaded once per block, not once per row, and
+// the next row is loaded before this row's reduction, so that loads stay in flight through the
+// barriers and the stores. Why: the plain norm moves half the bytes per row of the fused add, and
+// with one row in flight per block (the kernel above) it sat at 67-73% of copy bandwidth where the
+// fused add reached 92-95% (gpu_h200_run7.json). Two rows and the weight slice in registers: up to
+// kMaxPrefetchItems vectors per thread (rows up to 8192 bf16 / 4096 fp32 columns, every LLaMA
+// width; 4 fp32 and 8 bf16 vectors spill under the launch bound's 128 registers). The fused add
+// keeps the kernel above: its two inputs per row already keep twice the loads in flight.
+constexpr int kMaxPrefetchItems = 2;
+
+template <typename T, int V, int kItems>
+__device__ __forceinline__ void load_row(Vec<T, V> (&row)[kItems], const T* __restrict__ src, int64_t vecs) {
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
+    if (i < vecs) row[it] = load_vec<V>(src + i * V);
+  }
+}
+
+template <typename T, int V, int kItems>
+__global__ void __launch_bounds__(kMaxCachedThreads)
+rms_norm_fwd_prefetch_kernel(const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out,
+                             float* __restrict__ rstd, int64_t rows, int64_t cols, float epsilon) {
+  __shared__ float scratch[32];
+  const int64_t vecs = cols / V;
+  Vec<T, V> w[kItems], cur[kItems], next[kItems];
+  load_row<T, V, kItems>(w, weight, vecs);
+  if (blockIdx.x < rows) load_row<T, V, kItems>(next, x + blockIdx.x * cols, vecs);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) cur[it] = next[it];
+    if (row + gridDim.x < rows) load_row<T, V, kItems>(next, x + (row + gridDim.x) * cols, vecs);
+    float sq = 0.f;
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      if (threadIdx.x + static_cast<int64_t>(it) * blockDim.x < vecs) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float f = to_float(cur[it].v[k]);
+          sq += f * f;
+        }
+      }
+    }
+    const float inv = rsqrtf(block_sum(sq, scratch) / static_cast<float>(cols) + epsilon);
+    if (threadIdx.x == 0) rstd[row] = inv;
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
+      if (i < vecs) {
+        Vec<T, V> ov;
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+          ov.v[k] = from_float<T>(round_to_storage<T>(to_float(cur[it].v[k]) * inv) * to_float(w[it].v[k]));
         store_vec<V>(out + row * cols + i * V, ov);
       }
     }
@@ -271,6 +334,20 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
         const int64_t vecs = a.cols / V;
         const int threads = cached_threads(vecs);
         const int64_t items = (vecs + threads - 1) / threads;
+        if (!kResidual && items <= kMaxPrefetchItems) {
+          fastffn_device_limits limits;
+          if (const fastffn_status status = current_device_limits(&limits); status != FASTFFN_STATUS_OK)
+            return status;
+          return items_switch(items, [&](auto items_tag) {
+            constexpr int kItems = decltype(items_tag)::value < kMaxPrefetchItems ? decltype(items_tag)::value
+                                                                                  : kMaxPrefetchItems;
+            auto kernel = rms_norm_fwd_prefetch_kernel<T, V, kItems>;
+            const auto blocks = static_cast<unsigned int>(persistent_blocks(kernel, a.rows, threads, limits.sm_count));
+            kernel<<<blocks, threads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(weight),
+                                               static_cast<T*>(out), rstd, a.rows, a.cols, a.epsilon);
+            return launch_status();
+          });
+        }
         if (items <= kMaxCachedItems) {
           return items_switch(items, [&](auto items_tag) {
             constexpr int kItems = decltype(items_tag)::value;

@@ -384,7 +384,7 @@ extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fa
     p.vec_out_t = bytes_aligned16(out_h_t.data, out_h_t.row_stride);
     return FASTFFN_BOOL_SWITCH(out_h.dtype == FASTFFN_DTYPE_FP8_E5M2, kE5M2, [&] {
       auto kernel = swiglu_fwd_fp8_kernel<T, kE5M2 ? __NV_E5M2 : __NV_E4M3>;
-      const int64_t blocks = persistent_blocks(kernel, p.tiles, limits.sm_count);
+      const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count);
       kernel<<<static_cast<unsigned int>(blocks), kTileThreads, 0, s>>>(p);
       return launch_status();
     });
@@ -474,7 +474,7 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
                                    static_cast<int>(shared)) != cudaSuccess)
             return FASTFFN_STATUS_CUDA_ERROR;
         }
-        const int64_t blocks = persistent_blocks(kernel, p.tiles, limits.sm_count, shared);
+        const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count, shared);
         kernel<<<static_cast<unsigned int>(blocks), kTileThreads, shared, s>>>(p);
         return launch_status();
       });
