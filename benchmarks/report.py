@@ -570,16 +570,25 @@ def run10_sections(out):
 
 def run11_sections(out):
     load = _run_loader(RUN11)
-    kernels, conv = load("gpu_bench.json"), load("convergence.json")
-    if not (kernels or conv):
+    bench, step, conv = load("gpu_bench.json"), load("step.json"), load("convergence.json")
+    if not (bench or step or conv):
         return
     out.append("## GPU run 11 (NVIDIA H200, 2026-12-03, next session): RMSNorm through persistent kernels, "
-               "FP8 convergence with the delayed-scaling warm start\n")
-    out.append("Standalone harness as above; files, call and commit: run11/README.md. The plain RMSNorm forward "
+               "the fused loss without its zero fill, FP8 convergence with the delayed-scaling warm start\n")
+    out.append("Standalone harness as above; files, calls and commits: run11/README.md. The plain RMSNorm forward "
                "and the backward (plain and fused with the residual) now run persistent blocks that hold a row in "
-               "registers and load the next one before reducing the current one (csrc/kernels/cuda/rms_norm.cu).\n")
-    if kernels and "kernels" in kernels:
-        norm_section(out, kernels)
+               "registers and load the next one before reducing the current one (csrc/kernels/cuda/rms_norm.cu); "
+               "the fused linear cross-entropy's first chunk initialises the weight gradient, which stays in the "
+               "GEMM's dtype when there is one chunk.\n")
+    if bench and "kernels" in bench:
+        norm_section(out, bench)
+    if step:
+        step_section(out, step)
+        for plot in plot_step(step, "gpu_step_run11.png"):
+            out.append(f"![{plot.stem}]({plot.name})\n")
+        loss_section(out, step)
+    if bench and "decoder_layer" in bench:
+        decoder8_section(out, bench)
     if conv:
         convergence_section(out, conv, plot_convergence(conv, "gpu_convergence_fp8_run11.png"))
 
