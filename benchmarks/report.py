@@ -237,12 +237,15 @@ def fp8_grid_section(out, runs):
                      f"{tao / cur['p50_ms']:.2f}x", f"{tao / dl['p50_ms']:.2f}x",
                      f"{(1 - floor / cur['p50_ms']) * 100:.0f}% / {(1 - floor / dl['p50_ms']) * 100:.0f}%",
                      f"{cur['saved_activation_bytes'] / eager_saved:.2f}",
-                     " / ".join(f"{bf16['p50_ms'] / r['p50_ms']:.2f}x" if r else "-" for r in accumulating)])
+                     " / ".join(f"{bf16['p50_ms'] / r['p50_ms']:.2f}x" if r else "-" for r in accumulating),
+                     " / ".join(f"{tao / r['p50_ms']:.2f}x" if r else "-" for r in accumulating),
+                     " / ".join(f"{(1 - floor / r['p50_ms']) * 100:.0f}%" if r else "-" for r in accumulating)])
     out.append(_table(["model", "tokens", "ours bf16 ms", "FP8 current ms", "FP8 delayed ms", "torchao tensorwise",
                        "torchao rowwise", "6 FP8 GEMMs", "current vs bf16", "delayed vs bf16",
                        "current vs torchao tw", "delayed vs torchao tw", "outside GEMMs (cur / del)",
                        "saved act. vs eager bf16",
-                       "4 micro-batches per weight cast: current / delayed vs bf16"], rows))
+                       "4 micro-batches per weight cast: current / delayed vs bf16", "same, vs torchao tw",
+                       "same, outside GEMMs"], rows))
     out.append("")
 
 
