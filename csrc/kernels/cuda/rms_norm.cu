@@ -1,9 +1,9 @@
 // RMSNorm (+ fused residual add) forward and backward on CUDA, PaddleNLP LlamaRMSNorm numerics.
-// Rows that fit in registers are read once: the plain forward and the backward through persistent
-// kernels that keep the next row's loads in flight, the fused-add forward one block per row. Wider
-// rows take loop kernels (one block per row forward, grid-stride over rows) that read each row
-// twice: the second read of a row of a few KiB hits L1/L2, so DRAM traffic stays one read per
-// input, while any width works without holding the row in registers. The backward keeps each block's weight-gradient partial sums in
+// Forward: rows that fit in registers are read once (the plain norm through a persistent kernel
+// that keeps the next row's loads in flight, the fused add one block per row); wider rows, and the
+// backward, one block per row (grid-stride over rows), reading each row twice: the second read of
+// a row of a few KiB hits L1/L2, so DRAM traffic stays one read per input, while any width works
+// without holding the row in registers. The backward keeps each block's weight-gradient partial sums in
 // shared memory where the device's limit allows (each thread owns its columns: no atomics), in
 // the workspace otherwise, and a second small kernel reduces the per-block partials in fp32. The
 // block count and that choice come from fastffn_plan_rms_norm_bwd and the device's limits.
@@ -277,90 +277,6 @@ __global__ void rms_norm_bwd_kernel(const T* __restrict__ x, const T* __restrict
       for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc(i, k);
 }
 
-// The backward for rows of up to kMaxPrefetchItems vectors per thread, on persistent blocks (the
-// plan's, or fewer: as many as the registers let stay resident): the row of x and d_out in
-// registers, read once, with the next row's loads issued before this row's reduction (as the plain
-// forward above; d_sum, read once anyway, is loaded where it is added); the weight slice and this
-// thread's weight-gradient partials in registers for all of the block's rows (each thread always
-// owns the same columns), written to the block's workspace row once at the end. Why: the loop
-// kernel below holds one row in flight per block and reads each row twice; it sat at 66-70% of
-// copy bandwidth forward+backward (gpu_h200_run7.json).
-template <typename T, int V, int kItems, bool kDSum>
-__global__ void __launch_bounds__(kMaxCachedThreads)
-rms_norm_bwd_prefetch_kernel(const T* __restrict__ x, const T* __restrict__ weight,
-                             const float* __restrict__ rstd, const T* __restrict__ d_out,
-                             const T* __restrict__ d_sum, T* __restrict__ d_x,
-                             float* __restrict__ d_weight_partial, int64_t rows, int64_t cols) {
-  __shared__ float scratch[32];
-  const int64_t vecs = cols / V;
-  Vec<T, V> w[kItems], x_next[kItems], dy_next[kItems];
-  float d_weight_acc[kItems][V];
-#pragma unroll
-  for (int it = 0; it < kItems; ++it)
-#pragma unroll
-    for (int k = 0; k < V; ++k) d_weight_acc[it][k] = 0.f;
-  load_row<T, V, kItems>(w, weight, vecs);
-  float inv_next = 0.f;
-  if (blockIdx.x < rows) {
-    load_row<T, V, kItems>(x_next, x + blockIdx.x * cols, vecs);
-    load_row<T, V, kItems>(dy_next, d_out + blockIdx.x * cols, vecs);
-    inv_next = rstd[blockIdx.x];
-  }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    Vec<T, V> xv[kItems], dv[kItems];
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      xv[it] = x_next[it];
-      dv[it] = dy_next[it];
-    }
-    const float inv = inv_next;
-    const int64_t following = row + gridDim.x;
-    if (following < rows) {
-      load_row<T, V, kItems>(x_next, x + following * cols, vecs);
-      load_row<T, V, kItems>(dy_next, d_out + following * cols, vecs);
-      inv_next = rstd[following];
-    }
-    float dot = 0.f;
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      if (threadIdx.x + static_cast<int64_t>(it) * blockDim.x < vecs) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float n = to_float(xv[it].v[k]) * inv;
-          const float dy = to_float(dv[it].v[k]);
-          dot += dy * to_float(w[it].v[k]) * n;
-          d_weight_acc[it][k] += dy * round_to_storage<T>(n);
-        }
-      }
-    }
-    const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-      if (i < vecs) {
-        Vec<T, V> dxv, sv;
-        if constexpr (kDSum) sv = load_vec<V>(d_sum + row * cols + i * V);
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float n = to_float(xv[it].v[k]) * inv;
-          float g = inv * (to_float(dv[it].v[k]) * to_float(w[it].v[k]) - n * mean_dot);
-          if constexpr (kDSum) g += to_float(sv.v[k]);
-          dxv.v[k] = from_float<T>(g);
-        }
-        store_vec<V>(d_x + row * cols + i * V, dxv);
-      }
-    }
-  }
-  float* partial = d_weight_partial + blockIdx.x * cols;
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
-    if (i < vecs)
-#pragma unroll
-      for (int k = 0; k < V; ++k) partial[i * V + k] = d_weight_acc[it][k];
-  }
-}
-
 // d_weight[c] = sum over blocks of partial[b][c]: 32 columns x 8 block-lanes per CUDA block.
 template <typename T>
 __global__ void reduce_partials_kernel(const float* __restrict__ partial, T* __restrict__ d_weight,
@@ -471,29 +387,9 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
     using T = decltype(tag);
     const bool vec = can_vectorize<T>(a.cols, {x, weight, d_out, d_sum, d_x});
     float* partial = static_cast<float*>(workspace);
-    int64_t partial_blocks = plan.blocks;  // workspace rows holding a block's partial
     const fastffn_status status = FASTFFN_BOOL_SWITCH(vec, kVector, [&] {
       return FASTFFN_BOOL_SWITCH(d_sum != nullptr, kDSum, [&] {
         constexpr int V = kVector ? kVecWidth<T> : 1;
-        const int threads = cached_threads(a.cols / V);
-        if ((a.cols / V + threads - 1) / threads <= kMaxPrefetchItems) {
-          // Every block has a row (blocks <= plan.blocks <= rows) and writes its whole partial; the
-          // reduction below sums those `partial_blocks` rows of the workspace.
-          return items_switch((a.cols / V + threads - 1) / threads, [&](auto items_tag) {
-            constexpr int kItems = decltype(items_tag)::value < kMaxPrefetchItems ? decltype(items_tag)::value
-                                                                                  : kMaxPrefetchItems;
-            auto kernel = rms_norm_bwd_prefetch_kernel<T, V, kItems, kDSum>;
-            fastffn_device_limits limits;
-            if (const fastffn_status status = current_device_limits(&limits); status != FASTFFN_STATUS_OK)
-              return status;
-            partial_blocks = persistent_blocks(kernel, plan.blocks, threads, limits.sm_count);
-            if (a.rows > 0)
-              kernel<<<static_cast<unsigned int>(partial_blocks), threads, 0, s>>>(
-                  static_cast<const T*>(x), static_cast<const T*>(weight), rstd, static_cast<const T*>(d_out),
-                  static_cast<const T*>(d_sum), static_cast<T*>(d_x), partial, a.rows, a.cols);
-            return launch_status();
-          });
-        }
         return FASTFFN_BOOL_SWITCH(plan.shared_partials != 0, kSharedPartials, [&] {
           auto kernel = rms_norm_bwd_kernel<T, V, kDSum, kSharedPartials>;
           if (plan.shared_bytes > 48 * 1024 &&
@@ -516,7 +412,7 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
                  ? FASTFFN_STATUS_OK : FASTFFN_STATUS_CUDA_ERROR;
     }
     reduce_partials_kernel<T><<<static_cast<unsigned int>((a.cols + 31) / 32), dim3(32, 8), 0, s>>>(
-        partial, static_cast<T*>(d_weight), partial_blocks, a.cols);
+        partial, static_cast<T*>(d_weight), plan.blocks, a.cols);
     return launch_status();
   });
 }
