@@ -333,7 +333,7 @@ def step_section(out, run, first_run=None):
     if optimizers:
         out.append("")
         out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): " +
-                   "; ".join(f"{', '.join(dict.fromkeys(names))}: {text}" for text, names in optimizers.items()) + "\n")
+                   "; ".join(f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items()) + "\n")
     out.append("")
     if first_run:
         out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
@@ -576,13 +576,15 @@ def run11_sections(out):
     bench, step, conv = load("gpu_bench.json"), load("step.json"), load("convergence.json")
     if not (bench or step or conv):
         return
-    out.append("## GPU run 11 (NVIDIA H200, 2026-12-03, next session): RMSNorm through persistent kernels, "
-               "the fused loss without its zero fill, FP8 convergence with the delayed-scaling warm start\n")
+    out.append("## GPU run 11 (NVIDIA H200, 2026-12-03, next session): the plain RMSNorm forward through a "
+               "persistent kernel, the fused loss without its zero fill, FP8 convergence with the delayed-scaling "
+               "warm start\n")
     out.append("Standalone harness as above; files, calls and commits: run11/README.md. The plain RMSNorm forward "
-               "and the backward (plain and fused with the residual) now run persistent blocks that hold a row in "
-               "registers and load the next one before reducing the current one (csrc/kernels/cuda/rms_norm.cu); "
-               "the fused linear cross-entropy's first chunk initialises the weight gradient, which stays in the "
-               "GEMM's dtype when there is one chunk.\n")
+               "runs persistent blocks that hold their weight slice in registers and load the next row before "
+               "reducing the current one (csrc/kernels/cuda/rms_norm.cu); the fused linear cross-entropy's first "
+               "chunk initialises the weight gradient, which stays in the GEMM's dtype when there is one chunk. "
+               "A register-resident backward built the same way measured slower and was reverted "
+               "(run11/rms_norm_bwd_registers_rejected.json).\n")
     if bench and "kernels" in bench:
         norm_section(out, bench)
     if step:

@@ -11,7 +11,7 @@
 // a warp-per-row forward with the row in registers (plain 68% vs 73% of copy bandwidth at hidden
 // 4096, fused add 58% vs 93%) and a backward with the row and the weight-gradient partials in
 // registers (61% vs 69% fwd+bwd at 4096): both slower at every LLaMA-2 width. Again in run 11
-// (benchmarks/results/run11/gpu_bench.json, code of commit c404b1a, reverted): a persistent backward
+// (benchmarks/results/run11/rms_norm_bwd_registers_rejected.json, code of commit c404b1a, reverted): a persistent backward
 // with the row, the weight slice and the partials in registers and the next row prefetched ran the
 // plain fwd+bwd at 65/53/65% and the fused add at 62/53/63% (7B/13B/70B) against 68/69/66% and
 // 68/70/69% for the loop kernel (run 7); at 90-124 registers only two 256-thread blocks fit per SM.
