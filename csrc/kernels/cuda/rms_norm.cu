@@ -11,10 +11,13 @@
 // a warp-per-row forward with the row in registers (plain 68% vs 73% of copy bandwidth at hidden
 // 4096, fused add 58% vs 93%) and a backward with the row and the weight-gradient partials in
 // registers (61% vs 69% fwd+bwd at 4096): both slower at every LLaMA-2 width. Again in run 11
-// (benchmarks/results/run11/rms_norm_bwd_registers_rejected.json, code of commit c404b1a, reverted): a persistent backward
-// with the row, the weight slice and the partials in registers and the next row prefetched ran the
-// plain fwd+bwd at 65/53/65% and the fused add at 62/53/63% (7B/13B/70B) against 68/69/66% and
-// 68/70/69% for the loop kernel (run 7); at 90-124 registers only two 256-thread blocks fit per SM.
+// (benchmarks/results/run11/rms_norm_bwd_registers_rejected.json, commit c404b1a, reverted): a
+// persistent backward with the row, the weight slice and the partials in registers and the next
+// row prefetched ran the plain fwd+bwd at 65/53/65% and the fused add at 62/53/63% (7B/13B/70B)
+// against 69/72/66% and 67/70/68% for the loop kernel (run11/gpu_bench.json); at 90-124
+// registers only two 256-thread blocks fit per SM. The forward kernels below share their
+// row-sum and store code only in shape: one helper for both changed the 8-vector cached
+// kernel's register allocation into spills.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -346,7 +349,8 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
             constexpr int kItems = decltype(items_tag)::value < kMaxPrefetchItems ? decltype(items_tag)::value
                                                                                   : kMaxPrefetchItems;
             auto kernel = rms_norm_fwd_prefetch_kernel<T, V, kItems>;
-            const auto blocks = static_cast<unsigned int>(persistent_blocks(kernel, a.rows, threads, limits.sm_count));
+            const auto blocks =
+                static_cast<unsigned int>(persistent_blocks(kernel, a.rows, threads, limits.sm_count));
             kernel<<<blocks, threads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(weight),
                                                static_cast<T*>(out), rstd, a.rows, a.cols, a.epsilon);
             return launch_status();
