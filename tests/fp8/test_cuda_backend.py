@@ -150,6 +150,24 @@ def _fp8(shape):
     return paddle.randn(shape).astype(E4M3)  # fp32 -> e4m3 casts run on CPU
 
 
+def _bf16(shape):
+    return paddle.randn(shape).astype(paddle.bfloat16)
+
+
+def _swiglu_fwd(gate_up, scale=None, amax=None, fmt="e4m3", rowwise=True, transpose=False, transpose_cols=0):
+    return run_op("fastffn_swiglu_fwd_fp8", gate_up, _scalar() if scale is None else scale,
+                  paddle.zeros([1], paddle.float32) if amax is None else amax, fmt, rowwise, transpose,
+                  transpose_cols)
+
+
+def _swiglu_bwd(gate_up, d_h, scale=None, amax=None, h_scale=None, fmt="e5m2", rowwise=True, transpose=True,
+                h_fmt="e4m3", h_rowwise=False, h_transpose=True, transpose_cols=0):
+    return run_op("fastffn_swiglu_bwd_fp8", gate_up, d_h, _scalar() if scale is None else scale,
+                  paddle.zeros([1], paddle.float32) if amax is None else amax,
+                  _scalar() if h_scale is None and h_fmt else h_scale, fmt, rowwise, transpose, h_fmt,
+                  h_rowwise, h_transpose, transpose_cols)
+
+
 CUDA_ONLY = r"FP8 needs a CUDA tensor on an sm_90 \(Hopper\) GPU"
 
 
@@ -165,6 +183,13 @@ CUDA_ONLY = r"FP8 needs a CUDA tensor on an sm_90 \(Hopper\) GPU"
                                                         _scalar(), _scalar(), 448.0, 0.0)),
     ("paddle_fastffn.fp8.update_amax_history", lambda: run_op(
         "fastffn_fp8_update_amax_history", paddle.zeros([8]), _scalar(), _scalar(), False, 448.0, 0.0)),
+    ("paddle_fastffn.fp8.swiglu_fwd", lambda: _swiglu_fwd(paddle.randn([20, 64]), transpose=True,
+                                                          transpose_cols=32)),
+    ("paddle_fastffn.fp8.swiglu_fwd", lambda: _swiglu_fwd(paddle.randn([20, 64]), rowwise=False)),  # amax pass
+    ("paddle_fastffn.fp8.swiglu_bwd", lambda: _swiglu_bwd(paddle.randn([20, 64]), paddle.randn([20, 32]),
+                                                          transpose_cols=32)),
+    ("paddle_fastffn.fp8.swiglu_bwd", lambda: _swiglu_bwd(_bf16([20, 64]), _bf16([20, 32]), rowwise=False,
+                                                          transpose=False, h_fmt="", h_transpose=False)),
 ])
 def test_fp8_ops_refuse_cpu_tensors_naming_the_op(name, call):
     with pytest.raises(Exception, match=f"{name}: got a tensor on .*{CUDA_ONLY}"):
@@ -201,6 +226,28 @@ def test_fp8_ops_leave_cpu_state_untouched_when_they_refuse():
                     paddle.zeros([16, 20]), False, False, False, 1.0), r"argument `d` must be \[20, 16\]"),
     (lambda: run_op("fastffn_fp8_update_amax_history", paddle.zeros([2, 4]), _scalar(), _scalar(), False,
                     448.0, 0.0), r"`amax_history` must be 1-D"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 33])),
+     r"swiglu_fwd: argument `gate_up` must have an even number of columns"),
+    (lambda: _swiglu_fwd(paddle.randn([2, 4, 32])), r"swiglu_fwd: argument `gate_up` must be 2-D, got 3"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]).astype(paddle.float64)),
+     r"`gate_up` must be bfloat16, float16 or float32"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]), fmt="fp8"), r"swiglu_fwd: attribute `fmt` must be \"e4m3\""),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]), scale=paddle.ones([2])), r"`scale` must hold exactly one element"),
+    (lambda: _swiglu_fwd(paddle.randn([20, 32]), transpose=True, transpose_cols=16),
+     r"`transpose_cols` must be 0 .* rows of `gate_up` \(20\)"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), _bf16([4, 16])),
+     r"swiglu_bwd: argument `d_h` must have the dtype of `gate_up`"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 32])), r"argument `d_h` must be \[4, 16\]"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), h_fmt="fp8"), r"attribute `h_fmt` must be"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), h_fmt=""),
+     r"`h_rowwise` / `h_transpose` need an FP8 `h_fmt`"),
+    (lambda: run_op("fastffn_swiglu_bwd_fp8", paddle.randn([4, 32]), paddle.randn([4, 16]), _scalar(),
+                    paddle.zeros([1]), None, "e5m2", True, True, "e4m3", False, True, 0),
+     r"argument `h_scale` is required"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), h_scale=paddle.ones([1], paddle.float16)),
+     r"`h_scale` must be float32"),
+    (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), amax=paddle.zeros([0])),
+     r"`amax` must hold at least one"),
 ])
 def test_fp8_op_argument_errors_name_the_argument(call, message):
     with pytest.raises(Exception, match=message):
