@@ -531,7 +531,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         w = weight.t() if transpose_weight else weight  # [H, V] view
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # d_hidden rows are each one GEMM (K = V, fp32 accumulation inside): written in the inputs'
-        # dtype. d_weight sums every chunk: fp32 until backward.
+        # dtype.
         d_hidden = Kernels.empty((tokens, width), hidden.dtype, hidden.device) if need_h else None
         # d_weight: the first chunk's product overwrites it (no zero fill, no read of zeros); with a
         # single chunk it comes out of the GEMM in the weight's dtype (fp32 accumulation inside, one
