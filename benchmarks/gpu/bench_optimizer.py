@@ -18,6 +18,9 @@ down, two norm weights), final norm and LM head, all bf16 (what llama_model.Fast
 bench_step's LLaMA-2-7B and Llama-3-8B widths. Time per step: CUDA events around step() called
 from Python (what a training loop sees) and the step captured in a CUDA graph (the GPU's time);
 the fraction of the device copy bandwidth measured in the same run (bytes as above / time).
+
+--sweep: our kernel also built with each of SWEEP_VARIANTS' build-time knobs (csrc/kernels/cuda/
+adamw.cu), measured beside the default build on the first config without clipping.
 """
 
 from __future__ import annotations
@@ -30,12 +33,20 @@ import traceback
 
 import torch
 
+import concurrent.futures
+
+from benchmarks.gpu import harness
 from benchmarks.gpu.bench_gpu import ceilings, environment, graphed, timeit
 from benchmarks.gpu.bench_step import STEP_CONFIGS
 from benchmarks.gpu.llama_model import FusedMasterAdamW, MasterWeightAdamW
 
 BYTES_PER_PARAM = {"ours": 28, "three_pass": 40}
 CLIP_BYTES_PER_PARAM = {"ours": 2, "three_pass": 12}
+
+
+# Build-time knobs of adamw.cu tried against its defaults (one factor at a time, then the pair).
+SWEEP_VARIANTS = (("FASTFFN_ADAMW_STREAMING=1",), ("FASTFFN_ADAMW_ELEMS=16",),
+                  ("FASTFFN_ADAMW_BLOCKS_PER_SM=8",), ("FASTFFN_ADAMW_STREAMING=1", "FASTFFN_ADAMW_ELEMS=16"))
 
 
 def parameter_shapes(hidden, inter, heads, kv_heads, layers, vocab, **_):
@@ -83,11 +94,32 @@ def measure(name, shapes, clip, grads, copy_bw, reps):
     return row
 
 
+def sweep_section(shapes, grads, copy_bw, reps):
+    """Our kernel per SWEEP_VARIANTS build (built in parallel first), the default build last again."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(SWEEP_VARIANTS)) as pool:
+        libraries = list(pool.map(lambda defines: harness.build(defines=defines), SWEEP_VARIANTS))
+    default = harness._KERNELS
+    rows = []
+    try:
+        for defines, library in [((), None)] + list(zip(SWEEP_VARIANTS, libraries)) + [((), None)]:
+            harness._KERNELS = harness.Kernels(library) if library is not None else default
+            row = measure("ours", shapes, False, grads, copy_bw, reps)
+            row["defines"] = list(defines)
+            rows.append(row)
+            print(f"sweep {defines or 'default'}: graph {row['graph'].get('p50_ms')} ms "
+                  f"({row['graph'].get('fraction_of_copy', 0):.3f} of copy)", flush=True)
+    finally:
+        harness._KERNELS = default
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--configs", nargs="+", default=list(STEP_CONFIGS))
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--sweep", action="store_true", help="also the SWEEP_VARIANTS builds of our kernel")
+    parser.add_argument("--sweep-only", action="store_true", help="only the sweep (first config)")
     args = parser.parse_args()
     started = time.time()
     report = {"environment": environment(),
@@ -103,7 +135,15 @@ def main():
     report["ceilings"] = ceilings()
     copy_bw = report["ceilings"]["copy_bytes_per_s"]
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
-    for config in args.configs:
+    if args.sweep or args.sweep_only:
+        shapes = parameter_shapes(**STEP_CONFIGS[args.configs[0]])
+        grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
+        report["sweep"] = {"config": args.configs[0], "rows": sweep_section(shapes, grads, copy_bw, args.reps)}
+        save()
+        del grads
+        gc.collect()
+        torch.cuda.empty_cache()
+    for config in ([] if args.sweep_only else args.configs):
         shapes = parameter_shapes(**STEP_CONFIGS[config])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
         rows = report.setdefault(config, [])

@@ -7,7 +7,10 @@
 #   decoder      decoder layer bf16/FP8 vs HF eager/compile/Liger -> gpu_bench.json/.log (with kernels)
 #   fp8          quantisation kernels and the FP8 FFN (bench_fp8_ffn, FASTFFN_FP8_ARGS) -> fp8_ffn.json/.log
 #   step         fused loss and the whole training step (bench_step, FASTFFN_STEP_ARGS) -> step.json/.log
-#   optimizer    our AdamW kernel vs the three-pass master-weight AdamW (bench_optimizer) -> optimizer.json/.log
+#   optimizer    our AdamW kernel vs the three-pass master-weight AdamW (bench_optimizer,
+#                FASTFFN_OPTIMIZER_ARGS, e.g. --sweep for the kernel's build-time knobs) -> optimizer.json/.log
+#   profile      kernel timeline of the whole step, ours vs peers (profile_step, FASTFFN_PROFILE_ARGS)
+#                -> profile_step.json/.log
 #   convergence  FP8 vs bf16 training of a ~100M LLaMA (FASTFFN_CONVERGENCE_ARGS) -> convergence.json/.log
 # Everything that must come back is written under $OUT; ptxas.txt holds the register/spill report.
 #   device run: FASTFFN_RUN=tests,step bash benchmarks/gpu/run_on_h200.sh   (carry .whl for Liger, torchao)
@@ -53,7 +56,12 @@ if wants step; then
   python3 -m benchmarks.gpu.bench_step --out "$OUT/step.json" ${FASTFFN_STEP_ARGS:-} 2>&1 | tee "$OUT/step.log" | tail -40
 fi
 if wants optimizer; then
-  python3 -m benchmarks.gpu.bench_optimizer --out "$OUT/optimizer.json" 2>&1 | tee "$OUT/optimizer.log" | tail -20
+  python3 -m benchmarks.gpu.bench_optimizer --out "$OUT/optimizer.json" ${FASTFFN_OPTIMIZER_ARGS:-} 2>&1 \
+    | tee "$OUT/optimizer.log" | tail -20
+fi
+if wants profile; then
+  python3 -m benchmarks.gpu.profile_step --out "$OUT/profile_step.json" ${FASTFFN_PROFILE_ARGS:-} 2>&1 \
+    | tee "$OUT/profile_step.log" | tail -20
 fi
 if wants convergence; then
   python3 -m benchmarks.gpu.convergence --out "$OUT/convergence.json" ${FASTFFN_CONVERGENCE_ARGS:-} 2>&1 \

@@ -6,6 +6,8 @@
 // device (read at run time), enough loads in flight to stream at the device's bandwidth; the
 // learning rate, beta powers and clip coefficient are read on the device, so nothing waits on
 // the host and a CUDA graph of the step replays with their current values.
+// Three build-time knobs (FASTFFN_ADAMW_*) exist so that `bench_optimizer --sweep` can measure
+// the alternatives beside the default in one run; the defaults are what that sweep chose.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -16,12 +18,50 @@ namespace fastffn {
 namespace cuda {
 namespace {
 
+#ifndef FASTFFN_ADAMW_BLOCKS_PER_SM
+#define FASTFFN_ADAMW_BLOCKS_PER_SM 4
+#endif
+#ifndef FASTFFN_ADAMW_ELEMS
+#define FASTFFN_ADAMW_ELEMS 8
+#endif
+// 1: the vector path's loads and stores carry the streaming cache hint (ld/st.global.cs): every
+// byte is touched once per step, so none of it is worth keeping in L2 for the rest of the step.
+#ifndef FASTFFN_ADAMW_STREAMING
+#define FASTFFN_ADAMW_STREAMING 0
+#endif
+
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 4;
-constexpr int kElems = 8;  // per thread and iteration on the vector path
+constexpr int kBlocksPerSm = FASTFFN_ADAMW_BLOCKS_PER_SM;
+constexpr int kElems = FASTFFN_ADAMW_ELEMS;  // per thread and iteration on the vector path
+static_assert(kElems % 8 == 0, "the vector path moves whole 16-byte vectors of 16-bit values");
+constexpr bool kStreaming = FASTFFN_ADAMW_STREAMING != 0;
 
 __device__ __forceinline__ float read(fastffn_scalar s) {
   return s.ptr != nullptr ? *s.ptr : s.value;
+}
+
+// One vector of W elements; whole 16-byte vectors take the streaming hint when it is built in.
+template <int W, typename T>
+__device__ __forceinline__ Vec<T, W> load_hinted(const T* p) {
+  if constexpr (kStreaming && sizeof(Vec<T, W>) == 16) {
+    const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(p));
+    Vec<T, W> v;
+    memcpy(&v, &bits, 16);
+    return v;
+  } else {
+    return load_vec<W>(p);
+  }
+}
+
+template <int W, typename T>
+__device__ __forceinline__ void store_hinted(T* p, const Vec<T, W>& v) {
+  if constexpr (kStreaming && sizeof(Vec<T, W>) == 16) {
+    uint4 bits;
+    memcpy(&bits, &v, 16);
+    __stcs(reinterpret_cast<uint4*>(p), bits);
+  } else {
+    store_vec<W>(p, v);
+  }
 }
 
 // N consecutive elements as fp32, moved in vectors of up to 16 bytes.
@@ -30,7 +70,7 @@ __device__ __forceinline__ void load_as_float(const T* p, float (&out)[N]) {
   constexpr int W = N < kVecWidth<T> ? N : kVecWidth<T>;
 #pragma unroll
   for (int c = 0; c < N / W; ++c) {
-    const Vec<T, W> v = load_vec<W>(p + c * W);
+    const Vec<T, W> v = load_hinted<W>(p + c * W);
 #pragma unroll
     for (int k = 0; k < W; ++k) out[c * W + k] = to_float(v.v[k]);
   }
@@ -44,7 +84,7 @@ __device__ __forceinline__ void store_from_float(T* p, const float (&in)[N]) {
     Vec<T, W> v;
 #pragma unroll
     for (int k = 0; k < W; ++k) v.v[k] = from_float<T>(in[c * W + k]);
-    store_vec<W>(p + c * W, v);
+    store_hinted<W>(p + c * W, v);
   }
 }
 
