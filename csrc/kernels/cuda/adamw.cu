@@ -6,8 +6,8 @@
 // device (read at run time), enough loads in flight to stream at the device's bandwidth; the
 // learning rate, beta powers and clip coefficient are read on the device, so nothing waits on
 // the host and a CUDA graph of the step replays with their current values.
-// Three build-time knobs (FASTFFN_ADAMW_*) exist so that `bench_optimizer --sweep` can measure
-// the alternatives beside the default in one run; the defaults are what that sweep chose.
+// Two build-time knobs (FASTFFN_ADAMW_*, below) let `bench_optimizer --sweep` measure the
+// alternatives beside the default in one run.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -18,50 +18,25 @@ namespace fastffn {
 namespace cuda {
 namespace {
 
+// Build-time knobs for `bench_optimizer --sweep`. H200, the 7B step's 1.88e9 parameters, bf16
+// with fp32 masters, CUDA-graph timing (benchmarks/results/run12/optimizer_sweep.json): 4 blocks
+// per SM 15.41 ms (84.8% of copy bandwidth), 8 blocks 15.30 ms (85.4%), 16 elements per thread
+// 18.31 ms (71.4%, without spills; not pursued); the streaming cache hint (ld/st.global.cs
+// on every vector, commit c67ffb5's sweep) 15.43 ms, no gain, so it was not kept.
 #ifndef FASTFFN_ADAMW_BLOCKS_PER_SM
-#define FASTFFN_ADAMW_BLOCKS_PER_SM 4
+#define FASTFFN_ADAMW_BLOCKS_PER_SM 8
 #endif
 #ifndef FASTFFN_ADAMW_ELEMS
 #define FASTFFN_ADAMW_ELEMS 8
-#endif
-// 1: the vector path's loads and stores carry the streaming cache hint (ld/st.global.cs): every
-// byte is touched once per step, so none of it is worth keeping in L2 for the rest of the step.
-#ifndef FASTFFN_ADAMW_STREAMING
-#define FASTFFN_ADAMW_STREAMING 0
 #endif
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = FASTFFN_ADAMW_BLOCKS_PER_SM;
 constexpr int kElems = FASTFFN_ADAMW_ELEMS;  // per thread and iteration on the vector path
 static_assert(kElems % 8 == 0, "the vector path moves whole 16-byte vectors of 16-bit values");
-constexpr bool kStreaming = FASTFFN_ADAMW_STREAMING != 0;
 
 __device__ __forceinline__ float read(fastffn_scalar s) {
   return s.ptr != nullptr ? *s.ptr : s.value;
-}
-
-// One vector of W elements; whole 16-byte vectors take the streaming hint when it is built in.
-template <int W, typename T>
-__device__ __forceinline__ Vec<T, W> load_hinted(const T* p) {
-  if constexpr (kStreaming && sizeof(Vec<T, W>) == 16) {
-    const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(p));
-    Vec<T, W> v;
-    memcpy(&v, &bits, 16);
-    return v;
-  } else {
-    return load_vec<W>(p);
-  }
-}
-
-template <int W, typename T>
-__device__ __forceinline__ void store_hinted(T* p, const Vec<T, W>& v) {
-  if constexpr (kStreaming && sizeof(Vec<T, W>) == 16) {
-    uint4 bits;
-    memcpy(&bits, &v, 16);
-    __stcs(reinterpret_cast<uint4*>(p), bits);
-  } else {
-    store_vec<W>(p, v);
-  }
 }
 
 // N consecutive elements as fp32, moved in vectors of up to 16 bytes.
@@ -70,7 +45,7 @@ __device__ __forceinline__ void load_as_float(const T* p, float (&out)[N]) {
   constexpr int W = N < kVecWidth<T> ? N : kVecWidth<T>;
 #pragma unroll
   for (int c = 0; c < N / W; ++c) {
-    const Vec<T, W> v = load_hinted<W>(p + c * W);
+    const Vec<T, W> v = load_vec<W>(p + c * W);
 #pragma unroll
     for (int k = 0; k < W; ++k) out[c * W + k] = to_float(v.v[k]);
   }
@@ -84,7 +59,7 @@ __device__ __forceinline__ void store_from_float(T* p, const float (&in)[N]) {
     Vec<T, W> v;
 #pragma unroll
     for (int k = 0; k < W; ++k) v.v[k] = from_float<T>(in[c * W + k]);
-    store_hinted<W>(p + c * W, v);
+    store_vec<W>(p + c * W, v);
   }
 }
 
