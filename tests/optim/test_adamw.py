@@ -21,14 +21,9 @@ AWKWARD_SHAPES = [(1,), (3,), (7,), (4097,), (65537,), (5, 3), (3, 7, 11)]
 
 def parameter(values, dtype="float32", **attr):
     """A trainable parameter holding `values` (cast to dtype)."""
-    values = np.asarray(values, dtype=np.float32)
-    p = paddle.create_parameter(list(values.shape), "float32", attr=paddle.ParamAttr(**attr),
-                                default_initializer=paddle.nn.initializer.Assign(values))
-    if dtype != "float32":
-        p = paddle.create_parameter(list(values.shape), dtype, attr=paddle.ParamAttr(**attr),
-                                    default_initializer=paddle.nn.initializer.Assign(
-                                        paddle.to_tensor(values).astype(dtype)))
-    return p
+    values = paddle.to_tensor(np.asarray(values, dtype=np.float32)).astype(dtype)
+    return paddle.create_parameter(values.shape, dtype, attr=paddle.ParamAttr(**attr),
+                                   default_initializer=paddle.nn.initializer.Assign(values))
 
 
 def twin_parameters(shapes, dtype="float32", seed=0, **attr):
