@@ -417,9 +417,13 @@ def test_master_weight_checkpoint_loads_into_stock_adamw(tmp_path):
             np.testing.assert_array_equal(loaded[key].numpy(), value.numpy())
 
 
-def test_amsgrad_and_float64_take_paddles_update_with_one_info_line(kernel_calls):
+def test_amsgrad_and_float64_take_paddles_update_with_one_info_line(kernel_calls, info_lines, monkeypatch):
+    """One info line per reason, however many parameters and steps take Paddle's update."""
+    # Reasons an earlier test already reported count as new here.
+    monkeypatch.setattr("paddle_fastffn.optim.adamw._INFORMED", set())
     ours, stock, ours_p, stock_p = run_twins([(4,), (3,)], steps=2, learning_rate=0.01, amsgrad=True)
     assert ours.deferred == {"amsgrad": 4}
+    assert info_lines == ["paddle_fastffn: FastAdamW: amsgrad: those parameters take Paddle's own AdamW update"]
     for p, q in zip(ours_p, stock_p):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
     p64 = paddle.create_parameter([3], "float64")
@@ -427,6 +431,8 @@ def test_amsgrad_and_float64_take_paddles_update_with_one_info_line(kernel_calls
     p64.grad = paddle.ones([3], "float64")
     opt.step()
     assert opt.deferred == {"paddle.float64 parameters": 1}
+    assert info_lines[1:] == ["paddle_fastffn: FastAdamW: paddle.float64 parameters: those parameters take "
+                              "Paddle's own AdamW update"]
     assert kernel_calls() == {}
 
 
