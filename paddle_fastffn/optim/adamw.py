@@ -168,7 +168,10 @@ class FastAdamW(paddle.optimizer.AdamW):
     grad_clip=paddle.nn.ClipGradByGlobalNorm (that exact class) is fused: the coefficient is
     computed as Paddle computes it and the kernel multiplies each clipped gradient by it as it
     reads it, instead of Paddle writing a scaled copy of every gradient first. Unlike Paddle, the
-    parameters' ``.grad`` keep their unclipped values after step(). Other clip classes run as
+    parameters' ``.grad`` keep their unclipped values after step(). With bf16 (or fp16) gradients
+    the kernel multiplies the upcast gradient by the fp32 coefficient in fp32, where Paddle rounds
+    the coefficient and the scaled gradient to the gradient's dtype: results are at least as
+    accurate as Paddle's, but not bit-identical to Paddle GPU's AdamW. Other clip classes run as
     in Paddle.
 
     lr_ratio works on the CPU too (Paddle's constructor refuses it there because its CPU kernel
