@@ -1,4 +1,5 @@
 import importlib.util
+import logging
 import os
 import random
 import sys
@@ -62,3 +63,21 @@ def kernel_calls():
 
     before = Counter(_loader.CALL_COUNTS)
     return lambda: Counter(_loader.CALL_COUNTS) - before
+
+
+@pytest.fixture
+def info_lines():
+    """The paddle_fastffn info lines PaddleNLP's logger prints (it does not propagate to caplog)."""
+    from paddlenlp.utils.log import logger
+
+    lines = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("paddle_fastffn:"):
+                lines.append(record.getMessage())
+
+    handler = Collect()
+    logger.logger.addHandler(handler)
+    yield lines
+    logger.logger.removeHandler(handler)

@@ -110,6 +110,11 @@ def adamw_tolerance(steps: int, lr: float) -> tuple[float, float]:
 # exponential average forgets older differences. Relative only: m2 spans orders of magnitude.
 ADAMW_MOMENT_RTOL = 8 * 2.0**-23
 
+# The beta powers after one kernel step against adamw_ref's from the same state: the product
+# beta_pow * beta of two fp32 values is exact in float64, the kernel rounds it to fp32 once, and
+# one fp32 rounding is at most 2^-24 relative.
+ADAMW_BETA_POW_RTOL = 2.0**-24
+
 
 # A model trained by both optimizers: once the parameters differ (by adamw_tolerance), so do the
 # next gradients, by about as much relative to the gradients' scale (the batch sums make absolute

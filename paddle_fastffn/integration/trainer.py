@@ -35,10 +35,12 @@ def _fast_optimizer_cls_and_kwargs(args):
 
 
 def apply(options: FastFFNOptions) -> None:
+    if not options.fused_optimizer:
+        revert()  # imports paddlenlp.trainer only where an earlier apply() patched it
+        return
     trainer = _trainer_class()
     _ORIGINAL.setdefault("get_optimizer_cls_and_kwargs", trainer.get_optimizer_cls_and_kwargs)
-    chosen = _fast_optimizer_cls_and_kwargs if options.fused_optimizer else _ORIGINAL["get_optimizer_cls_and_kwargs"]
-    trainer.get_optimizer_cls_and_kwargs = staticmethod(chosen)
+    trainer.get_optimizer_cls_and_kwargs = staticmethod(_fast_optimizer_cls_and_kwargs)
 
 
 def revert() -> None:

@@ -61,15 +61,18 @@ def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, 
     if param.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"{OP}: argument `param` must be float32, float16 or bfloat16, got "
                         f"{param.dtype}")
-    _check_like_param(param, param, "param", _KERNEL_DTYPES)
+    if not param.is_contiguous():
+        raise ValueError(f"{OP}: argument `param` must be contiguous (it is updated in place)")
     _check_like_param(param, grad, "grad", (param.dtype, paddle.float32))
-    for name, value in (("moment1", moment1), ("moment2", moment2), ("master_param", master_param)):
-        if value is not None or name != "master_param":
-            _check_like_param(param, value, name, (paddle.float32,))
-    for name, value in (("learning_rate", learning_rate), ("beta1_pow", beta1_pow),
-                        ("beta2_pow", beta2_pow), ("grad_scale", grad_scale)):
-        if value is not None or name != "grad_scale":
-            _check_scalar(value, name)
+    _check_like_param(param, moment1, "moment1", (paddle.float32,))
+    _check_like_param(param, moment2, "moment2", (paddle.float32,))
+    if master_param is not None:
+        _check_like_param(param, master_param, "master_param", (paddle.float32,))
+    _check_scalar(learning_rate, "learning_rate")
+    _check_scalar(beta1_pow, "beta1_pow")
+    _check_scalar(beta2_pow, "beta2_pow")
+    if grad_scale is not None:
+        _check_scalar(grad_scale, "grad_scale")
     if not _checks.kernel_supports_place(param):
         raise ValueError(f"{OP}: no compiled kernel for parameters on {param.place}")
 
@@ -165,7 +168,10 @@ class FastAdamW(paddle.optimizer.AdamW):
     grad_clip=paddle.nn.ClipGradByGlobalNorm (that exact class) is fused: the coefficient is
     computed as Paddle computes it and the kernel multiplies each clipped gradient by it as it
     reads it, instead of Paddle writing a scaled copy of every gradient first. Unlike Paddle, the
-    parameters' ``.grad`` keep their unclipped values after step(). Other clip classes run as
+    parameters' ``.grad`` keep their unclipped values after step(). With bf16 (or fp16) gradients
+    the kernel multiplies the upcast gradient by the fp32 coefficient in fp32, where Paddle rounds
+    the coefficient and the scaled gradient to the gradient's dtype: results are at least as
+    accurate as Paddle's, but not bit-identical to Paddle GPU's AdamW. Other clip classes run as
     in Paddle.
 
     lr_ratio works on the CPU too (Paddle's constructor refuses it there because its CPU kernel

@@ -1,4 +1,3 @@
-import logging
 import os
 import sys
 
@@ -16,20 +15,3 @@ def _stock_after_each_test():
     yield
     paddle_fastffn.revert_fast_ffn()
 
-
-@pytest.fixture
-def info_lines():
-    """The paddle_fastffn info lines PaddleNLP's logger prints (it does not propagate to caplog)."""
-    from paddlenlp.utils.log import logger
-
-    lines = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            if record.getMessage().startswith("paddle_fastffn:"):
-                lines.append(record.getMessage())
-
-    handler = Collect()
-    logger.logger.addHandler(handler)
-    yield lines
-    logger.logger.removeHandler(handler)
