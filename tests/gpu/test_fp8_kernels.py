@@ -239,6 +239,42 @@ def test_quantize_rowwise_only_transpose_only_and_amax_only(k):
     assert amax_only.scale_inv.item() == (1.0 / scale).item()
 
 
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=INPUT_IDS)
+@pytest.mark.parametrize("shape", CAST_SHAPES, ids=str)
+def test_quantize_amax_only_is_exact_on_every_shape(k, shape, dtype):
+    """The amax-only pass (current scaling's first pass; a flat kernel for contiguous x): exact,
+    with the largest magnitude planted in the last element (the partial last segment), the first,
+    and at an element offset that makes the view misaligned (the scalar load path)."""
+    x = torch.randn(shape, device="cuda").to(dtype)
+    scale = fp8.scalar(3.0)
+    for where in (-1, 0):
+        planted = x.clone().reshape(-1)
+        planted[where] = -100.0
+        q = k.quantize(planted.reshape(shape), E4M3, scale, rowwise=False, transpose=False)
+        assert q.data is None and q.data_t is None
+        assert q.amax.item() == 100.0, f"amax with the max at element {where}"
+        assert q.scale_inv.item() == (1.0 / scale).item()
+    base = torch.randn(shape[0] * shape[1] + 1, device="cuda").to(dtype)
+    view = base[1:].view(shape)  # contiguous, one element past an aligned start
+    assert k.quantize(view, E4M3, rowwise=False, transpose=False).amax.item() == view.float().abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=INPUT_IDS)
+def test_quantize_amax_only_propagates_nan_and_inf(k, dtype):
+    x = torch.randn(33, 4112, device="cuda").to(dtype)
+    x.view(-1)[-3] = math.inf
+    assert k.quantize(x, E5M2, rowwise=False, transpose=False).amax.item() == math.inf
+    x.view(-1)[5] = math.nan
+    assert math.isnan(k.quantize(x, E5M2, rowwise=False, transpose=False).amax.item())
+
+
+def test_quantize_amax_only_of_a_row_strided_view_reads_only_its_elements(k):
+    base = torch.randn(77, 200, device="cuda").to(torch.bfloat16)
+    base[:, 160:] = 1000.0  # outside the view
+    view = base[:, :160]
+    assert k.quantize(view, E4M3, rowwise=False, transpose=False).amax.item() == view.float().abs().max().item()
+
+
 def test_quantize_amax_accumulates(k):
     x1 = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
     x2 = (torch.randn(64, 64, device="cuda") * 3).to(torch.bfloat16)
