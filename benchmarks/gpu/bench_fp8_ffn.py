@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 
 import torch
@@ -184,11 +186,33 @@ def ffn_rows(model, hidden, inter, tokens):
     return rows
 
 
+def replay_timeline(replay, reps=5):
+    """The kernels of `reps` back-to-back graph replays as profile_step's timeline (busy, idle,
+    largest gaps): what of the replayed wall time is not kernel time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu.profile_step import Trace, summarize
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        timeline = summarize(Trace(path), reps, top=12)
+    timeline.pop("kernel_ms_by_category", None)
+    return timeline
+
+
 def profile_rows(models, tokens=8192):
     """Where the FP8 FFN's time goes, per recipe: the GPU time of every kernel (profiler), their sum,
     the eager wall time (CUDA events, as the FFN table times it) and the same fwd+bwd replayed from
     a CUDA graph (no host launch cost). eager - kernel sum = time the GPU waited for the host;
-    kernels that are not GEMMs = the quantisation and scaling work the FFN adds to its GEMMs."""
+    kernels that are not GEMMs = the quantisation and scaling work the FFN adds to its GEMMs;
+    graph_timeline = the replays' kernel timeline (idle inside the graph, largest gaps)."""
     rows = []
     for model in models:
         hidden, inter = WIDTHS[model]
@@ -206,7 +230,9 @@ def profile_rows(models, tokens=8192):
                 row.update(kernels_ms=kernels, kernel_sum_ms=sum(kernels.values()), gemm_ms=gemm_ms,
                            eager=timeit(run))
                 try:
-                    row["graph_replay"] = timeit(graphed(run))
+                    replay = graphed(run)
+                    row["graph_replay"] = timeit(replay)
+                    row["graph_timeline"] = replay_timeline(replay)
                 except Exception as error:  # noqa: BLE001
                     row["graph_replay"] = {"error": repr(error)}
             except Exception as error:  # noqa: BLE001

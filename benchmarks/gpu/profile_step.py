@@ -131,12 +131,14 @@ def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3
     from torch.profiler import ProfilerActivity, profile
 
     optimizer = make_optimizer(model.parameters())
+    invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
 
-    def step():
+    def step():  # bench_step's measure_training step
         loss = forward()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        invalidate()
         return loss
 
     for _ in range(warmup):
@@ -157,6 +159,7 @@ def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3
 
 
 def main():
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
     from benchmarks.gpu.llama_model import FastLlama, shift_labels
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -182,8 +185,14 @@ def main():
         base = new_hf_model(config)
         ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]), device="cuda")
         labels = shift_labels(ids)
+        def ours(kind=None):
+            model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(kind=kind))
+            return model, lambda: model(ids, labels), fused_master_adamw
+
         builders = {
-            "ours": lambda: (lambda m: (m, lambda: m(ids, labels), fused_master_adamw))(FastLlama(base)),
+            "ours": ours,
+            "ours_fp8_current": lambda: ours("current"),
+            "ours_fp8_delayed": lambda: ours("delayed"),
             "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, master_weight_adamw))(
                 _copy_of(base, config)),
             "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, master_weight_adamw))(
