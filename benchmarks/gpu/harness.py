@@ -473,10 +473,14 @@ class CrossEntropyArgs(ctypes.Structure):
 GPU_CHUNK_BYTES = 1 << 30
 
 
+def _label_error(vocab, ignore_index) -> ValueError:
+    return ValueError(f"cross_entropy: `labels` holds a label outside the vocabulary [0, {vocab}) that is "
+                      f"not ignore_index ({ignore_index})")
+
+
 def _raise_if_label_error(error, vocab, ignore_index):
     if int(error.item()) != 0:
-        raise ValueError(f"cross_entropy: `labels` holds a label outside the vocabulary [0, {vocab}) that is "
-                         f"not ignore_index ({ignore_index})")
+        raise _label_error(vocab, ignore_index)
 
 
 def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=True, error=None):
@@ -498,6 +502,21 @@ def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=T
     if error is None:
         _raise_if_label_error(flag, vocab, ignore_index)
     return loss
+
+
+def _read_back(pending, d_loss=None) -> float:
+    """The Paddle op's _PendingReadback.read: one copy of (kept count, label flag, d_loss) to the
+    host; raises for a flagged label; returns d_loss * n_labelled / n_kept (1 almost always)."""
+    n_labelled, n_kept, error, vocab, ignore_index = pending
+    parts = [n_kept.double().reshape(1), error.double().reshape(1)]
+    if d_loss is not None:
+        parts.append(d_loss.double().reshape(1))
+    values = torch.cat(parts).tolist()
+    if values[1] != 0:
+        raise _label_error(vocab, ignore_index)
+    kept = int(values[0])
+    factor = n_labelled / kept if kept and kept != n_labelled else 1.0
+    return (values[2] if d_loss is not None else 1.0) * factor
 
 
 def _gemm_fp32_out(out, a, b, accumulate=False, alpha=1.0):
@@ -525,7 +544,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         tokens, width = hidden.shape
         vocab = weight.shape[0] if transpose_weight else weight.shape[1]
         chunk = chunk_tokens or max(1, GPU_CHUNK_BYTES // (4 * vocab))
-        n_labelled = int((labels != ignore_index).sum().item())
+        n_labelled = int((labels != ignore_index).sum().item())  # the forward's one synchronisation
         mean_scale = 1.0 / n_labelled if n_labelled else 1.0
         kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
         w = weight.t() if transpose_weight else weight  # [H, V] view
@@ -539,7 +558,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         single_chunk = tokens <= chunk
         d_weight = (Kernels.empty(weight.shape, weight.dtype if single_chunk else torch.float32, weight.device)
                     if need_w else None)
-        error = torch.zeros(1, dtype=torch.int32, device=hidden.device)  # read once, after the loop
+        # The kernel's out-of-vocabulary flag, read with backward's one copy to the host.
+        error = torch.zeros(1, dtype=torch.int32, device=hidden.device)
         losses = []
         for start in range(0, tokens, chunk):
             end = min(tokens, start + chunk)
@@ -559,12 +579,15 @@ class LinearCrossEntropy(torch.autograd.Function):
             del logits
         if need_w and tokens == 0:  # no chunk wrote it
             d_weight.zero_()
-        _raise_if_label_error(error, vocab, ignore_index)
         loss_rows = torch.cat(losses) if losses else torch.zeros(0, device=hidden.device)
+        # PaddleNLP's mean over the tokens whose loss is > 0, as a masked sum over a count on the
+        # device (NaN when nothing is kept), as the Paddle op computes it.
         kept = loss_rows > 0
-        loss = loss_rows[kept].mean()  # PaddleNLP's reduction; NaN when nothing is kept
-        n_kept = int(kept.sum().item())
-        ctx.factor = n_labelled / n_kept if n_kept and n_kept != n_labelled else 1.0
+        n_kept = kept.sum(dtype=torch.float32)
+        loss = torch.where(kept, loss_rows, 0.0).sum() / n_kept
+        ctx.pending = (n_labelled, n_kept, error, vocab, ignore_index)
+        if not (need_h or need_w):  # no backward will read the flag
+            _read_back(ctx.pending)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.save_for_backward(d_hidden, d_weight)
         return loss
@@ -572,7 +595,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_loss):
         d_hidden, d_weight = ctx.saved_tensors
-        scale = float(d_loss) * ctx.factor  # one value read back per step, as the Paddle op does
+        scale = _read_back(ctx.pending, d_loss)  # one copy to the host per step, as the Paddle op
         grads = [None if g is None else (g if scale == 1.0 else g.mul_(scale)).to(dtype)
                  for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
         return grads[0], grads[1], None, None, None, None

@@ -53,25 +53,59 @@ def default_chunk_tokens(vocab: int, on_gpu: bool) -> int:
     return max(1, budget // (4 * max(int(vocab), 1)))
 
 
-def _cross_entropy_chunk(logits, labels, ignore_index: int, grad_scale: float, with_grad: bool):
+def _cross_entropy_chunk(logits, labels, ignore_index: int, grad_scale: float, with_grad: bool,
+                         label_error=None):
     """The fused kernel on one chunk: returns fp32 [rows] losses; with_grad, `logits` now holds
-    (softmax - onehot) * grad_scale (0 on rows the mean drops)."""
+    (softmax - onehot) * grad_scale (0 on rows the mean drops). `label_error` (a zeroed int32 [1]):
+    on GPU a label outside the vocabulary is flagged there for the caller to read once; without
+    it, and always on CPU, it raises here."""
     loss = paddle.empty([logits.shape[0]], dtype=paddle.float32)
     try:
-        run_op("fastffn_cross_entropy", logits, labels, loss, int(ignore_index), float(grad_scale),
-               bool(with_grad))
+        run_op("fastffn_cross_entropy", logits, labels, loss, label_error, int(ignore_index),
+               float(grad_scale), bool(with_grad))
     except OSError as error:  # the binding's PD_CHECK / PD_THROW; its first line names the argument
         raise ValueError(str(error).strip().splitlines()[0]) from None
     return loss
 
 
+class _PendingReadback:
+    """What the loss leaves on the device for one later read: the count of tokens PaddleNLP's mean
+    keeps (loss > 0) and the kernel's out-of-vocabulary flag. Read with the upstream gradient in
+    backward (one copy to the host per step with the label count's), or alone when no gradient is
+    needed: the forward then synchronises once, at the start, where the old composition did four
+    times (label count, flag after the chunks, the boolean mask of the mean, the kept count)."""
+
+    def __init__(self, n_labelled: int, n_kept, label_error, vocab: int, ignore_index: int,
+                 float64: bool):
+        self.n_labelled, self.n_kept, self.label_error = n_labelled, n_kept, label_error
+        self.vocab, self.ignore_index, self.float64 = vocab, ignore_index, float64
+
+    def read(self, d_loss=None) -> float:
+        """Raises for a flagged label; returns d_loss * factor, where factor (n_labelled / n_kept, 1
+        almost always) turns the mean over the labelled tokens the gradients were computed for
+        into PaddleNLP's mean over the tokens whose loss is > 0 (float64: the gradients are
+        unscaled sums and the factor is 1 / n_kept)."""
+        parts = [self.n_kept.astype(paddle.float64).reshape([1]),
+                 self.label_error.astype(paddle.float64).reshape([1])]
+        if d_loss is not None:
+            parts.append(d_loss.astype(paddle.float64).reshape([1]))
+        values = paddle.concat(parts).numpy()  # the one copy to the host
+        if values[1] != 0:
+            raise ValueError(f"{OP}: argument `labels` holds a label outside the vocabulary [0, "
+                             f"{self.vocab}) that is not ignore_index ({self.ignore_index})")
+        n_kept = int(values[0])
+        if self.float64:
+            factor = 1.0 / n_kept if n_kept else 1.0
+        else:
+            factor = self.n_labelled / n_kept if n_kept and n_kept != self.n_labelled else 1.0
+        return (float(values[2]) if d_loss is not None else 1.0) * factor
+
+
 def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weight, chunk,
                             need_d_hidden, need_d_weight):
     """(loss fp32 scalar, d_hidden [T, H] or None, d_weight (fp32; with a single chunk the GEMM's
-    dtype) or None, factor), float64
-    throughout for float64 inputs. The gradients are those of the mean over the labelled tokens;
-    `factor` (n_labelled / n_kept, 1 almost always) makes them those of PaddleNLP's mean over the
-    tokens whose loss is > 0 (float64: the gradients are unscaled sums and factor is 1 / n_kept)."""
+    dtype) or None, _PendingReadback), float64 throughout for float64 inputs. The gradients are
+    those of the mean over the labelled tokens; the readback's factor makes them PaddleNLP's."""
     tokens = hidden.shape[0]
     on_gpu = not hidden.place.is_cpu_place()
     # Matmul dtype: fp32 on CPU (float64 stays float64, for checks); the inputs' dtype on GPU.
@@ -80,7 +114,9 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
     else:
         compute = paddle.float64 if hidden.dtype == paddle.float64 else paddle.float32
     w = weight if weight.dtype == compute else weight.astype(compute)
+    # The one synchronisation of the forward: the kernel's gradient scale is a host number.
     n_labelled = int((labels != ignore_index).astype("int64").sum()) if tokens else 0
+    label_error = paddle.zeros([1], dtype=paddle.int32)
     with_grad = need_d_hidden or need_d_weight
     # The kernel's scale is an fp32 attribute: float64 inputs take 1 / n in backward instead.
     grad_scale = 1.0 / n_labelled if n_labelled and compute != paddle.float64 else 1.0
@@ -102,7 +138,7 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
         h = h if h.dtype == compute else h.astype(compute)
         logits = paddle.matmul(h, w, transpose_y=transpose_weight)  # [rows, V]
         losses.append(_cross_entropy_chunk(logits, labels[start:end], ignore_index, grad_scale,
-                                           with_grad))
+                                           with_grad, label_error))
         d_logits = logits  # overwritten in place by the kernel
         if need_d_hidden:
             # d_hidden = d_logits @ W^T ([H, V] weight) or d_logits @ W (tied [V, H] weight).
@@ -128,32 +164,34 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
     if need_d_weight and d_weight is None:  # no tokens: a zero gradient
         d_weight = paddle.zeros(weight.shape, dtype=accumulate)
     loss_rows = paddle.concat(losses) if losses else paddle.zeros([0], dtype=paddle.float32)
-    # PaddleNLP's reduction, verbatim: the tokens whose loss is > 0 (ignored ones have 0), their
-    # mean; NaN when there are none (every label ignored), with zero gradients.
+    # PaddleNLP's reduction: the mean of the tokens whose loss is > 0 (ignored ones have 0); NaN
+    # when there are none (0 / 0: every label ignored), with zero gradients. As a masked sum over
+    # a count, on the device: its boolean indexing would synchronise.
+    # (where, not a product with the mask: a NaN row stays out of the sum, as the selection drops it)
     kept_mask = loss_rows > 0
-    loss = paddle.mean(loss_rows[kept_mask])
-    n_kept = int(kept_mask.astype("int64").sum()) if tokens else 0
-    if compute == paddle.float64:
-        factor = 1.0 / n_kept if n_kept else 1.0
-    else:
-        factor = n_labelled / n_kept if n_kept and n_kept != n_labelled else 1.0
-    return loss, d_hidden, d_weight, factor
+    n_kept = kept_mask.astype(paddle.float32).sum()
+    loss = paddle.where(kept_mask, loss_rows, paddle.zeros_like(loss_rows)).sum() / n_kept
+    readback = _PendingReadback(n_labelled, n_kept, label_error, weight.shape[0] if transpose_weight
+                                else weight.shape[1], ignore_index, compute == paddle.float64)
+    return loss, d_hidden, d_weight, readback
 
 
 class _LinearCrossEntropy(PyLayer):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk, need_d_hidden,
                 need_d_weight):
-        loss, d_hidden, d_weight, factor = _chunked_loss_and_grads(
+        loss, d_hidden, d_weight, readback = _chunked_loss_and_grads(
             hidden, weight, labels, ignore_index, transpose_weight, chunk, need_d_hidden, need_d_weight)
         ctx.grads = (d_hidden, d_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
-        ctx.factor = factor
+        ctx.readback = readback
         return loss
 
     @staticmethod
     def backward(ctx, d_loss):
-        scale = float(d_loss) * ctx.factor  # a scalar: one value read back per step
+        # One copy to the host per step: the upstream gradient, the kept count and the label flag
+        # (a bad label raises here, before any gradient leaves the op).
+        scale = ctx.readback.read(d_loss)
         grads = []
         for grad, dtype in zip(ctx.grads, ctx.dtypes):
             if grad is not None:
@@ -161,7 +199,7 @@ class _LinearCrossEntropy(PyLayer):
                     grad = grad.scale_(scale)
                 grad = grad if grad.dtype == dtype else grad.astype(dtype)
             grads.append(grad)
-        ctx.grads = None
+        ctx.grads = ctx.readback = None
         return grads[0], grads[1], None
 
 
@@ -212,7 +250,9 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     Memory: one [chunk_tokens, V] logits chunk at a time; chunk_tokens None bounds it at
     GPU_CHUNK_BYTES / CPU_CHUNK_BYTES of fp32. The gradients are computed in forward (so the
     backward needs no second pass): d_hidden [T, H] and the fp32 d_weight are held until backward.
-    Labels outside [0, V) that are not ignore_index raise ValueError.
+    Labels outside [0, V) that are not ignore_index raise ValueError: on CPU at once; on GPU, where
+    the kernel flags them on the device, when backward reads its one value per step back (in the
+    forward when no gradient is needed), so the forward synchronises only to count the labels.
     One difference from stock on CPU: Paddle's CPU softmax clips logits more than 64 below the
     row's max (phi SoftmaxEigen's ValueClip), so stock reports about 64 for a token whose loss is
     larger; this op computes the loss itself (the gradients agree).
@@ -229,8 +269,10 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     need_d_hidden = grad_on and not hidden.stop_gradient
     need_d_weight = grad_on and not weight.stop_gradient
     if not (need_d_hidden or need_d_weight):  # loss only: no graph, no gradient GEMMs
-        return _chunked_loss_and_grads(hidden2d, weight, labels1d, int(ignore_index),
-                                       bool(transpose_weight), chunk, False, False)[0]
+        loss, _, _, readback = _chunked_loss_and_grads(hidden2d, weight, labels1d, int(ignore_index),
+                                                       bool(transpose_weight), chunk, False, False)
+        readback.read()  # no backward will: labels are checked here
+        return loss
     return _LinearCrossEntropy.apply(hidden2d, weight, labels1d, int(ignore_index),
                                      bool(transpose_weight), chunk, need_d_hidden, need_d_weight)
 

@@ -165,5 +165,22 @@ def test_chunked_upstream_gradient_and_bad_labels():
     close_to_scale(hidden.grad, 3.0 * ref_d_h, torch.float32, "3 * d_hidden")
     close_to_scale(weight.grad, 3.0 * ref_d_w, torch.float32, "3 * d_weight")
     labels[4] = 500
+    # Flagged on the device, raised by backward's one readback (no synchronisation per chunk) ...
+    loss = harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
     with pytest.raises(ValueError, match="outside the vocabulary"):
+        loss.backward()
+    # ... or by the forward itself when no backward will come.
+    with torch.no_grad(), pytest.raises(ValueError, match="outside the vocabulary"):
         harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
+
+
+def test_chunked_nan_row_stays_out_of_the_mean():
+    """The masked sum over a count drops a token whose loss is NaN, as PaddleNLP's loss[loss > 0]."""
+    hidden = torch.randn(12, 32, device="cuda")
+    hidden[5, 0] = math.nan
+    weight = torch.randn(32, 500, device="cuda") / math.sqrt(32)
+    labels = labels_for(12, 500, ignored=0.0)
+    loss = harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=5)
+    ref_loss, _, _ = reference_loss(hidden, weight, labels, False)
+    assert math.isfinite(loss.item())
+    close(loss, ref_loss, torch.float32, "loss with one NaN row")

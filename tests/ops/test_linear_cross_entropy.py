@@ -324,3 +324,26 @@ def test_rejects_a_bad_chunk_size():
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="`chunk_tokens` must be a positive int or None"):
             ops.linear_cross_entropy(h, w, labels, chunk_tokens=bad)
+
+
+def test_the_label_error_flag_must_be_one_int32_where_the_logits_are():
+    logits = paddle.randn([4, 10])
+    labels = paddle.to_tensor([1, 2, 3, 4], dtype="int64")
+    for bad in (paddle.zeros([1], dtype="float32"), paddle.zeros([2], dtype="int32")):
+        with pytest.raises(ValueError, match=r"argument `label_error` must be one int32"):
+            lce._cross_entropy_chunk(logits.clone(), labels, IGNORE, 1.0, True, bad)
+
+
+@pytest.mark.parametrize("needs_grad", [False, True], ids=["loss_only", "with_grad"])
+def test_a_nan_row_stays_out_of_the_mean_as_paddlenlps_selection_drops_it(needs_grad):
+    """The mean over kept tokens is a masked sum over a count (no synchronising boolean index): a
+    token whose loss is NaN must still be dropped, as `loss[loss > 0]` drops it."""
+    h, w, labels = make_inputs(10, 16, 50, ignored=0.0)
+    h_np = h.numpy()
+    h_np[3, 0] = np.nan
+    h = paddle.to_tensor(h_np)
+    h.stop_gradient = not needs_grad
+    loss = ops.linear_cross_entropy(h, w, labels, chunk_tokens=4)
+    ref = ops.linear_cross_entropy_ref(h.detach(), w.detach(), labels)
+    assert math.isfinite(float(loss)) and math.isfinite(float(ref))
+    assert_close(loss, ref, paddle.float32, "loss with one NaN row")
