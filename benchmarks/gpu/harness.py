@@ -540,7 +540,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     128k vocabulary divided by the token count would underflow fp16) and apply 1/n in the GEMMs."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens):
+    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, grad_enabled):
         tokens, width = hidden.shape
         vocab = weight.shape[0] if transpose_weight else weight.shape[1]
         chunk = chunk_tokens or max(1, GPU_CHUNK_BYTES // (4 * vocab))
@@ -548,7 +548,9 @@ class LinearCrossEntropy(torch.autograd.Function):
         mean_scale = 1.0 / n_labelled if n_labelled else 1.0
         kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
         w = weight.t() if transpose_weight else weight  # [H, V] view
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # needs_input_grad follows requires_grad even under torch.no_grad(); the grad mode of the
+        # caller (grad_enabled) decides, as paddle.is_grad_enabled() does in the Paddle op.
+        need_h, need_w = ctx.needs_input_grad[0] and grad_enabled, ctx.needs_input_grad[1] and grad_enabled
         # d_hidden rows are each one GEMM (K = V, fp32 accumulation inside): written in the inputs'
         # dtype.
         d_hidden = Kernels.empty((tokens, width), hidden.dtype, hidden.device) if need_h else None
@@ -598,7 +600,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         scale = _read_back(ctx.pending, d_loss)  # one copy to the host per step, as the Paddle op
         grads = [None if g is None else (g if scale == 1.0 else g.mul_(scale)).to(dtype)
                  for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
-        return grads[0], grads[1], None, None, None, None
+        return grads[0], grads[1], None, None, None, None, None
 
 
 def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
@@ -606,4 +608,4 @@ def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_we
     -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits."""
     hidden2d = hidden.reshape(-1, hidden.shape[-1])
     return LinearCrossEntropy.apply(hidden2d, weight, labels.reshape(-1).long().contiguous(), ignore_index,
-                                    transpose_weight, chunk_tokens)
+                                    transpose_weight, chunk_tokens, torch.is_grad_enabled())
