@@ -501,7 +501,7 @@ def projection_section(tokens=8192, hidden=4096, reps=20):
 # --- decoder layer ------------------------------------------------------------------------------
 
 # Our csrc/kernels CUDA kernels, by the names the profiler shows.
-FASTFFN_KERNELS = ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials", "quantize_kernel",
+FASTFFN_KERNELS = ("swiglu_", "rms_norm_", "rotary_kernel", "reduce_partials", "quantize_kernel", "amax_kernel",
                    "compute_scale_kernel", "update_history_kernel", "cross_entropy_kernel")
 
 
