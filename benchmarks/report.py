@@ -15,6 +15,7 @@ RUN8 = "run8"  # the H200 run of 2026-12-02 (three device calls; run8/README.md 
 RUN9 = "run9"  # the H200 run of the next session, same day (run9/README.md says which file is which)
 RUN10 = "run10"  # the H200 run of 2026-12-03, one device call (run10/README.md)
 RUN11 = "run11"  # the next session's H200 run, same day (run11/README.md)
+RUN12 = "run12"  # the H200 calls of the session after, same day (run12/README.md)
 
 
 def _load(name):
@@ -506,14 +507,64 @@ def fp8_profile_section(out, run):
             continue
         others = [(name, t) for name, t in r["kernels_ms"].items()
                   if not any(m in name.lower() for m in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul"))]
-        top = "; ".join(f"{name.split('<')[0].split('(')[0].replace('void ', '')[-40:]} {t * 1e3:.0f} µs"
+        top = "; ".join(f"{name.replace('(anonymous namespace)::', '').split('<')[0].split('(')[0].replace('void ', '')[-40:]} "
+                        f"{t * 1e3:.0f} µs"
                         for name, t in sorted(others, key=lambda kv: -kv[1])[:5])
-        graph = r["graph_replay"]
-        rows.append([r["model"], r["impl"], f"{r['eager']['p50_ms']:.3f}",
-                     f"{graph['p50_ms']:.3f}" if "p50_ms" in graph else "error", f"{r['kernel_sum_ms']:.3f}",
-                     f"{r['gemm_ms']:.3f}", f"{r['kernel_sum_ms'] - r['gemm_ms']:.3f}", top])
-    out.append(_table(["widths", "impl", "eager ms", "graph ms", "kernels ms", "GEMMs ms", "other kernels ms",
-                       "largest other kernels"], rows))
+        graph, timeline = r["graph_replay"], r.get("graph_timeline")
+        row = [r["model"], r["impl"], f"{r['eager']['p50_ms']:.3f}",
+               f"{graph['p50_ms']:.3f}" if "p50_ms" in graph else "error", f"{r['kernel_sum_ms']:.3f}",
+               f"{r['gemm_ms']:.3f}", f"{r['kernel_sum_ms'] - r['gemm_ms']:.3f}", top]
+        if any("graph_timeline" in q for q in run["profile"]):
+            row.insert(4, f"{timeline['busy_ms']:.3f} / {timeline['idle_ms']:.3f}" if timeline else "")
+        rows.append(row)
+    header = ["widths", "impl", "eager ms", "graph ms", "kernels ms", "GEMMs ms", "other kernels ms",
+              "largest other kernels"]
+    if any("graph_timeline" in q for q in run["profile"]):
+        header.insert(4, "replays: kernels busy / idle ms")
+        out.append("Replays: five graph replays back to back under the profiler, per replay: the time some kernel "
+                   "ran and the time none did (the graph's own gaps).\n")
+    out.append(_table(header, rows))
+    out.append("")
+
+
+def optimizer_sweep_section(out, run):
+    sweep = run.get("sweep")
+    if not sweep:
+        return
+    out.append(f"Build-time knobs of csrc/kernels/cuda/adamw.cu (`--sweep`), {sweep['config']}'s parameters, no "
+               "clipping, each build measured in the same run (the default build first and again last):\n")
+    out.append(_table(["build defines", "eager ms", "graph ms", "graph of copy"],
+                      [[", ".join(r["defines"]) or "(default)", f"{r['eager']['p50_ms']:.2f}",
+                        f"{r['graph']['p50_ms']:.2f}", f"{r['graph']['fraction_of_copy'] * 100:.1f}%"]
+                       for r in sweep["rows"]]))
+    out.append("")
+
+
+def step_profile_section(out, runs):
+    """profile_step.json files (label, run): each contender's kernel timeline per step."""
+    out.append("### Where the whole step's time goes: kernel timeline per step (torch.profiler, GPU only)\n")
+    out.append("`python3 -m benchmarks.gpu.profile_step`: two profiled steps after bench_step's warm-up, per step: "
+               "span from the first kernel to the last, busy = some kernel (or copy/memset) running, idle = none "
+               "(the GPU waiting for the host, mostly after a synchronisation), kernel time by category. The "
+               "profiler widens gaps a little; compare contenders of one run.\n")
+    for label, run in runs:
+        out.append(f"- {label}: `{run['command']}` on {run['environment']['date']}")
+    out.append("")
+    rows = []
+    cats = ("gemm", "attention", "optimizer", "fastffn", "loss", "other")
+    for label, run in runs:
+        for config, results in run.items():
+            if not isinstance(results, dict) or config in ("environment",):
+                continue
+            for name, r in results.items():
+                g = r.get("gpu_only") if isinstance(r, dict) else None
+                if not g:
+                    continue
+                k = g["kernel_ms_by_category"]
+                rows.append([label, config, name, f"{g['span_ms']:.1f}", f"{g['busy_ms']:.1f}", f"{g['idle_ms']:.2f}",
+                             f"{g['gaps_over_20us_per_step']:.1f}"] + [f"{k.get(c, 0.0):.2f}" for c in cats])
+    out.append(_table(["run", "config", "impl", "span ms", "busy ms", "idle ms", "gaps > 20 µs"] +
+                      [f"{c} ms" for c in cats], rows))
     out.append("")
 
 
@@ -598,6 +649,38 @@ def run11_sections(out):
         convergence_section(out, conv, plot_convergence(conv, "gpu_convergence_fp8_run11.png"))
 
 
+def run12_sections(out):
+    load = _run_loader(RUN12)
+    step, bench, fp8, opt = load("step.json"), load("gpu_bench.json"), load("fp8_ffn.json"), load("optimizer.json")
+    before, after = load("profile_step_before.json"), load("profile_step.json")
+    if not (step or bench or fp8 or opt):
+        return
+    out.append("## GPU run 12 (NVIDIA H200, 2026-12-03, third session): one synchronisation per pass in the "
+               "fused loss, the optimizer's grid, a flat amax pass, where the whole step's time goes\n")
+    out.append("Standalone harness as above; files, calls and commits: run12/README.md. Since run 11: the fused "
+               "linear cross-entropy (Paddle op and harness) synchronises once in the forward (the label count) "
+               "and once in backward (upstream gradient, kept count and label flag in one copy) instead of four "
+               "times and once; the AdamW kernel runs 8 blocks per SM (the sweep below); current scaling's "
+               "amax-only pass over a contiguous tensor is a flat kernel.\n")
+    if step:
+        step_section(out, step)
+        for plot in plot_step(step, "gpu_step_run12.png"):
+            out.append(f"![{plot.stem}]({plot.name})\n")
+    if before and after:
+        step_profile_section(out, [("before (fused loss with 5 synchronisations)", before),
+                                   ("after (2 synchronisations)", after)])
+    if step:
+        loss_section(out, step)
+    if bench and "decoder_layer" in bench:
+        decoder8_section(out, bench)
+    if fp8:
+        quantization_section(out, fp8)
+        fp8_profile_section(out, fp8)
+    if opt:
+        optimizer_section(out, opt)
+        optimizer_sweep_section(out, opt)
+
+
 def plot_kernels(gpu) -> list[Path]:
     plt = _pyplot()
     if plt is None:
@@ -631,6 +714,7 @@ def main():
            "Generated by `python -m benchmarks.report` from the JSON files in this folder; each JSON "
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
+    run12_sections(out)
     run11_sections(out)
     run10_sections(out)
     run9_sections(out)
