@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 
 import torch
@@ -189,20 +187,10 @@ def ffn_rows(model, hidden, inter, tokens):
 def replay_timeline(replay, reps=5):
     """The kernels of `reps` back-to-back graph replays as profile_step's timeline (busy, idle,
     largest gaps): what of the replayed wall time is not kernel time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.gpu.profile_step import Trace, summarize
+    from benchmarks.gpu.profile_step import kernel_timeline
 
     replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            replay()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        timeline = summarize(Trace(path), reps, top=12)
+    timeline = kernel_timeline(replay, reps, top=12)
     timeline.pop("kernel_ms_by_category", None)
     return timeline
 

@@ -131,10 +131,9 @@ def new_hf_model(config):
     return model.to(DT).train()
 
 
-def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
-    """forward() -> loss; make_optimizer(params) -> the optimizer stepped after each backward.
-    Returns timings (ms per whole step: forward, backward, optimizer), the first losses and memory."""
-    optimizer = make_optimizer(model.parameters())
+def training_step(forward, model, optimizer):
+    """One training step as every contender runs it: forward() -> loss, backward, the optimizer's
+    step, zero_grad, and for FP8 models the weight cache invalidated (the weights changed)."""
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
 
     def step():
@@ -144,6 +143,15 @@ def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
         optimizer.zero_grad()
         invalidate()
         return loss
+    return step
+
+
+def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
+    """forward() -> loss; make_optimizer(params) -> the optimizer stepped after each backward.
+    Returns timings (ms per whole step: forward, backward, optimizer), the first losses and memory."""
+    optimizer = make_optimizer(model.parameters())
+    invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
+    step = training_step(forward, model, optimizer)
 
     losses = []
     started = time.time()

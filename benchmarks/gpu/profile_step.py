@@ -29,7 +29,7 @@ import torch
 
 from benchmarks.gpu.bench_gpu import FASTFFN_KERNELS, GEMM_KERNEL_MARKS, environment, liger_patched
 from benchmarks.gpu.bench_step import (STEP_CONFIGS, fused_master_adamw, hf_config, master_weight_adamw,
-                                       new_hf_model)
+                                       new_hf_model, training_step)
 
 OPTIMIZER_MARKS = ("adamw", "adam", "foreach", "multi_tensor", "update_pows")
 LOSS_MARKS = ("cross_entropy", "liger_cross_entropy", "log_softmax", "nll_loss")
@@ -124,38 +124,31 @@ def summarize(trace: Trace, steps: int, top: int = 25) -> dict:
                              for g, g0, g1, a, b, corr in gaps[:15]]}
 
 
+def kernel_timeline(run, reps: int, with_host: bool = False, top: int = 25) -> dict:
+    """summarize() of `reps` back-to-back calls of run() under torch.profiler: the GPU alone, or
+    with the host's operators too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if with_host else [])
+    torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return summarize(Trace(path), reps, top)
+
+
 def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3) -> dict:
     """Two profiles of `steps` steps: the GPU alone (idle as the GPU sees it, the profiler's host
     overhead kept small) and the GPU with the host's operators (what the host did in each gap;
     its gaps are wider by the profiler's own overhead)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    optimizer = make_optimizer(model.parameters())
-    invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
-
-    def step():  # bench_step's measure_training step
-        loss = forward()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        invalidate()
-        return loss
-
+    step = training_step(forward, model, make_optimizer(model.parameters()))
     for _ in range(warmup):
         step()
-    result = {}
-    for name, activities in (("gpu_only", [ProfilerActivity.CUDA]),
-                             ("with_host", [ProfilerActivity.CUDA, ProfilerActivity.CPU])):
-        torch.cuda.synchronize()
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                step()
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(path)
-            result[name] = summarize(Trace(path), steps)
-    return result
+    return {"gpu_only": kernel_timeline(step, steps), "with_host": kernel_timeline(step, steps, with_host=True)}
 
 
 def main():
