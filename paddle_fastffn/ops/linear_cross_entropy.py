@@ -70,10 +70,10 @@ def _cross_entropy_chunk(logits, labels, ignore_index: int, grad_scale: float, w
 
 class _PendingReadback:
     """What the loss leaves on the device for one later read: the count of tokens PaddleNLP's mean
-    keeps (loss > 0) and the kernel's out-of-vocabulary flag. Read with the upstream gradient in
-    backward (one copy to the host per step with the label count's), or alone when no gradient is
-    needed: the forward then synchronises once, at the start, where the old composition did four
-    times (label count, flag after the chunks, the boolean mask of the mean, the kept count)."""
+    keeps (loss > 0) and the kernel's out-of-vocabulary flag. Backward reads them with the upstream
+    gradient in one copy to the host; without a backward the forward reads them itself. Either way
+    a step synchronises twice (the label count in the forward, this read), where it did five times
+    (label count, the flag after every chunk, the mean's boolean mask, the kept count, d_loss)."""
 
     def __init__(self, n_labelled: int, n_kept, label_error, vocab: int, ignore_index: int,
                  float64: bool):
@@ -165,9 +165,9 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
         d_weight = paddle.zeros(weight.shape, dtype=accumulate)
     loss_rows = paddle.concat(losses) if losses else paddle.zeros([0], dtype=paddle.float32)
     # PaddleNLP's reduction: the mean of the tokens whose loss is > 0 (ignored ones have 0); NaN
-    # when there are none (0 / 0: every label ignored), with zero gradients. As a masked sum over
-    # a count, on the device: its boolean indexing would synchronise.
-    # (where, not a product with the mask: a NaN row stays out of the sum, as the selection drops it)
+    # when there are none (0 / 0: every label ignored), with zero gradients. A masked sum over a
+    # count on the device, because boolean indexing would synchronise; `where`, not a product with
+    # the mask, so that a NaN row stays out of the sum as the selection drops it.
     kept_mask = loss_rows > 0
     n_kept = kept_mask.astype(paddle.float32).sum()
     loss = paddle.where(kept_mask, loss_rows, paddle.zeros_like(loss_rows)).sum() / n_kept
