@@ -204,15 +204,9 @@ def quantization_section(out, run):
     out.append("Bytes = each input read once, each output written once (an amax-only pass reads its input). "
                "`_current_scaling` = the amax pass + the device scale update + the quantising pass: what current "
                "scaling pays per tensor. Target: 85% of copy.\n")
-    same_size = all("fraction_of_same_size_copy" in r for r in run["quantization_kernels"])
     rows = [[r["model"], r["kernel"], f"{r['p50_ms'] * 1e3:.1f}", f"{r['bytes'] / 2**20:.0f}",
-             f"{r['fraction_of_copy'] * 100:.0f}%"] +
-            ([f"{r['same_size_copy_ms'] * 1e3:.1f}", f"{r['fraction_of_same_size_copy'] * 100:.0f}%"] if same_size else [])
-            for r in run["quantization_kernels"]]
-    if same_size:
-        out.append(SAME_SIZE_COPY_NOTE)
-    out.append(_table(["widths", "kernel", "µs", "MiB moved", "of copy"] +
-                      (["same-size copy µs", "of same-size copy"] if same_size else []), rows))
+             f"{r['fraction_of_copy'] * 100:.0f}%"] for r in run["quantization_kernels"]]
+    out.append(_table(["widths", "kernel", "µs", "MiB moved", "of copy"], rows))
     out.append("")
 
 
@@ -468,22 +462,11 @@ def projection_section(out, run):
     out.append("")
 
 
-SAME_SIZE_COPY_NOTE = ("`of copy` divides by the 1 GiB copy's bandwidth (the ceiling the targets name); `same-size "
-                       "copy` is a device copy moving the kernel's bytes, timed the same way (graph replay after "
-                       "an L2 flush), so it pays the same per-call costs (graph launch, ramp-up, tail) that a "
-                       "30-80 µs kernel cannot amortise.\n")
-
-
 def norm_section(out, run):
     run_header(out, "RMSNorm kernels (8192 tokens, bf16, CUDA-graph replay)", run)
-    kept = [r for r in run["kernels"] if "rms" in r["op"] and "fraction_of_copy" in r and r["impl"] != "eager"]
-    same_size = all("fraction_of_same_size_copy" in r for r in kept)
-    rows = [[r["op"], r["model"], r["pass"], r["impl"], f"{r['p50_ms'] * 1e3:.1f}", f"{r['fraction_of_copy'] * 100:.0f}%"] +
-            ([f"{r['fraction_of_same_size_copy'] * 100:.0f}%"] if same_size else []) for r in kept]
-    if same_size:
-        out.append(SAME_SIZE_COPY_NOTE)
-    out.append(_table(["op", "widths", "pass", "impl", "µs", "of copy"] + (["of same-size copy"] if same_size else []),
-                      rows))
+    rows = [[r["op"], r["model"], r["pass"], r["impl"], f"{r['p50_ms'] * 1e3:.1f}", f"{r['fraction_of_copy'] * 100:.0f}%"]
+            for r in run["kernels"] if "rms" in r["op"] and "fraction_of_copy" in r and r["impl"] != "eager"]
+    out.append(_table(["op", "widths", "pass", "impl", "µs", "of copy"], rows))
     out.append("")
 
 
@@ -690,12 +673,8 @@ def run12_sections(out):
         loss_section(out, step)
     if bench and "decoder_layer" in bench:
         decoder8_section(out, bench)
-    kernels, quantization = load("kernels.json"), load("fp8_quantization.json")
-    if kernels:
-        norm_section(out, kernels)
-    if quantization or fp8:
-        quantization_section(out, quantization or fp8)
     if fp8:
+        quantization_section(out, fp8)
         fp8_profile_section(out, fp8)
     if opt:
         optimizer_section(out, opt)

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from benchmarks.gpu import fp8_ffn, fp8_harness, harness
 from benchmarks.gpu.bench_gpu import (DT, GEMM_KERNEL_MARKS, ceilings, environment, fwd_bwd, graphed,
-                                      kernel_times, leaf, peak_bytes, same_size_copy_ms, saved_activation_bytes,
-                                      timeit, timeit_interleaved)
+                                      kernel_times, leaf, peak_bytes, saved_activation_bytes, timeit,
+                                      timeit_interleaved)
 
 # hidden, intermediate: LLaMA-2 7B / 13B / 70B and Llama-3-8B.
 WIDTHS = {"llama2_7b": (4096, 11008), "llama2_13b": (5120, 13824), "llama2_70b": (8192, 28672),
@@ -270,10 +270,8 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
         }
         for name, (fn, nbytes) in kernels.items():
             t = timeit(graphed(fn))
-            copy_ms = same_size_copy_ms(nbytes)
             rows.append({"model": model, "tokens": tokens, "kernel": name, "bytes": nbytes, **t,
-                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw,
-                         "same_size_copy_ms": copy_ms, "fraction_of_same_size_copy": copy_ms / t["p50_ms"]})
+                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
         for name, amax_pass, quant in (("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose"),
                                        ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8"),
                                        ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8")):
@@ -286,10 +284,8 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
                 second()
             t = timeit(graphed(composite))
             nbytes = kernels[quant][1]
-            copy_ms = same_size_copy_ms(nbytes)
             rows.append({"model": model, "tokens": tokens, "kernel": f"{name}_current_scaling", "bytes": nbytes, **t,
-                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw,
-                         "same_size_copy_ms": copy_ms, "fraction_of_same_size_copy": copy_ms / t["p50_ms"]})
+                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
         torch.cuda.empty_cache()
     return rows
 

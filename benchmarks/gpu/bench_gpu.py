@@ -158,23 +158,6 @@ def ceilings():
             "bf16_gemm_tflops": 2 * 8192**3 / (gemm["p50_ms"] * 1e-3) / 1e12}
 
 
-_SAME_SIZE_COPY_MS: dict[int, float] = {}
-
-
-def same_size_copy_ms(nbytes: int) -> float:
-    """p50 ms of a device copy moving `nbytes` (half read, half written), timed as the kernels are
-    (CUDA-graph replay after an L2 flush). Against it a kernel's fraction carries the same per-call
-    costs (graph launch, ramp-up, tail, event timing), which the 1 GiB copy of ceilings() amortises
-    and a 30 µs kernel cannot."""
-    if nbytes not in _SAME_SIZE_COPY_MS:
-        half = max(nbytes // 2, 1)
-        src = torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 255)
-        dst = torch.empty_like(src)
-        _SAME_SIZE_COPY_MS[nbytes] = timeit(graphed(lambda: dst.copy_(src)))["p50_ms"]
-        del src, dst
-    return _SAME_SIZE_COPY_MS[nbytes]
-
-
 def leaf(shape, scale=1.0):
     return (torch.randn(shape, device="cuda") * scale).to(DT).requires_grad_()
 
@@ -209,10 +192,8 @@ def kernel_section(copy_bw, tokens, liger):
                 rows.append({**row, "error": repr(error)})
                 continue
             gbps = nbytes / (t["p50_ms"] * 1e-3)
-            copy_ms = same_size_copy_ms(nbytes)
             rows.append({**row, **t, "timing": "cuda_graph", "GB_per_s": gbps / 1e9,
-                         "fraction_of_copy": gbps / copy_bw, "same_size_copy_ms": copy_ms,
-                         "fraction_of_same_size_copy": copy_ms / t["p50_ms"]})
+                         "fraction_of_copy": gbps / copy_bw})
 
     for model, (hidden, inter, heads, kv_heads) in MODELS.items():
         e = 2  # bf16 bytes
