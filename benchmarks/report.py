@@ -673,8 +673,13 @@ def run12_sections(out):
         loss_section(out, step)
     if bench and "decoder_layer" in bench:
         decoder8_section(out, bench)
+    kernels, quantization = load("kernels.json"), load("fp8_quantization.json")
+    if kernels:
+        norm_section(out, kernels)
+    for run in (fp8, quantization):  # calls 5 and 7: the same kernels, measured twice (the spread)
+        if run and "quantization_kernels" in run:
+            quantization_section(out, run)
     if fp8:
-        quantization_section(out, fp8)
         fp8_profile_section(out, fp8)
     if opt:
         optimizer_section(out, opt)
