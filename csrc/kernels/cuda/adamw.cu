@@ -6,8 +6,6 @@
 // device (read at run time), enough loads in flight to stream at the device's bandwidth; the
 // learning rate, beta powers and clip coefficient are read on the device, so nothing waits on
 // the host and a CUDA graph of the step replays with their current values.
-// Two build-time knobs (FASTFFN_ADAMW_*, below) let `bench_optimizer --sweep` measure the
-// alternatives beside the default in one run.
 #include <type_traits>
 
 #include "cuda_common.cuh"
