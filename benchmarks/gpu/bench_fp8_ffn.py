@@ -6,7 +6,8 @@ the same FFN in bf16 under torch.compile, and eager bf16. Time (CUDA events, med
 repeats) and the activation memory each keeps for backward.
 
 Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case),
-as torchao does. The `_accumulate4` rows are our FP8 FFN as configs/llama2_7b_sft_*.json run it:
+as torchao does. Ours FP8 keeps gate_up's FP8 copy for backward (Fp8Recipe.saved_gate_up "fp8", the
+default); the `_gate_up_activation` rows keep the 16-bit gate_up instead. The `_accumulate4` rows are our FP8 FFN as configs/llama2_7b_sft_*.json run it:
 4 micro-batches of 8192 tokens per optimizer step, the weights quantised once for the four (ms per
 micro-batch; as in every row, the gradients are fresh each call: accumulation's own adds are in
 no row).
@@ -104,8 +105,8 @@ def six_fp8_gemms(x, w_gate_up, w_down, dy):
 SFT_7B_ACCUMULATION = 4
 
 
-def ours_fp8(x, w_gate_up, w_down, dy, kind):
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
+def ours_fp8(x, w_gate_up, w_down, dy, kind, saved_gate_up="fp8"):
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind, saved_gate_up=saved_gate_up))
 
     def forward(x, w_gu, w_d):
         state.cache.invalidate()  # one optimizer step per iteration
@@ -143,6 +144,10 @@ def ffn_rows(model, hidden, inter, tokens):
         "ours_bf16": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gate_up, w_down]),
         "ours_fp8_current": (ours_fp8(x, w_gate_up, w_down, dy, "current"), [x, w_gate_up, w_down]),
         "ours_fp8_delayed": (ours_fp8(x, w_gate_up, w_down, dy, "delayed"), [x, w_gate_up, w_down]),
+        "ours_fp8_current_gate_up_activation": (ours_fp8(x, w_gate_up, w_down, dy, "current", "activation"),
+                                                [x, w_gate_up, w_down]),
+        "ours_fp8_delayed_gate_up_activation": (ours_fp8(x, w_gate_up, w_down, dy, "delayed", "activation"),
+                                                [x, w_gate_up, w_down]),
     }
     rows, runs = [], {}
     for name, (fn, inputs) in functional.items():
@@ -250,6 +255,8 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
         gate_up = torch.randn(tokens, 2 * inter, device="cuda", dtype=DT)
         d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
         x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
+        q_gate_up = k.quantize(gate_up, e4m3, one, transpose=False).data
+        amax2 = fp8_harness.scalar(0.0)
 
         def scale_update():
             k.compute_scale(amax, scale, scale_inv, 448.0)
@@ -267,20 +274,38 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
                                gu_bytes + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
             "swiglu_bwd_fp8_amax_only": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, rowwise=False, transpose=False,
                                                                   amax=amax), gu_bytes + h_bytes),
+            # saved_gate_up "fp8": the forward also writes q(gate_up) [T, 2I] (its amax pass gives both
+            # amaxes), and the backward reads that copy instead of the 16-bit gate_up
+            "swiglu_fwd_fp8_with_gate_up": (
+                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, one, amax=amax, gate_up_scale=one,
+                                                      gate_up_rowwise=True, gate_up_amax=amax2),
+                gu_bytes + h_bytes // 2 + gu_bytes // 2),
+            "swiglu_fwd_fp8_with_gate_up_amax_only": (
+                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, rowwise=False, amax=amax, gate_up_amax=amax2),
+                gu_bytes),
+            "swiglu_bwd_fp8_from_fp8_gate_up": (
+                lambda: k.swiglu_bwd_fp8(q_gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one,
+                                         gate_up_scale_inv=one),
+                gu_bytes // 2 + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
         }
         for name, (fn, nbytes) in kernels.items():
             t = timeit(graphed(fn))
             rows.append({"model": model, "tokens": tokens, "kernel": name, "bytes": nbytes, **t,
                          "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
-        for name, amax_pass, quant in (("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose"),
-                                       ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8"),
-                                       ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8")):
+        # (name, its amax-only pass, the quantising pass, the scales the amax pass gives)
+        for name, amax_pass, quant, scales in (
+                ("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose", 1),
+                ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8", 1),
+                ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8", 1),
+                ("swiglu_fwd_fp8_with_gate_up", "swiglu_fwd_fp8_with_gate_up_amax_only",
+                 "swiglu_fwd_fp8_with_gate_up", 2)):
             first, second = kernels[amax_pass][0], kernels[quant][0]
 
-            def composite(first=first, second=second):
+            def composite(first=first, second=second, scales=scales):
                 amax.zero_()
                 first()
-                scale_update()
+                for _ in range(scales):
+                    scale_update()
                 second()
             t = timeit(graphed(composite))
             nbytes = kernels[quant][1]

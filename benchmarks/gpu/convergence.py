@@ -64,6 +64,15 @@ def lr_at(step, steps, peak, warmup):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def fp8_recipe_of(precision: str) -> Fp8Recipe:
+    """fp8_current, fp8_delayed (the defaults: gate_up's FP8 copy saved for backward), and
+    fp8_<kind>_gate_up_activation (the 16-bit gate_up saved instead)."""
+    kind, _, rest = precision.removeprefix("fp8_").partition("_")
+    if rest not in ("", "gate_up_activation"):
+        raise ValueError(f"unknown precision {precision!r}")
+    return Fp8Recipe(kind=kind, saved_gate_up="activation" if rest else "fp8")
+
+
 def train(precision, initial_state, train_data, heldout, args):
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
@@ -73,7 +82,7 @@ def train(precision, initial_state, train_data, heldout, args):
     with torch.device("cuda"):
         hf = modeling_llama.LlamaForCausalLM(config)
     hf.load_state_dict(initial_state)
-    recipe = None if precision == "bf16" else Fp8Recipe(kind=precision.removeprefix("fp8_"))
+    recipe = None if precision == "bf16" else fp8_recipe_of(precision)
     model = FastLlama(hf.to(DT), fp8_recipe=recipe)
     del hf
     optimizer = MasterWeightAdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,

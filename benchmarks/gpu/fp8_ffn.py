@@ -7,13 +7,15 @@ torch Linear layout; T tokens; e4m3 for activations and weights, e5m2 for gradie
 
   forward   q(x), q(x)^T        e4m3 = quantize(x [T, H] 16/32-bit)          one pass
             gate_up [T, 2I]     x.dtype = gemm(q(x), q(W_gu))              fast accumulation
-            q(h)                e4m3 = swiglu_fwd_fp8(gate_up)             h only in fp32 registers
+            q(h), q(gate_up)    e4m3 = swiglu_fwd_fp8(gate_up)             h only in fp32 registers;
+                                gate_up's own copy in the same pass (saved_gate_up "fp8")
             y [T, H]            x.dtype = gemm(q(h), q(W_d))               fast accumulation
-            kept for backward:  q(x)^T, gate_up (for the SwiGLU recompute), h's scale; the
-                                cached weight copies. x itself and q(x) are dropped.
+            kept for backward:  q(x)^T, q(gate_up) (for the SwiGLU recompute; the 16-bit gate_up
+                                with saved_gate_up "activation"), h's scale; the cached weight
+                                copies. x itself, q(x) and the 16-bit gate_up are dropped.
   backward  q(dy), q(dy)^T      e5m2 = quantize(dy)                        one pass
             d_h [T, I]          x.dtype = gemm(q(dy), q(W_d)^T)
-            q(d_gu), q(d_gu)^T  e5m2 and q(h)^T e4m3 = swiglu_bwd_fp8(gate_up, d_h)   h recomputed
+            q(d_gu), q(d_gu)^T  e5m2 and q(h)^T e4m3 = swiglu_bwd_fp8(q(gate_up), d_h)   h recomputed
             d_W_d [H, I]        = gemm(q(dy)^T, q(h)^T)
             d_x [T, H]          = gemm(q(d_gu), q(W_gu)^T)
             d_W_gu [2I, H]      = gemm(q(d_gu)^T, q(x)^T)
@@ -56,6 +58,8 @@ host synchronisation anywhere in a step):
            amax yet, runs as current scaling, and its amax seeds the history; without it scales
            start at 1 as TE's, and the first steps' e5m2 gradients underflow (recipe.py has the
            numbers). Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe).
+  h and gate_up's copy are quantised by one pass: its amax-only pass gives both amaxes, and each
+  has its own scale (and history).
   An amax of 0 or not finite keeps the previous scale (TE's delayed rule, used for both here).
 
 Weights are quantised once per step into an Fp8WeightCache (both layouts); call invalidate()
@@ -85,10 +89,13 @@ class Fp8Recipe:
     margin: float = 0.0               # scale = fmt_max * 2^-margin / amax
     fast_accum_forward: bool = True   # cuBLASLt fast accumulation for the two forward GEMMs
     delayed_warm_start: bool = True   # delayed only: the first quantisation is current-scaled
+    saved_gate_up: str = "fp8"        # "fp8" | "activation": paddle_fastffn.fp8.Fp8Recipe's
 
     def __post_init__(self):
         if self.kind not in ("current", "delayed"):
             raise ValueError(f"Fp8Recipe.kind must be 'current' or 'delayed', not {self.kind!r}")
+        if self.saved_gate_up not in ("fp8", "activation"):
+            raise ValueError(f"Fp8Recipe.saved_gate_up must be 'fp8' or 'activation', not {self.saved_gate_up!r}")
         if self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("amax_compute_algo must be 'max' or 'most_recent', not "
                              f"{self.amax_compute_algo!r}")
@@ -130,12 +137,8 @@ class ScalingState:
         Delayed: quantize_pass with the scale from the history, recording the amax into
         history[0]. Returns what quantize_pass returns (its Quantized.scale is this state's live
         tensor; its scale_inv its own)."""
-        if self.scales_by_own_amax():
-            self.amax.zero_()
-            amax_pass(self.amax)
-            k.compute_scale(self.amax, self.scale, self.scale_inv, self.fmt_max, self.recipe.margin)
-        self.seeded = True
-        return quantize_pass(self.scale, self.amax)
+        return quantize_together(k, (self,), lambda: amax_pass(self.amax),
+                                 lambda: quantize_pass(self.scale, self.amax))
 
     def quantize(self, k: fp8.Fp8Kernels, x: torch.Tensor, rowwise=True, transpose=True) -> fp8.Quantized:
         """x [R, C] -> q(x) [R, C] and q(x)^T [C, R] (fastffn_fp8_quantize_cuda)."""
@@ -148,6 +151,24 @@ class ScalingState:
         if self.recipe.kind == "delayed":
             k.update_amax_history(self.amax_history, self.scale, self.scale_inv, self.fmt_max,
                                   self.recipe.margin, self.recipe.amax_compute_algo == "most_recent")
+
+
+def quantize_together(k: fp8.Fp8Kernels, states, amax_pass, quantize_pass):
+    """ScalingState.quantize_with for one kernel pass that quantises several tensors, each with
+    its state (the SwiGLU forward: h and gate_up's copy): amax_pass() accumulates every amax (each
+    state's `amax`), then the scales of those that take them from their own amax, then
+    quantize_pass(). (A delayed state beside them gets its amax max-accumulated by both passes,
+    the same value twice: a no-op.) paddle_fastffn/fp8/cuda.py's quantize_with is the same rule."""
+    own_amax = [s for s in states if s.scales_by_own_amax()]
+    if own_amax:
+        for s in own_amax:
+            s.amax.zero_()
+        amax_pass()
+        for s in own_amax:
+            k.compute_scale(s.amax, s.scale, s.scale_inv, s.fmt_max, s.recipe.margin)
+    for s in states:
+        s.seeded = True
+    return quantize_pass()
 
 
 class Fp8WeightCache:
@@ -191,6 +212,8 @@ class Fp8FFNState:
         self.h = ScalingState(self.recipe, E4M3, device)
         self.dy = ScalingState(self.recipe, E5M2, device)
         self.d_gate_up = ScalingState(self.recipe, E5M2, device)
+        # gate_up's saved copy (None: the backward keeps the 16-bit gate_up)
+        self.gate_up = ScalingState(self.recipe, E4M3, device) if self.recipe.saved_gate_up == "fp8" else None
         self.cache = Fp8WeightCache()
         self.record: dict | None = None
 
@@ -232,17 +255,29 @@ class Fp8FFN(torch.autograd.Function):
         qx = state.x.quantize(k, x2.contiguous())
         wgu, wd = state.weights(k, w_gate_up, w_down)
         gate_up = k.gemm_q(qx, wgu, x.dtype, fast_accum=fast)
-        qh = state.h.quantize_with(
-            k, lambda amax: k.swiglu_fwd_fp8(gate_up, E4M3, rowwise=False, amax=amax),
-            lambda scale, amax: k.swiglu_fwd_fp8(gate_up, E4M3, scale, amax=amax))
+        h, gu = state.h, state.gate_up
+        if gu is None:
+            qh = h.quantize_with(
+                k, lambda amax: k.swiglu_fwd_fp8(gate_up, E4M3, rowwise=False, amax=amax),
+                lambda scale, amax: k.swiglu_fwd_fp8(gate_up, E4M3, scale, amax=amax))
+            saved, saved_scale_inv = gate_up, None
+        else:  # one pass: q(h) and gate_up's own copy, their amaxes together
+            qh, q_gu = quantize_together(
+                k, (h, gu),
+                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, rowwise=False, amax=h.amax,
+                                                      gate_up_amax=gu.amax),
+                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, h.scale, amax=h.amax, gate_up_scale=gu.scale,
+                                                      gate_up_rowwise=True, gate_up_amax=gu.amax))
+            saved, saved_scale_inv = q_gu.data, q_gu.scale_inv
         y = k.gemm_q(qh, wd, x.dtype, fast_accum=fast)
-        h_scale = state.h.scale.clone()  # the backward recomputes q(h) with this very scale
-        state.x.end_step(k)
-        state.h.end_step(k)
+        h_scale = h.scale.clone()  # the backward recomputes q(h) with this very scale
+        for s in (state.x, h, gu):
+            if s is not None:
+                s.end_step(k)
         if state.record is not None:
             state.record.update(q_x=qx, w_gate_up=wgu, w_down=wd, gate_up=gate_up, q_h=qh,
-                                h_scale=h_scale, y=y)
-        ctx.save_for_backward(qx.data_t, qx.scale_inv, gate_up, h_scale)
+                                h_scale=h_scale, y=y, saved_gate_up=saved, saved_gate_up_scale_inv=saved_scale_inv)
+        ctx.save_for_backward(qx.data_t, qx.scale_inv, saved, h_scale, saved_scale_inv)
         ctx.weights, ctx.state, ctx.x_shape = (wgu, wd), state, x.shape
         ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
         return y.reshape(*x.shape[:-1], hidden)
@@ -250,7 +285,7 @@ class Fp8FFN(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         k = fp8.kernels()
-        q_x_t, x_scale_inv, gate_up, h_scale = ctx.saved_tensors
+        q_x_t, x_scale_inv, gate_up, h_scale, gate_up_scale_inv = ctx.saved_tensors
         wgu, wd = ctx.weights
         state = ctx.state
         x_dtype, w_gate_up_dtype, w_down_dtype = ctx.dtypes
@@ -260,9 +295,11 @@ class Fp8FFN(torch.autograd.Function):
         qdy = state.dy.quantize(k, dy2)
         d_h = k.gemm(qdy.data, wd.data_t, x_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=wd.scale_inv)
         q_dgu, q_h = state.d_gate_up.quantize_with(
-            k, lambda amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, rowwise=False, transpose=False, amax=amax),
+            k, lambda amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, rowwise=False, transpose=False, amax=amax,
+                                             gate_up_scale_inv=gate_up_scale_inv),
             lambda scale, amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, scale, amax=amax, h=E4M3,
-                                                 h_scale=h_scale, h_transpose=need_w_down))
+                                                 h_scale=h_scale, h_transpose=need_w_down,
+                                                 gate_up_scale_inv=gate_up_scale_inv))
         record = state.record
         if record is not None:
             record.update(q_dy=qdy, d_h=d_h, q_d_gate_up=q_dgu, q_h_t=q_h)

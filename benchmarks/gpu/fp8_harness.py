@@ -10,9 +10,11 @@ Shapes and precision, row-major throughout:
   gemm        D[M, N] = alpha * A[M, K] @ B[N, K]^T (+ D), fp32 accumulation; FP8 needs both
               operands K-major (pass the q_t copies for dgrad/wgrad)
   swiglu_fwd_fp8   gate_up [T, 2I] 16/32-bit -> h = silu(g) * u in fp32 -> q(h) [T, I] and/or
-              q(h)^T [I, T], amax of h; neither: the amax-only pass of current scaling
-  swiglu_bwd_fp8   gate_up [T, 2I], d_h [T, I] -> q(d_gate_up) [T, 2I] (+ [2I, T]) and the
-              recomputed h (FP8 [T, I] / [I, T], or 16/32-bit [T, I])
+              q(h)^T [I, T], amax of h; neither: the amax-only pass of current scaling.
+              swiglu_fwd_fp8_with_gate_up also writes q(gate_up) [T, 2I] (and/or its amax)
+  swiglu_bwd_fp8   gate_up [T, 2I] (16/32-bit, or q(gate_up) with its scale_inv), d_h [T, I] ->
+              q(d_gate_up) [T, 2I] (+ [2I, T]) and the recomputed h (FP8 [T, I] / [I, T], or
+              16/32-bit [T, I])
   compute_scale, update_amax_history   per-tensor scales on the device (current / delayed)
 """
 
@@ -186,7 +188,7 @@ class Fp8Kernels:
     # --- SwiGLU fused with quantisation, scale updates (swiglu_fp8.cu) -------------------------
     def _declare_swiglu_fp8(self):
         lib, f32, ptr = self.lib, ctypes.c_float, ctypes.c_void_p
-        lib.fastffn_swiglu_fwd_fp8_cuda.argtypes = [Tensor, Tensor, Tensor, ptr]
+        lib.fastffn_swiglu_fwd_fp8_cuda.argtypes = [Tensor, Tensor, Tensor, Tensor, ptr]
         lib.fastffn_swiglu_bwd_fp8_cuda.argtypes = [Tensor] * 6 + [ptr]
         lib.fastffn_fp8_compute_scale_cuda.argtypes = [ptr, ptr, ptr, f32, f32, ptr]
         lib.fastffn_fp8_update_amax_history_cuda.argtypes = [ptr, ctypes.c_int64, ctypes.c_int, ptr,
@@ -214,31 +216,56 @@ class Fp8Kernels:
         data_t [I, T] (transpose). `amax` is max-accumulated (a fresh zero when None, NULL when
         track_amax is False). rowwise = transpose = False is the amax-only pass: scale and
         scale_inv are not touched (scale_inv is None in the result)."""
+        return self._swiglu_fwd_fp8(gate_up, fp8, scale, rowwise, transpose, amax, track_amax, out, out_t)[0]
+
+    def swiglu_fwd_fp8_with_gate_up(self, gate_up: torch.Tensor, fp8: torch.dtype,
+                                    scale: torch.Tensor | None = None, rowwise: bool = True,
+                                    transpose: bool = False, amax: torch.Tensor | None = None,
+                                    track_amax: bool = True, out: torch.Tensor | None = None,
+                                    out_t: torch.Tensor | None = None, gate_up_scale: torch.Tensor | None = None,
+                                    gate_up_rowwise: bool = False,
+                                    gate_up_amax: torch.Tensor | None = None) -> tuple[Quantized, Quantized | None]:
+        """swiglu_fwd_fp8, and in the same pass gate_up's own FP8 copy (format fp8, the forward's):
+        (Quantized h, Quantized gate_up: data [T, 2I] when gate_up_rowwise, quantised with
+        gate_up_scale; gate_up_amax max-accumulated when given; None when neither is asked)."""
+        return self._swiglu_fwd_fp8(gate_up, fp8, scale, rowwise, transpose, amax, track_amax, out, out_t,
+                                    gate_up_scale, gate_up_rowwise, gate_up_amax)
+
+    def _swiglu_fwd_fp8(self, gate_up, fp8, scale, rowwise, transpose, amax, track_amax, out, out_t,
+                        gate_up_scale=None, gate_up_rowwise=False, gate_up_amax=None):
         rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
-        amax = self._fresh_amax(amax, track_amax, gate_up.device)
+        device = gate_up.device
+        amax = self._fresh_amax(amax, track_amax, device)
         converts = rowwise or transpose or out is not None or out_t is not None
-        scale_inv = empty((1,), torch.float32, gate_up.device) if converts else None
+        scale_inv = empty((1,), torch.float32, device) if converts else None
         if rowwise and out is None:
-            out = empty((rows, cols), fp8, gate_up.device)
+            out = empty((rows, cols), fp8, device)
         if transpose and out_t is None:
-            out_t = empty((cols, rows), fp8, gate_up.device)
+            out_t = empty((cols, rows), fp8, device)
+        q_gate_up, gu_desc = None, describe(None, fp8)
+        if gate_up_rowwise or gate_up_amax is not None:
+            gu_data = empty((rows, 2 * cols), fp8, device) if gate_up_rowwise else None
+            gu_scale_inv = empty((1,), torch.float32, device) if gate_up_rowwise else None
+            gu_desc = describe(gu_data, fp8, gate_up_scale, gu_scale_inv, gate_up_amax, (rows, 2 * cols))
+            q_gate_up = Quantized(gu_data, None, gate_up_scale, gu_scale_inv, gate_up_amax)
         status = self.lib.fastffn_swiglu_fwd_fp8_cuda(
             describe(gate_up), describe(out, fp8, scale, scale_inv, amax, (rows, cols)),
-            describe(out_t, fp8, shape=(cols, rows)), self._stream())
+            describe(out_t, fp8, shape=(cols, rows)), gu_desc, self._stream())
         self._check(status, "swiglu_fwd_fp8")
-        return Quantized(out, out_t, scale, scale_inv, amax)
+        return Quantized(out, out_t, scale, scale_inv, amax), q_gate_up
 
     def swiglu_bwd_fp8(self, gate_up: torch.Tensor, d_h: torch.Tensor, fp8: torch.dtype = torch.float8_e5m2,
                        scale: torch.Tensor | None = None, rowwise: bool = True, transpose: bool = True,
                        amax: torch.Tensor | None = None, track_amax: bool = True,
                        h: torch.dtype | None = None, h_scale: torch.Tensor | None = None,
                        h_rowwise: bool = False, h_transpose: bool = True,
-                       h_amax: torch.Tensor | None = None):
-        """gate_up [T, 2I], d_h [T, I] -> (Quantized d_gate_up: data [T, 2I], data_t [2I, T];
-        the recomputed h or None). `h`: None (not written), an FP8 dtype (Quantized with h_scale:
-        data [T, I] when h_rowwise, data_t [I, T] when h_transpose, h_amax accumulated when
-        given) or gate_up's dtype (a [T, I] tensor). rowwise = transpose = False with h None is
-        the amax-only pass of d_gate_up."""
+                       h_amax: torch.Tensor | None = None, gate_up_scale_inv: torch.Tensor | None = None):
+        """gate_up [T, 2I] (d_h's dtype, or the forward's FP8 copy with gate_up_scale_inv),
+        d_h [T, I] -> (Quantized d_gate_up: data [T, 2I], data_t [2I, T]; the recomputed h or
+        None). `h`: None (not written), an FP8 dtype (Quantized with h_scale: data [T, I] when
+        h_rowwise, data_t [I, T] when h_transpose, h_amax accumulated when given) or d_h's dtype
+        (a [T, I] tensor). rowwise = transpose = False with h None is the amax-only pass of
+        d_gate_up."""
         rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
         device = gate_up.device
         amax = self._fresh_amax(amax, track_amax, device)
@@ -259,7 +286,7 @@ class Fp8Kernels:
             h_out = empty((rows, cols), h, device)
             h_desc = describe(h_out)
         status = self.lib.fastffn_swiglu_bwd_fp8_cuda(
-            describe(gate_up), describe(d_h), describe(dgu, fp8, scale, scale_inv, amax, (rows, 2 * cols)),
+            describe(gate_up, scale_inv=gate_up_scale_inv), describe(d_h), describe(dgu, fp8, scale, scale_inv, amax, (rows, 2 * cols)),
             describe(dgu_t, fp8, shape=(2 * cols, rows)), h_desc, h_t_desc, self._stream())
         self._check(status, "swiglu_bwd_fp8")
         return Quantized(dgu, dgu_t, scale, scale_inv, amax), h_out

@@ -206,24 +206,31 @@ def states_on(states, place) -> None:
         _state_on(getattr(states, role), place)
 
 
-def quantize_with(state: ScalingState, amax_pass, quantize_pass, end_step: bool = True):
+def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_pass, end_step: bool = True):
     """One quantisation under `state`'s recipe, with a kernel given as its two passes:
     amax_pass() accumulates the tensor's amax into state.amax_history[0] without writing FP8 data,
     quantize_pass() quantises with state.scale (and accumulates the amax too). Where the scale
     comes from the tensor's own amax (current scaling; delayed's warm start, recipe.py), the amax
     pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
-    (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s."""
-    if state.scales_by_own_amax():
+    (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s.
+    A list of states: one kernel pass quantises each of those tensors (the SwiGLU forward: h and
+    gate_up's copy); they share a recipe, so they take their scales from their amaxes together."""
+    states = state if isinstance(state, list) else [state]
+    own_amax = [s for s in states if s.scales_by_own_amax()]
+    if own_amax:
         # The whole history: current scaling keeps one entry, and a delayed history holds no
-        # amax before the warm start's first quantisation.
-        state.amax_history.zero_()
+        # amax before the warm start's first quantisation. (A delayed state beside them gets the
+        # same amax max-accumulated twice, by both passes: a no-op.)
+        for s in own_amax:
+            s.amax_history.zero_()
         amax_pass()
-        _run("fastffn_fp8_compute_scale", state.amax_history, state.scale, state.scale_inv,
-             FP8_MAX[state.fmt], state.margin)
+        for s in own_amax:
+            _run("fastffn_fp8_compute_scale", s.amax_history, s.scale, s.scale_inv, FP8_MAX[s.fmt], s.margin)
     outputs = quantize_pass()
-    state.seeded = True
-    if end_step:
-        end_step_of(state)
+    for s in states:
+        s.seeded = True
+        if end_step:
+            end_step_of(s)
     return outputs
 
 

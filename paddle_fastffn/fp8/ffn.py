@@ -12,14 +12,19 @@ W_d = down_proj.weight [I, H]; T tokens. e4m3 for activations and weights, e5m2 
             gate_up [T, 2I]     x.dtype = q(x) @ q(W_gu)                     fast accumulation
             q(h) [T, I]         e4m3 = quantize(h = silu(gate) * up)        (state h) h in fp32 only,
                                                                             never rounded to 16 bits
+            q(gate_up) [T, 2I]  e4m3 = quantize(gate_up), in the same pass  (state gate_up; with
+                                Fp8Recipe.saved_gate_up "fp8", the default)
             y [T, H]            x.dtype = q(h) @ q(W_d)                      fast accumulation
-            end of forward: delayed scaling updates x's and h's histories
-            kept for backward: q(x)^T, gate_up (16-bit, for the SwiGLU recompute), h's scale
+            end of forward: delayed scaling updates x's, h's (and gate_up's) histories
+            kept for backward: q(x)^T, q(gate_up) and its scale_inv (or gate_up in x.dtype with
+                                saved_gate_up "activation"), h's scale
   backward  q(dy), q(dy)^T      e5m2 = quantize(dy in x.dtype)              (state dy)
             d_h [T, I]          x.dtype = q(dy) @ q(W_d)^T
-            q(d_gate_up) [T, 2I], its transpose: e5m2 of [d_gate | d_up] in fp32 from gate_up and
+            q(d_gate_up) [T, 2I], its transpose: e5m2 of [d_gate | d_up] in fp32 from the saved
+                                gate_up (the FP8 copy dequantised in fp32, or the 16-bit one) and
                                 d_h (state d_gate_up), and q(h)^T: h recomputed in fp32 and
-                                quantised with the forward's h scale (the forward's bytes)
+                                quantised with the forward's h scale (from a 16-bit gate_up the
+                                forward's bytes; from the FP8 copy within its rounding)
             dW_d [I, H]         W_d.dtype  = q(h)^T @ q(dy)
             dx [T, H]           x.dtype    = q(d_gate_up) @ q(W_gu)^T
             dW_gu [H, 2I]       W_gu.dtype = q(x)^T @ q(d_gate_up)
@@ -123,6 +128,11 @@ class _FfnContext:
 
 # --- emulated ------------------------------------------------------------------------------------
 
+def _forward_states(states: FfnScalingStates):
+    """The states whose steps end with the forward: x, h and (kept in FP8) gate_up."""
+    return [s for s in (states.x, states.h, states.gate_up) if s is not None]
+
+
 class _Fp8FFNFunction(PyLayer):
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, states: FfnScalingStates, weight_cache):
@@ -132,17 +142,24 @@ class _Fp8FFNFunction(PyLayer):
         gate_up = paddle.matmul(dequantize(qx), dequantize(q_gu)).astype(x.dtype)
         qh = states.h.quantize(swiglu_fwd32(gate_up), end_step=False)
         h_scale = states.h.scale.clone()  # the backward re-quantises the recomputed h with it
+        saved_gate_up, saved_scale_inv = gate_up, None
+        if states.gate_up is not None:  # the copy the SwiGLU forward pass writes beside q(h)
+            q_saved = states.gate_up.quantize(gate_up, end_step=False)
+            saved_gate_up, saved_scale_inv = q_saved.data, q_saved.scale_inv
         y = paddle.matmul(dequantize(qh), dequantize(q_d)).astype(x.dtype)
-        states.x.end_step()
-        states.h.end_step()
-        ctx.save_for_backward(qx.data, qx.scale_inv, gate_up, h_scale, q_gu.data, q_gu.scale_inv, q_d.data,
+        for state in _forward_states(states):
+            state.end_step()
+        ctx.save_for_backward(qx.data, qx.scale_inv, saved_gate_up, h_scale, q_gu.data, q_gu.scale_inv, q_d.data,
                               q_d.scale_inv)
+        ctx.saved_scale_inv = saved_scale_inv
         _FfnContext.save(ctx, x, w_gate_up, w_down, states)
         return y.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad_output):
         x_data, x_scale_inv, gate_up, h_scale, gu_data, gu_scale_inv, d_data, d_scale_inv = ctx.saved_tensor()
+        if ctx.saved_scale_inv is not None:
+            gate_up = from_fp8(gate_up, ctx.saved_scale_inv)  # fp32, as the kernel reads the copy
         states = ctx.states
         x_dtype, gu_dtype, d_dtype = ctx.dtypes
         need_dx, need_dgu, need_dd = ctx.needs
@@ -152,7 +169,7 @@ class _Fp8FFNFunction(PyLayer):
         d_gu = dequantize(states.d_gate_up.quantize(d_gate_up, end_step=False))
         dx = d_w_gu = d_w_d = None
         if need_dd:
-            h_q = quantize_dequantize(h, h_scale, states.h.fmt)  # the forward's q(h)
+            h_q = quantize_dequantize(h, h_scale, states.h.fmt)  # recomputed, at the forward's scale
             d_w_d = paddle.matmul(h_q, dy, transpose_x=True).astype(d_dtype)
         if need_dx:
             dx = paddle.matmul(d_gu, from_fp8(gu_data, gu_scale_inv), transpose_y=True)
@@ -170,19 +187,23 @@ def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _swiglu_fwd_fp8(gate_up, state, rowwise: bool):
-    """q(h) [T, I] (rowwise) by fastffn_swiglu_fwd_fp8, or its amax-only pass."""
-    return fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, state.scale, state.amax_history, state.fmt,
-                         rowwise, False, 0)[:3]
+def _swiglu_fwd_fp8(gate_up, state, gate_up_state, rowwise: bool):
+    """q(h) [T, I] and, with gate_up_state, q(gate_up) [T, 2I] (rowwise) by fastffn_swiglu_fwd_fp8,
+    or its amax-only pass (both amaxes). Returns (q(h), h's scale_inv, q(gate_up), its scale_inv)."""
+    gu_scale, gu_amax = (None, None) if gate_up_state is None else (gate_up_state.scale, gate_up_state.amax_history)
+    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, state.scale, state.amax_history, gu_scale, gu_amax,
+                        state.fmt, rowwise, False, 0, rowwise and gate_up_state is not None)
+    return out[0], out[2], out[3], out[4]
 
 
-def _swiglu_bwd_fp8(gate_up, d_h, state, h_scale=None, h_fmt: str = "", tokens16: int = 0):
+def _swiglu_bwd_fp8(gate_up, d_h, state, h_scale=None, h_fmt: str = "", tokens16: int = 0, gate_up_scale_inv=None):
     """q(d_gate_up) and its transpose [2I, tokens16] and, with h_fmt, q(h)^T [I, tokens16] by
-    fastffn_swiglu_bwd_fp8; tokens16 0 is d_gate_up's amax-only pass. Returns (d_gate_up,
-    d_gate_up^T, its scale_inv, h^T, h's scale_inv)."""
+    fastffn_swiglu_bwd_fp8, from gate_up in d_h's dtype or its FP8 copy (with gate_up_scale_inv);
+    tokens16 0 is d_gate_up's amax-only pass. Returns (d_gate_up, d_gate_up^T, its scale_inv,
+    h^T, h's scale_inv)."""
     quantise = tokens16 > 0
     out = fp8_cuda._run("fastffn_swiglu_bwd_fp8", gate_up, d_h, state.scale, state.amax_history, h_scale,
-                        state.fmt, quantise, quantise, h_fmt, False, bool(h_fmt), tokens16)
+                        gate_up_scale_inv, state.fmt, quantise, quantise, h_fmt, False, bool(h_fmt), tokens16)
     return out[0], out[1], out[2], out[4], out[5]
 
 
@@ -196,22 +217,25 @@ class _CudaFp8FFNFunction(PyLayer):
         q_gu = _weight(w_gate_up, states.w_gate_up, weight_cache, quantize_weight)
         q_d = _weight(w_down, states.w_down, weight_cache, quantize_weight)
         gate_up = gemm(qx.data, q_gu.data_t, x.dtype, qx.scale_inv, q_gu.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        h = states.h
-        h_data, _, h_scale_inv = quantize_with(h, lambda: _swiglu_fwd_fp8(gate_up, h, False),
-                                               lambda: _swiglu_fwd_fp8(gate_up, h, True), end_step=False)
+        h, gu_state = states.h, states.gate_up
+        # One pass quantises h and (saved_gate_up "fp8") gate_up's copy; their scales together.
+        h_data, h_scale_inv, gu_data, gu_scale_inv = quantize_with(
+            [h] if gu_state is None else [h, gu_state], lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, False),
+            lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, True), end_step=False)
         y = gemm(h_data, q_d.data_t, x.dtype, h_scale_inv, q_d.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
         h_scale = h.scale.clone()  # the backward re-quantises the recomputed h with it
-        end_step_of(states.x)
-        end_step_of(states.h)
+        for state in _forward_states(states):
+            end_step_of(state)
+        saved = (gate_up, None) if gu_state is None else (gu_data, gu_scale_inv)
         # Kept as attributes: FP8 copies (the weights' live in the cache anyway) and fp32 scalars.
-        ctx.kept = (qx.data_t, qx.scale_inv, gate_up, h_scale, q_gu, q_d)
+        ctx.kept = (qx.data_t, qx.scale_inv, saved, h_scale, q_gu, q_d)
         ctx.tokens16 = tokens16
         _FfnContext.save(ctx, x, w_gate_up, w_down, states)
         return y.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad_output):
-        x_t, x_scale_inv, gate_up, h_scale, q_gu, q_d = ctx.kept
+        x_t, x_scale_inv, (gate_up, gate_up_scale_inv), h_scale, q_gu, q_d = ctx.kept
         states, tokens16 = ctx.states, ctx.tokens16
         x_dtype, gu_dtype, d_dtype = ctx.dtypes
         need_dx, need_dgu, need_dd = ctx.needs
@@ -220,8 +244,9 @@ class _CudaFp8FFNFunction(PyLayer):
         d_h = gemm(qdy.data, q_d.data, x_dtype, qdy.scale_inv, q_d.scale_inv)
         dgu_state, h_fmt = states.d_gate_up, states.h.fmt if need_dd else ""
         d_gu, d_gu_t, d_gu_scale_inv, h_t, h_scale_inv = quantize_with(
-            dgu_state, lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state),
-            lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, h_scale, h_fmt, tokens16), end_step=False)
+            dgu_state, lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, gate_up_scale_inv=gate_up_scale_inv),
+            lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, h_scale, h_fmt, tokens16, gate_up_scale_inv),
+            end_step=False)
         d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
         dx = d_w_gu = d_w_d = None
         if need_dd:
@@ -282,10 +307,11 @@ def fp8_ffn_cuda(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tens
 
 
 def fp8_ffn_ref(x, w_gate_up, w_down, grad_output=None, *, x_scale, w_gate_up_scale, w_down_scale, h_scale,
-                grad_scale=None, d_gate_up_scale=None, forward_format: str = "e4m3",
+                grad_scale=None, d_gate_up_scale=None, gate_up_scale=None, forward_format: str = "e4m3",
                 backward_format: str = "e5m2"):
     """Reference of fp8_ffn with given scales, by the formulas of the module docstring, no
-    autograd. Returns y, or (y, dx, dW_gu, dW_d) when grad_output is given."""
+    autograd. Returns y, or (y, dx, dW_gu, dW_d) when grad_output is given; gate_up_scale given:
+    the backward reads gate_up's FP8 copy at that scale (saved_gate_up "fp8"), else gate_up."""
     def q(t, scale, fmt):
         return quantize_dequantize(t, scale, fmt)
 
@@ -300,10 +326,12 @@ def fp8_ffn_ref(x, w_gate_up, w_down, grad_output=None, *, x_scale, w_gate_up_sc
         return y
     dyq = q(_dy2d(grad_output, x.dtype), grad_scale, backward_format)
     d_h = paddle.matmul(dyq, w_d, transpose_y=True).astype(x.dtype)
-    d_gu = q(swiglu_bwd32(gate_up, d_h)[0], d_gate_up_scale, backward_format)
+    saved = gate_up if gate_up_scale is None else q(gate_up, gate_up_scale, forward_format)
+    d_gate_up, h_recomputed = swiglu_bwd32(saved, d_h)
+    d_gu = q(d_gate_up, d_gate_up_scale, backward_format)
     dx = paddle.matmul(d_gu, w_gu, transpose_y=True).astype(x.dtype).reshape(x.shape)
     d_w_gu = paddle.matmul(xq, d_gu, transpose_x=True).astype(w_gate_up.dtype)
-    d_w_d = paddle.matmul(hq, dyq, transpose_x=True).astype(w_down.dtype)
+    d_w_d = paddle.matmul(q(h_recomputed, h_scale, forward_format), dyq, transpose_x=True).astype(w_down.dtype)
     return y, dx, d_w_gu, d_w_d
 
 

@@ -39,6 +39,7 @@ from .formats import FP8_MAX, Quantized, amax_of, check_format, quantize
 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+SAVED_GATE_UP = ("fp8", "activation")
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
 _FP32_MAX = float(np.finfo(np.float32).max)
@@ -63,10 +64,17 @@ class Fp8Recipe:
     # Delayed scaling: current-scale each tensor's first quantisation and seed its amax history
     # with that amax (see the module docstring); False is Transformer Engine's exact behaviour.
     delayed_warm_start: bool = True
+    # What the FP8 FFN keeps of gate_up [T, 2I] for its backward (the SwiGLU recompute): "fp8",
+    # its own per-tensor scaled copy in forward_format, written by the SwiGLU forward pass (1 byte
+    # an element, as DeepSeek-V3 caches the SwiGLU input in FP8), or "activation", gate_up in the
+    # activation dtype (2 bytes in bf16). The forward's h comes from the 16-bit gate_up either
+    # way; only the backward reads the copy.
+    saved_gate_up: str = "fp8"
 
     def __post_init__(self):
         _check_choice("scaling", self.scaling, SCALING_MODES)
         _check_choice("amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGOS)
+        _check_choice("saved_gate_up", self.saved_gate_up, SAVED_GATE_UP)
         check_format(self.forward_format)
         check_format(self.backward_format)
         _check_type("amax_history_len", self.amax_history_len, int)
@@ -121,7 +129,8 @@ class Fp8Recipe:
                                 w_gate_up=self.new_state(forward, scaling="current"),
                                 w_down=self.new_state(forward, scaling="current"),
                                 h=self.new_state(forward), dy=self.new_state(backward),
-                                d_gate_up=self.new_state(backward))
+                                d_gate_up=self.new_state(backward),
+                                gate_up=self.new_state(forward) if self.saved_gate_up == "fp8" else None)
 
 
 def _check_choice(name, value, choices):
@@ -232,10 +241,11 @@ class ScalingState:
 
 
 class _RoleStates:
-    """One ScalingState per field (tensor role), saved and restored together."""
+    """One ScalingState per field (tensor role), saved and restored together; a field that is None
+    is a role this configuration does not quantise."""
 
     def roles(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self))
+        return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
 
     def state_dict(self) -> dict:
         return {role: getattr(self, role).state_dict() for role in self.roles()}
@@ -256,8 +266,9 @@ class LinearScalingStates(_RoleStates):
 
 @dataclass
 class FfnScalingStates(_RoleStates):
-    """The six scaled tensors of the FP8 FFN (fp8/ffn.py): its input x, the two weights (current
-    scaling under both recipes), the SwiGLU output h, the output gradient dy and d_gate_up."""
+    """The scaled tensors of the FP8 FFN (fp8/ffn.py): its input x, the two weights (current
+    scaling under both recipes), the SwiGLU output h, the output gradient dy, d_gate_up, and
+    gate_up's saved copy (None when Fp8Recipe.saved_gate_up keeps it in the activation dtype)."""
 
     x: ScalingState
     w_gate_up: ScalingState
@@ -265,3 +276,4 @@ class FfnScalingStates(_RoleStates):
     h: ScalingState
     dy: ScalingState
     d_gate_up: ScalingState
+    gate_up: ScalingState | None = None

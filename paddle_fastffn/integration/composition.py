@@ -53,14 +53,15 @@ FP8_FFN_FORWARD = (
     ("fp8_quantize", "w_gate_up", (("w_gate_up", OUT_IN), ("w_gate_up", IN_OUT))),  # weight cache:
     ("fp8_quantize", "w_down", (("w_down", OUT_IN), ("w_down", IN_OUT))),            # once a step
     ("gemm", "gate_up", (("x", ROWWISE), ("w_gate_up", OUT_IN))),                    # fast accum
-    ("swiglu_fwd_fp8", "h", (("h", ROWWISE),)),
+    ("swiglu_fwd_fp8", "h", (("h", ROWWISE), ("gate_up", ROWWISE))),  # gate_up's copy: for backward
     ("gemm", "y", (("h", ROWWISE), ("w_down", OUT_IN))),                             # fast accum
 )
 FP8_FFN_BACKWARD = (
     ("fp8_quantize", "dy", (("dy", ROWWISE), ("dy", TRANSPOSED))),
     ("gemm", "d_h", (("dy", ROWWISE), ("w_down", IN_OUT))),
     ("swiglu_bwd_fp8", "d_gate_up", (("d_gate_up", ROWWISE), ("d_gate_up", TRANSPOSED),
-                                     ("h", TRANSPOSED))),  # h recomputed with the forward's scale
+                                     ("h", TRANSPOSED))),  # from gate_up's copy; h recomputed with
+                                                           # the forward's scale
     ("gemm", "d_w_down", (("dy", TRANSPOSED), ("h", TRANSPOSED))),
     ("gemm", "d_x", (("d_gate_up", ROWWISE), ("w_gate_up", IN_OUT))),
     ("gemm", "d_w_gate_up", (("d_gate_up", TRANSPOSED), ("x", TRANSPOSED))),
@@ -69,28 +70,40 @@ FP8_FFN_CALLS = FP8_FFN_FORWARD + FP8_FFN_BACKWARD
 WEIGHTS = ("w_gate_up", "w_down")
 
 
-def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = True) -> tuple:
+def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = True,
+                  saved_gate_up: str = "fp8") -> tuple:
     """FP8_FFN_CALLS with the calls of a recipe's scaling, for the FFN's first step (every state
     fresh) or a later one (the weight cache re-quantises the weights: an optimizer step was taken).
     A quantisation scaled by its tensor's own amax (the weights always; everything under current
     scaling, and under delayed scaling's warm start on the first step) is preceded by its kernel's
-    amax-only pass (no copies written) and fp8_compute_scale. Delayed scaling ends each tensor's
-    step once its last use is over: x and h after the forward, dy and d_gate_up after the backward
-    (fp8_update_amax_history)."""
+    amax-only pass (no copies written) and fp8_compute_scale; the SwiGLU forward's pass gives h's
+    and gate_up's amax together (two fp8_compute_scale). Delayed scaling ends each tensor's step
+    once its last use is over: x, h and gate_up after the forward, dy and d_gate_up after the
+    backward (fp8_update_amax_history). saved_gate_up "activation" (Fp8Recipe): no FP8 copy of
+    gate_up, the backward reads the 16-bit one."""
     own_amax = scaling == "current" or (first_step and delayed_warm_start)
+    copy = saved_gate_up == "fp8"
+
+    def quantised_by(call) -> list:
+        """The tensors whose scales a call's own-amax pass sets (h's pass: gate_up's copy too)."""
+        kernel, tensor, writes = call
+        return [tensor] + (["gate_up"] if ("gate_up", ROWWISE) in writes else [])
 
     def phase(steps, ending):
         calls = []
-        for call in steps:
-            kernel, tensor, _ = call
+        for kernel, tensor, writes in steps:
+            if not copy:
+                writes = tuple(w for w in writes if w != ("gate_up", ROWWISE))
+            call = (kernel, tensor, writes)
             if kernel != "gemm" and (own_amax or tensor in WEIGHTS):
-                calls += [(kernel, tensor, ()), ("fp8_compute_scale", tensor, ())]
+                calls += [(kernel, tensor, ())] + [("fp8_compute_scale", t, ()) for t in quantised_by(call)]
             calls.append(call)
         if scaling == "delayed":
             calls += [("fp8_update_amax_history", tensor, ()) for tensor in ending]
         return calls
 
-    return tuple(phase(FP8_FFN_FORWARD, ("x", "h")) + phase(FP8_FFN_BACKWARD, ("dy", "d_gate_up")))
+    forward_ending = ("x", "h", "gate_up") if copy else ("x", "h")
+    return tuple(phase(FP8_FFN_FORWARD, forward_ending) + phase(FP8_FFN_BACKWARD, ("dy", "d_gate_up")))
 
 
 def comparable(calls) -> list:

@@ -55,6 +55,7 @@ class FastFFNOptions:
     fp8_first_last_bf16: bool = False
     fp8_min_gemm_size: int = 0
     fp8_delayed_warm_start: bool = True
+    fp8_saved_gate_up: str = "fp8"
     # Run FP8 emulated (same scaling, e4m3/e5m2 rounding, fp32 GEMMs) where the FP8 GEMMs cannot
     # run: CPU CI, and checking recipes and checkpoints. No speed-up; without it FP8 on CPU warns
     # once and trains in bf16/fp32.

@@ -67,6 +67,10 @@ class FastFFNTrainingArguments(TrainingArguments):
         "help": "FP8 delayed scaling: quantise each tensor's first use with its own amax (current scaling) and seed "
                 "its amax history with it; false: Transformer Engine's exact behaviour (every scale starts at 1, "
                 "so the first steps' e5m2 gradients can underflow to zero)."})
+    fast_ffn_fp8_saved_gate_up: str = field(default="fp8", metadata={
+        "help": "What the FP8 FFN keeps of its gate_up projection output for backward: \"fp8\" (its own "
+                "per-tensor scaled e4m3 copy, 1 byte an element, written by the SwiGLU forward pass) or "
+                "\"activation\" (the bf16/fp16 tensor, 2 bytes an element)."})
     fast_ffn_fp8_emulate: bool = field(default=False, metadata={
         "help": "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where "
                 "FP8 GEMMs cannot run, e.g. on CPU for tests and to check recipes and checkpoints."})
@@ -86,6 +90,7 @@ class FastFFNTrainingArguments(TrainingArguments):
                               fp8_first_last_bf16=self.fast_ffn_fp8_first_last_bf16,
                               fp8_min_gemm_size=self.fast_ffn_fp8_min_gemm_size,
                               fp8_delayed_warm_start=self.fast_ffn_fp8_delayed_warm_start,
+                              fp8_saved_gate_up=self.fast_ffn_fp8_saved_gate_up,
                               fp8_emulate=self.fast_ffn_fp8_emulate)
 
     def _checkpoint_writer_without_split(self) -> str | None:

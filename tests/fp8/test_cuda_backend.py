@@ -154,18 +154,19 @@ def _bf16(shape):
     return paddle.randn(shape).astype(paddle.bfloat16)
 
 
-def _swiglu_fwd(gate_up, scale=None, amax=None, fmt="e4m3", rowwise=True, transpose=False, transpose_cols=0):
+def _swiglu_fwd(gate_up, scale=None, amax=None, fmt="e4m3", rowwise=True, transpose=False, transpose_cols=0,
+                gate_up_scale=None, gate_up_amax=None, gate_up_rowwise=False):
     return run_op("fastffn_swiglu_fwd_fp8", gate_up, _scalar() if scale is None else scale,
-                  paddle.zeros([1], paddle.float32) if amax is None else amax, fmt, rowwise, transpose,
-                  transpose_cols)
+                  paddle.zeros([1], paddle.float32) if amax is None else amax, gate_up_scale, gate_up_amax, fmt,
+                  rowwise, transpose, transpose_cols, gate_up_rowwise)
 
 
 def _swiglu_bwd(gate_up, d_h, scale=None, amax=None, h_scale=None, fmt="e5m2", rowwise=True, transpose=True,
-                h_fmt="e4m3", h_rowwise=False, h_transpose=True, transpose_cols=0):
+                h_fmt="e4m3", h_rowwise=False, h_transpose=True, transpose_cols=0, gate_up_scale_inv=None):
     return run_op("fastffn_swiglu_bwd_fp8", gate_up, d_h, _scalar() if scale is None else scale,
                   paddle.zeros([1], paddle.float32) if amax is None else amax,
-                  _scalar() if h_scale is None and h_fmt else h_scale, fmt, rowwise, transpose, h_fmt,
-                  h_rowwise, h_transpose, transpose_cols)
+                  _scalar() if h_scale is None and h_fmt else h_scale, gate_up_scale_inv, fmt, rowwise, transpose,
+                  h_fmt, h_rowwise, h_transpose, transpose_cols)
 
 
 CUDA_ONLY = r"FP8 needs a CUDA tensor on an sm_90 \(Hopper\) GPU"
@@ -186,6 +187,10 @@ CUDA_ONLY = r"FP8 needs a CUDA tensor on an sm_90 \(Hopper\) GPU"
     ("paddle_fastffn.fp8.swiglu_fwd", lambda: _swiglu_fwd(paddle.randn([20, 64]), transpose=True,
                                                           transpose_cols=32)),
     ("paddle_fastffn.fp8.swiglu_fwd", lambda: _swiglu_fwd(paddle.randn([20, 64]), rowwise=False)),  # amax pass
+    ("paddle_fastffn.fp8.swiglu_fwd", lambda: _swiglu_fwd(paddle.randn([20, 64]), gate_up_scale=_scalar(),
+                                                          gate_up_amax=paddle.zeros([4]), gate_up_rowwise=True)),
+    ("paddle_fastffn.fp8.swiglu_bwd", lambda: _swiglu_bwd(_fp8([20, 64]), _bf16([20, 32]), transpose_cols=32,
+                                                          gate_up_scale_inv=_scalar())),  # from gate_up's copy
     ("paddle_fastffn.fp8.swiglu_bwd", lambda: _swiglu_bwd(paddle.randn([20, 64]), paddle.randn([20, 32]),
                                                           transpose_cols=32)),
     ("paddle_fastffn.fp8.swiglu_bwd", lambda: _swiglu_bwd(_bf16([20, 64]), _bf16([20, 32]), rowwise=False,
@@ -242,8 +247,22 @@ def test_fp8_ops_leave_cpu_state_untouched_when_they_refuse():
     (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), h_fmt=""),
      r"`h_rowwise` / `h_transpose` need an FP8 `h_fmt`"),
     (lambda: run_op("fastffn_swiglu_bwd_fp8", paddle.randn([4, 32]), paddle.randn([4, 16]), _scalar(),
-                    paddle.zeros([1]), None, "e5m2", True, True, "e4m3", False, True, 0),
+                    paddle.zeros([1]), None, None, "e5m2", True, True, "e4m3", False, True, 0),
      r"argument `h_scale` is required"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]), gate_up_rowwise=True),
+     r"argument `gate_up_scale` is required for `gate_up_rowwise`"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]), gate_up_scale=paddle.ones([2]), gate_up_rowwise=True),
+     r"`gate_up_scale` must hold exactly one element"),
+    (lambda: _swiglu_fwd(paddle.randn([4, 32]), gate_up_amax=paddle.zeros([1], paddle.float16)),
+     r"`gate_up_amax` must be float32"),
+    (lambda: _swiglu_bwd(_fp8([4, 32]), _bf16([4, 16])),
+     r"swiglu_bwd: argument `gate_up_scale_inv` is required for an FP8 `gate_up`"),
+    (lambda: _swiglu_bwd(_fp8([4, 32]), _bf16([4, 16]), gate_up_scale_inv=_scalar(), h_fmt="e5m2"),
+     r"attribute `h_fmt` must be the FP8 `gate_up`'s format \"e4m3\""),
+    (lambda: _swiglu_bwd(_fp8([4, 32]), _fp8([4, 16]), gate_up_scale_inv=_scalar()),
+     r"argument `d_h` must be float32, float16, bfloat16 or float64, got float8_e4m3fn"),
+    (lambda: _swiglu_bwd(_bf16([4, 32]), _bf16([4, 16]), gate_up_scale_inv=_scalar()),
+     r"`gate_up_scale_inv` is only for an FP8 `gate_up`"),
     (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), h_scale=paddle.ones([1], paddle.float16)),
      r"`h_scale` must be float32"),
     (lambda: _swiglu_bwd(paddle.randn([4, 32]), paddle.randn([4, 16]), amax=paddle.zeros([0])),

@@ -57,14 +57,17 @@ def leaf(t):
 def reference(x, w_gate_up, w_down, dy, used):
     return dict(zip(OUTPUTS, fp8_ffn_ref(
         x, w_gate_up, w_down, dy, x_scale=used["x"], w_gate_up_scale=used["w_gate_up"],
-        w_down_scale=used["w_down"], h_scale=used["h"], grad_scale=used["dy"], d_gate_up_scale=used["d_gate_up"])))
+        w_down_scale=used["w_down"], h_scale=used["h"], grad_scale=used["dy"], d_gate_up_scale=used["d_gate_up"],
+        gate_up_scale=used.get("gate_up"))))
 
 
+@pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead, hidden, inter", SHAPES, ids=str)
-def test_matches_reference(lead, hidden, inter, dtype, scaling):
-    states = Fp8Recipe(scaling=scaling, amax_history_len=4).ffn_states()
+def test_matches_reference(lead, hidden, inter, dtype, scaling, saved_gate_up):
+    states = Fp8Recipe(scaling=scaling, amax_history_len=4, saved_gate_up=saved_gate_up).ffn_states()
+    assert ("gate_up" in states.roles()) == (saved_gate_up == "fp8")
     for step in range(3):  # delayed: step 0 warm-starts, steps 1 and 2 use the history
         x, w_gate_up, w_down, dy = ffn_inputs(lead, hidden, inter, dtype, seed=step)
         got, used = run_ffn(x, w_gate_up, w_down, dy, states)
@@ -88,10 +91,11 @@ def ffn64(x, w_gate_up, w_down, dy):
     return dict(zip(OUTPUTS, (h @ w_d, d_gu @ w_gu.T, x.T @ d_gu, h.T @ dy)))
 
 
+@pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
 @pytest.mark.parametrize("lead, hidden, inter", [((4, 33), 256, 688), ((67,), 128, 352)], ids=str)
-def test_error_against_the_unquantised_ffn_is_within_the_fp8_budget(lead, hidden, inter, scaling):
-    states = Fp8Recipe(scaling=scaling).ffn_states()
+def test_error_against_the_unquantised_ffn_is_within_the_fp8_budget(lead, hidden, inter, scaling, saved_gate_up):
+    states = Fp8Recipe(scaling=scaling, saved_gate_up=saved_gate_up).ffn_states()
     for step in range(2):  # delayed: the warm-started step and one on the history
         x, w_gate_up, w_down, dy = ffn_inputs(lead, hidden, inter, seed=10 + step)
         got, _ = run_ffn(x, w_gate_up, w_down, dy, states)
@@ -150,7 +154,7 @@ def test_weights_are_quantised_once_per_version_and_states_save_and_restore():
         optimizer.clear_grad()
     assert layer.weight_cache.quantizations == 2 * 3
     saved = layer.fp8_state_dict()
-    assert set(saved) == {"x", "w_gate_up", "w_down", "h", "dy", "d_gate_up"}
+    assert set(saved) == {"x", "w_gate_up", "w_down", "h", "dy", "d_gate_up", "gate_up"}
     other = Fp8FFN(layer.gate_up, layer.down, Fp8Recipe(amax_history_len=4))
     other.set_fp8_state_dict(saved)
     for role in saved:
@@ -159,17 +163,20 @@ def test_weights_are_quantised_once_per_version_and_states_save_and_restore():
         assert restored.seeded
 
 
-def test_backward_keeps_fp8_copies_and_the_16bit_gate_up_only():
+@pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
+def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up):
     """What autograd holds between forward and backward: q(x) and the weights' FP8 copies with
-    their scale_inv, gate_up in the activation dtype (the SwiGLU recompute reads it), h's scale; no
-    copy of h, x or the weights in 16 or 32 bits."""
-    states = Fp8Recipe().ffn_states()
+    their scale_inv, gate_up (the SwiGLU recompute reads it) as its e4m3 copy (saved_gate_up
+    "fp8", its scale_inv beside it) or in the activation dtype, h's scale; no copy of h, x or the
+    weights in 16 or 32 bits."""
+    states = Fp8Recipe(saved_gate_up=saved_gate_up).ffn_states()
     x, w_gate_up, w_down, dy = ffn_inputs((20,), 64, 96, paddle.bfloat16)
     saved = []
     with paddle.autograd.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.shape)) or t, lambda t: t):
         y = fp8_ffn(x, w_gate_up, w_down, states=states)
     e4m3, f32 = paddle.float8_e4m3fn, paddle.float32
-    expected = [(e4m3, [20, 64]), (f32, [1]), (paddle.bfloat16, [20, 192]), (f32, [1]), (e4m3, [64, 192]),
+    gate_up = (e4m3, [20, 192]) if saved_gate_up == "fp8" else (paddle.bfloat16, [20, 192])
+    expected = [(e4m3, [20, 64]), (f32, [1]), gate_up, (f32, [1]), (e4m3, [64, 192]),
                 (f32, [1]), (e4m3, [96, 64]), (f32, [1])]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     y.backward(dy)

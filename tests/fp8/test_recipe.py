@@ -32,6 +32,9 @@ def test_defaults_are_transformer_engines():
     assert (r.amax_history_len, r.amax_compute_algo, r.margin) == (1024, "max", 0.0)
     assert (r.first_last_bf16, r.min_gemm_size) == (False, 0)
     assert r.delayed_warm_start  # not TE's: TE starts every delayed scale at 1 (Fp8Recipe's docstring)
+    assert r.saved_gate_up == "fp8"  # not TE's either: TE keeps the 16-bit SwiGLU input
+    assert "gate_up" in r.ffn_states().roles()
+    assert "gate_up" not in Fp8Recipe(saved_gate_up="activation").ffn_states().roles()
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -47,6 +50,7 @@ def test_defaults_are_transformer_engines():
     (dict(min_gemm_size=-1), "min_gemm_size must be >= 0"),
     (dict(first_last_bf16="yes"), "first_last_bf16 must be bool"),
     (dict(delayed_warm_start=1), "delayed_warm_start must be bool"),
+    (dict(saved_gate_up="bf16"), "saved_gate_up must be one of"),
 ])
 def test_invalid_options_raise(bad, message):
     with pytest.raises(ValueError, match=message):

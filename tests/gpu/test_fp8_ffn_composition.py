@@ -17,7 +17,7 @@ from benchmarks.gpu import fp8_ffn
 from benchmarks.gpu import fp8_harness as fp8
 from benchmarks.gpu.llama_model import COMPOSITION
 
-ROLES = ("x", "w_gate_up", "w_down", "h", "dy", "d_gate_up")
+ROLES = ("x", "w_gate_up", "w_down", "h", "dy", "d_gate_up", "gate_up")
 
 
 class HarnessTracer:
@@ -29,9 +29,10 @@ class HarnessTracer:
         self.role_of = {}
         for role in ROLES:
             scaling = getattr(state, role)
-            self.role_of[scaling.scale.data_ptr()] = self.role_of[scaling.amax_history.data_ptr()] = role
-        for name in ("quantize", "swiglu_fwd_fp8", "swiglu_bwd_fp8", "gemm", "compute_scale",
-                     "update_amax_history"):
+            if scaling is not None:  # gate_up: only with saved_gate_up "fp8"
+                self.role_of[scaling.scale.data_ptr()] = self.role_of[scaling.amax_history.data_ptr()] = role
+        for name in ("quantize", "swiglu_fwd_fp8", "swiglu_fwd_fp8_with_gate_up", "swiglu_bwd_fp8", "gemm",
+                     "compute_scale", "update_amax_history"):
             monkeypatch.setattr(k, name, getattr(self, f"_{name}")(getattr(k, name)))
 
     def _wrote(self, role, q: fp8.Quantized, rowwise: bool, transposed: bool):
@@ -62,9 +63,23 @@ class HarnessTracer:
     def _swiglu_fwd_fp8(self, original):
         return self._quantizing("swiglu_fwd_fp8", original, transpose_default=False)
 
+    def _swiglu_fwd_fp8_with_gate_up(self, original):
+        def with_gate_up(gate_up, fmt, scale=None, rowwise=True, transpose=False, amax=None, **kw):
+            q, q_gu = original(gate_up, fmt, scale, rowwise, transpose, amax=amax, **kw)
+            assert self.role_of[kw["gate_up_amax"].data_ptr()] == "gate_up"
+            writes = self._wrote("h", q, rowwise, transpose)
+            if kw.get("gate_up_rowwise"):
+                writes += self._wrote("gate_up", q_gu, True, False)
+            self.calls.append(("swiglu_fwd_fp8", self.role_of[amax.data_ptr()], writes))
+            return q, q_gu
+        return with_gate_up
+
     def _swiglu_bwd_fp8(self, original):
         def swiglu_bwd_fp8(gate_up, d_h, fmt=fp8_ffn.E5M2, scale=None, rowwise=True, transpose=True, amax=None,
                            **kw):
+            # gate_up: the forward's FP8 copy (with its scale_inv) or the 16-bit one
+            from_copy = self.copy_of.get(gate_up.data_ptr()) == ("gate_up", COMPOSITION.ROWWISE)
+            assert from_copy == (kw.get("gate_up_scale_inv") is not None) == (gate_up.dtype in fp8.FP8_DTYPES)
             q, q_h = original(gate_up, d_h, fmt, scale, rowwise, transpose, amax=amax, **kw)
             role = self.role_of[amax.data_ptr()]
             writes = self._wrote(role, q, rowwise, transpose)
@@ -93,12 +108,15 @@ class HarnessTracer:
         return update_amax_history
 
 
-@pytest.mark.parametrize("kind, warm_start", [("current", True), ("delayed", True), ("delayed", False)])
-def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_start):
+@pytest.mark.parametrize("kind, warm_start, saved_gate_up", [
+    ("current", True, "fp8"), ("delayed", True, "fp8"), ("delayed", False, "fp8"),
+    ("current", True, "activation"), ("delayed", True, "activation")])
+def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_start, saved_gate_up):
     """Two steps (the first, then one after the weights changed) of the harness's FFN against
     composition.fp8_ffn_calls, call by call."""
     k = fp8.kernels()
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=4, delayed_warm_start=warm_start))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=4, delayed_warm_start=warm_start,
+                                                  saved_gate_up=saved_gate_up))
     tracer = HarnessTracer(k, state, monkeypatch)
     t, hidden, inter = 64, 256, 688
     for step in range(2):
@@ -108,5 +126,6 @@ def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_st
         tracer.calls.clear()
         fp8_ffn.fp8_ffn(x, w_gu, w_d, state).backward(torch.randn(t, hidden, device="cuda").to(torch.bfloat16))
         state.cache.invalidate()
-        expected = COMPOSITION.fp8_ffn_calls(kind, first_step=step == 0, delayed_warm_start=warm_start)
+        expected = COMPOSITION.fp8_ffn_calls(kind, first_step=step == 0, delayed_warm_start=warm_start,
+                                             saved_gate_up=saved_gate_up)
         assert COMPOSITION.comparable(tracer.calls) == COMPOSITION.comparable(expected), f"step {step}: {tracer.calls}"

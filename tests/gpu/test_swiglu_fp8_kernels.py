@@ -158,10 +158,108 @@ def test_swiglu_fwd_fp8_amax_only_pass_reads_and_writes_nothing_else(k):
     scale_inv = fp8.scalar(7.0)    # not written
     status = k.raw_status("swiglu_fwd_fp8_cuda", fp8.describe(gate_up),
                           fp8.describe(None, E4M3, scale, scale_inv, amax, (t, i)),
-                          fp8.describe(None, E4M3, shape=(i, t)))
+                          fp8.describe(None, E4M3, shape=(i, t)), fp8.describe(None, E4M3))
     assert status == 0
     assert amax.item() == unfused_fwd32(gate_up).abs().max().item()
     assert scale_inv.item() == 7.0
+
+
+# --- the forward's FP8 copy of gate_up, and the backward reading it ----------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_swiglu_fwd_fp8_gate_up_copy_is_the_exact_quantisation_of_gate_up(k, shape, dtype, fmt):
+    t, i = shape
+    gate_up, _ = gate_up_and_d_h(t, i, dtype)
+    h32 = unfused_fwd32(gate_up)
+    scale, gu_scale = scale_near(h32, fmt, 1.7), scale_near(gate_up.float(), fmt, 1.3)
+    gu_amax = torch.zeros(1, device="cuda")
+    q, q_gu = k.swiglu_fwd_fp8_with_gate_up(gate_up, fmt, scale, transpose=True, gate_up_scale=gu_scale,
+                                            gate_up_rowwise=True, gate_up_amax=gu_amax)
+    assert_bytes_equal(q_gu.data, quantize_ref(gate_up.float(), gu_scale, fmt), "q(gate_up) vs quantise")
+    assert gu_amax.item() == gate_up.float().abs().max().item(), "gate_up amax, exactly"
+    assert q_gu.scale_inv.item() == (1.0 / gu_scale).item()
+    expected = quantize_ref(h32, scale, fmt)  # h is the plain pass's: from the 16-bit gate_up
+    assert_bytes_equal(q.data, expected, "h beside the gate_up copy")
+    assert_bytes_equal(q.data_t, expected.t(), "h^T beside the gate_up copy")
+    assert q.amax.item() == h32.abs().max().item()
+
+
+def test_swiglu_fwd_fp8_amax_only_pass_gives_both_amaxes_and_a_strided_copy(k):
+    rows, inter = 77, 160
+    base = (torch.randn(rows, 2 * inter + 24, device="cuda") * 2).to(torch.bfloat16)
+    gate_up = base[:, 1: 1 + 2 * inter]  # unaligned input rows: element loads
+    h_amax, gu_amax = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
+    _, amax_only = k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, rowwise=False, amax=h_amax,
+                                                 gate_up_amax=gu_amax)
+    assert amax_only.data is None and amax_only.scale_inv is None
+    assert h_amax.item() == unfused_fwd32(gate_up).abs().max().item()
+    assert gu_amax.item() == gate_up.float().abs().max().item()
+    # Named: a temporary's memory could be handed to the next one, and aliased scalars are refused.
+    gu_scale, gu_scale_inv, h_scale = fp8.scalar(37.5), fp8.scalar(0.0), fp8.scalar(1.0)
+    out = fp8.empty((rows, 2 * inter + 48), E4M3)
+    for off in (16, 5):  # a 16-byte aligned and an unaligned output view (byte stores)
+        view = out[:, off: off + 2 * inter]
+        status = k.raw_status("swiglu_fwd_fp8_cuda", fp8.describe(gate_up),
+                              fp8.describe(None, E4M3, h_scale, shape=(rows, inter)),
+                              fp8.describe(None, E4M3, shape=(inter, rows)),
+                              fp8.describe(view, scale=gu_scale, scale_inv=gu_scale_inv))
+        assert status == 0
+        assert_bytes_equal(view, quantize_ref(gate_up.float(), gu_scale, E4M3), f"strided copy at {off}")
+        outside = torch.cat([out[:, :off], out[:, off + 2 * inter:]], 1)
+        assert (outside.view(torch.uint8) == fp8.FP8_NAN_BYTE).all(), "wrote outside the view"
+        out.view(torch.uint8).fill_(fp8.FP8_NAN_BYTE)
+
+
+def dequantized32(q: fp8.Quantized) -> torch.Tensor:
+    """float(q) * scale_inv in fp32: the kernels' reading of an FP8 tensor."""
+    return q.data.float() * q.scale_inv
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(1, 16), (5, 13), (257, 129), (1000, 1376)], ids=str)
+def test_swiglu_bwd_fp8_from_the_fp8_gate_up_is_the_backward_of_its_dequantised_values(k, shape, dtype, fmt):
+    """d_h in 16/32 bits, gate_up as the forward's FP8 copy: every output is the unfused fp32
+    backward of float(q(gate_up)) * scale_inv, quantised, bit for bit."""
+    t, i = shape
+    gate_up, d_h = gate_up_and_d_h(t, i, dtype)
+    _, q_gu = k.swiglu_fwd_fp8_with_gate_up(gate_up, fmt, fp8.scalar(1.0), rowwise=False,
+                                            gate_up_scale=scale_near(gate_up.float(), fmt, 1.2),
+                                            gate_up_rowwise=True)
+    gu32 = dequantized32(q_gu)
+    d_gu32, h32 = unfused_bwd32(gu32, d_h)
+    d_scale, h_scale = scale_near(d_gu32, E5M2, 1.7), scale_near(h32, fmt, 1.3)
+    h_amax = torch.zeros(1, device="cuda")
+    q, qh = k.swiglu_bwd_fp8(q_gu.data, d_h, E5M2, d_scale, h=fmt, h_scale=h_scale, h_rowwise=True,
+                             h_transpose=True, h_amax=h_amax, gate_up_scale_inv=q_gu.scale_inv)
+    expected = quantize_ref(d_gu32, d_scale, E5M2)
+    assert_bytes_equal(q.data, expected, "d_gate_up from q(gate_up)")
+    assert_bytes_equal(q.data_t, expected.t(), "d_gate_up^T from q(gate_up)")
+    assert_bytes_equal(qh.data, quantize_ref(h32, h_scale, fmt), "recomputed h from q(gate_up)")
+    assert_bytes_equal(qh.data_t, quantize_ref(h32, h_scale, fmt).t(), "recomputed h^T from q(gate_up)")
+    assert q.amax.item() == d_gu32.abs().max().item() and h_amax.item() == h32.abs().max().item()
+    _, h16 = k.swiglu_bwd_fp8(q_gu.data, d_h, E5M2, d_scale, rowwise=False, h=dtype,
+                              gate_up_scale_inv=q_gu.scale_inv)
+    assert h16.dtype == dtype
+    assert_same_floats(h16, h32.to(dtype), "recomputed h in d_h's dtype from q(gate_up)")
+
+
+def test_swiglu_bwd_fp8_from_the_fp8_gate_up_keeps_nan_and_inf(k):
+    """Specials through the copy: NaN stays NaN; Inf is NaN in e4m3 (no Inf), Inf in e5m2."""
+    gate_up = special_gate_up(torch.bfloat16)
+    d_h = torch.ones(2, 16, device="cuda").to(torch.bfloat16)
+    for fmt in FORMATS:
+        _, q_gu = k.swiglu_fwd_fp8_with_gate_up(gate_up, fmt, fp8.scalar(1.0), rowwise=False,
+                                                gate_up_scale=fp8.scalar(2.0), gate_up_rowwise=True)
+        assert_bytes_equal(q_gu.data, quantize_ref(gate_up.float(), fp8.scalar(2.0), fmt), "specials copied")
+        d_gu32, h32 = unfused_bwd32(dequantized32(q_gu), d_h)
+        q, qh = k.swiglu_bwd_fp8(q_gu.data, d_h, E5M2, fp8.scalar(2.0), h=fmt, h_scale=fp8.scalar(2.0),
+                                 h_rowwise=True, gate_up_scale_inv=q_gu.scale_inv)
+        assert_bytes_equal(q.data, quantize_ref(d_gu32, fp8.scalar(2.0), E5M2), f"{fmt}: d_gate_up specials")
+        assert_bytes_equal(qh.data, quantize_ref(h32, fp8.scalar(2.0), fmt), f"{fmt}: h specials")
+        assert math.isnan(q.amax.item())
 
 
 def test_swiglu_fwd_fp8_rowwise_only_and_transpose_only(k):
@@ -340,7 +438,8 @@ def test_swiglu_fp8_rejects_bad_arguments(k):
     h = fp8.empty((t, i), E4M3)
     h_t = fp8.empty((i, t), E4M3)
     scale = fp8.scalar(1.0)
-    fwd = lambda *d: k.raw_status("swiglu_fwd_fp8_cuda", *d)  # noqa: E731
+    no_gu = fp8.describe(None, E4M3)
+    fwd = lambda *d: k.raw_status("swiglu_fwd_fp8_cuda", *(d if len(d) == 4 else d + (no_gu,)))  # noqa: E731
     ok = fp8.describe(h, scale=scale)
     assert fwd(fp8.describe(gate_up), ok, fp8.describe(h_t)) == 0
     assert fwd(fp8.describe(gate_up[:, :95]), ok, fp8.describe(h_t)) == fp8.STATUS_INVALID_ARGUMENT  # odd 2I
@@ -351,6 +450,17 @@ def test_swiglu_fp8_rejects_bad_arguments(k):
     assert fwd(fp8.describe(gate_up), ok, fp8.describe(e5_t)) == fp8.STATUS_INVALID_ARGUMENT  # dtype mismatch
     assert fwd(fp8.describe(gate_up), fp8.describe(h, scale=scale, amax=scale), fp8.describe(h_t)) == \
         fp8.STATUS_INVALID_ARGUMENT  # aliased
+    gu_copy = fp8.empty((t, 2 * i), E4M3)
+    gu_scale, gu_amax = fp8.scalar(1.0), fp8.scalar(0.0)
+    assert fwd(fp8.describe(gate_up), ok, fp8.describe(h_t), fp8.describe(gu_copy, scale=gu_scale)) == 0
+    assert fwd(fp8.describe(gate_up), ok, fp8.describe(h_t), fp8.describe(fp8.empty((t, 2 * i), E5M2))) == \
+        fp8.STATUS_UNSUPPORTED_DTYPE  # gate_up's copy in another format than h
+    assert fwd(fp8.describe(gate_up), ok, fp8.describe(h_t), fp8.describe(gu_copy[:, :2 * i - 16])) == \
+        fp8.STATUS_INVALID_ARGUMENT  # not [T, 2I]
+    h_amax = fp8.scalar(0.0)
+    assert fwd(fp8.describe(gate_up), fp8.describe(h, scale=scale, amax=h_amax), fp8.describe(h_t),
+               fp8.describe(gu_copy, scale=gu_scale, amax=h_amax)) == fp8.STATUS_INVALID_ARGUMENT  # one amax
+    assert fwd(fp8.describe(gate_up), ok, fp8.describe(h_t), fp8.describe(None, E4M3, amax=gu_amax)) == 0
 
     bwd = lambda *d: k.raw_status("swiglu_bwd_fp8_cuda", *d)  # noqa: E731
     dgu = fp8.describe(fp8.empty((t, 2 * i), E5M2), scale=scale)
@@ -374,6 +484,20 @@ def test_swiglu_fp8_rejects_bad_arguments(k):
     assert bwd(fp8.describe(gate_up), fp8.describe(d_h),
                fp8.describe(fp8.empty((t, 2 * i), E5M2), scale=scale, amax=shared_amax), dgu_t,
                fp8.describe(h, scale=scale, amax=shared_amax), h_t_desc) == fp8.STATUS_INVALID_ARGUMENT
+    # gate_up as the forward's FP8 copy
+    gu_scale_inv, q_gu_data = fp8.scalar(1.0), fp8.empty((t, 2 * i), E4M3)
+    q_gu = fp8.describe(q_gu_data, scale_inv=gu_scale_inv)
+    assert bwd(q_gu, fp8.describe(d_h), dgu, dgu_t, h_desc, h_t_desc) == 0
+    assert bwd(q_gu, fp8.describe(d_h.half()), dgu, dgu_t, fp8.describe(h16.half()), fp8.describe(None, E4M3)) == 0
+    e5_h = fp8.empty((t, i), E5M2)
+    assert bwd(q_gu, fp8.describe(d_h), dgu, dgu_t, fp8.describe(e5_h, scale=scale), fp8.describe(None, E5M2)) == \
+        fp8.STATUS_UNSUPPORTED_DTYPE  # an FP8 h in another format than gate_up's
+    assert bwd(fp8.describe(gate_up, scale_inv=gu_scale_inv), fp8.describe(d_h), dgu, dgu_t, h_desc, h_t_desc) == \
+        fp8.STATUS_INVALID_ARGUMENT  # a 16-bit gate_up has no scale
+    d_scale_inv = fp8.scalar(1.0)
+    assert bwd(fp8.describe(fp8.empty((t, 2 * i), E4M3), scale_inv=d_scale_inv), fp8.describe(d_h),
+               fp8.describe(fp8.empty((t, 2 * i), E5M2), scale=scale, scale_inv=d_scale_inv), dgu_t, h_desc,
+               h_t_desc) == fp8.STATUS_INVALID_ARGUMENT  # gate_up's scale_inv is an output's
 
 
 # --- scale updates ----------------------------------------------------------------------------
@@ -538,18 +662,21 @@ def fp8_fn(state):
     return lambda x, w_gu, w_d: fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
 
 
+@pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
 @pytest.mark.parametrize("shape", FFN_SHAPES, ids=str)
-def test_fp8_ffn_within_the_fp8_budget_of_fp32_and_bf16(shape):
+def test_fp8_ffn_within_the_fp8_budget_of_fp32_and_bf16(shape, saved_gate_up):
     x, w_gu, w_d, dy = ffn_inputs(*shape)
     ref32 = ffn_fp32(x, w_gu, w_d, dy)
     bf16 = run_ffn(harness.fused_ffn, x, w_gu, w_d, dy)
-    current = run_ffn(fp8_fn(fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe("current"))), x, w_gu, w_d, dy)
-    assert_within_budget(current, ref32, bf16, f"current {shape}")
+    recipe = fp8_ffn.Fp8Recipe("current", saved_gate_up=saved_gate_up)
+    current = run_ffn(fp8_fn(fp8_ffn.Fp8FFNState(recipe)), x, w_gu, w_d, dy)
+    assert_within_budget(current, ref32, bf16, f"current {shape} gate_up saved as {saved_gate_up}")
     # Delayed (most recent amax) on the same inputs: step 1 is its warm start, current scaling of
     # every tensor; steps 2 and 3 take their scales from the history of step 1's (and 2's) amaxes,
     # the same inputs' amaxes. So every step's outputs are the current ones bit for bit (cuBLASLt
     # is deterministic for one algorithm on one GPU): the first step is calibrated.
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe("delayed", amax_history_len=4, amax_compute_algo="most_recent"))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe("delayed", amax_history_len=4, amax_compute_algo="most_recent",
+                                                  saved_gate_up=saved_gate_up))
     for step in range(3):
         delayed = run_ffn(fp8_fn(state), x, w_gu, w_d, dy)
         state.cache.invalidate()
@@ -557,14 +684,15 @@ def test_fp8_ffn_within_the_fp8_budget_of_fp32_and_bf16(shape):
             assert torch.equal(delayed[name], current[name]), f"delayed step {step} != current: {name}"
 
 
+@pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
 @pytest.mark.parametrize("kind", ["current", "delayed"])
-def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind):
+def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind, saved_gate_up):
     """Every stage checked on its own, from the intermediates the composition records: each
     quantisation bit for bit, each GEMM against the float64 GEMM of its dequantised operands (the
     tolerances of test_fp8_kernels), and the copies each GEMM reads (see fp8_ffn's table)."""
     t, hidden, inter = 64, 256, 688
     x, w_gu, w_d, dy = ffn_inputs(t, hidden, inter)
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, saved_gate_up=saved_gate_up))
     state.record = rec = {}
     out = run_ffn(fp8_fn(state), x, w_gu, w_d, dy)
     current = kind == "current"
@@ -600,14 +728,32 @@ def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind):
     h64 = dequantized64(rec["q_h"])
     check_gemm(rec["y"], h64, wd64, inter, True, "y = q(h) q(W_d)^T")
 
+    # What the backward reads of gate_up: its FP8 copy (quantised by the forward's own rule), or
+    # the 16-bit tensor itself
+    saved = rec["saved_gate_up"]
+    if saved_gate_up == "fp8":
+        gu_scale_inv = rec["saved_gate_up_scale_inv"]
+        check_quantised(fp8.Quantized(saved, None, None, gu_scale_inv, None), rec["gate_up"].float(), E4M3,
+                        "q(gate_up)", transposed=False)
+        backward_gate_up = saved.float() * gu_scale_inv  # the kernels' fp32 reading of the copy
+    else:
+        assert saved is rec["gate_up"] and rec["saved_gate_up_scale_inv"] is None
+        backward_gate_up = rec["gate_up"]
+
     check_quantised(rec["q_dy"], dy.float(), E5M2, "q(dy)")
     dy64 = dequantized64(rec["q_dy"])
     check_gemm(rec["d_h"], dy64, wd64.t(), hidden, False, "d_h = q(dy) q(W_d^T)^T")
-    d_gu32, _ = unfused_bwd32(rec["gate_up"], rec["d_h"])
+    d_gu32, h_recomputed32 = unfused_bwd32(backward_gate_up, rec["d_h"])
     check_quantised(rec["q_d_gate_up"], d_gu32, E5M2, "q(d_gate_up)")
-    assert_bytes_equal(rec["q_h_t"].data_t, rec["q_h"].data.t(), "q(h)^T recomputed = the forward's")
+    # q(h)^T: recomputed and quantised at the forward's scale (from the 16-bit gate_up, the
+    # forward's very bytes)
+    assert_bytes_equal(rec["q_h_t"].data_t, quantize_ref(h_recomputed32, rec["h_scale"], E4M3).t(),
+                      "q(h)^T recomputed")
+    if saved_gate_up == "activation":
+        assert_bytes_equal(rec["q_h_t"].data_t, rec["q_h"].data.t(), "q(h)^T recomputed = the forward's")
     dgu64 = dequantized64(rec["q_d_gate_up"])
-    check_gemm(out["d_w_down"], dy64.t(), h64.t(), t, False, "d_W_d = q(dy)^T q(h)^T^T")
+    h_t64 = dequantized64(rec["q_h_t"], transposed=True)
+    check_gemm(out["d_w_down"], dy64.t(), h_t64, t, False, "d_W_d = q(dy)^T q(h)^T^T")
     check_gemm(out["d_x"], dgu64, wgu64.t(), 2 * inter, False, "d_x = q(d_gu) q(W_gu^T)^T")
     check_gemm(out["d_w_gate_up"], dgu64.t(), x64.t(), t, False, "d_W_gu = q(d_gu)^T q(x)^T^T")
     for name in ("d_x", "d_w_gate_up", "d_w_down"):

@@ -127,15 +127,23 @@ class CudaCallTracer:
             self.calls.append((kernel, role, writes))
             return data, data_t, self._out([1], paddle.float32)
         if name == "fastffn_swiglu_fwd_fp8":
-            gate_up, scale, _, fmt, rowwise, _, _ = args
+            gate_up, scale, _, gu_scale, gu_amax, fmt, rowwise, _, _, gu_rowwise = args
             shape = [gate_up.shape[0], gate_up.shape[1] // 2]
             data, data_t, writes = self._written(self.role_of[id(scale)], rowwise, False, shape, 0,
                                                  FP8_DTYPES[fmt], 0)
-            self.calls.append((kernel, "h", writes))
-            return data, data_t, self._out([1], paddle.float32)
+            assert (gu_scale is None) == (gu_amax is None), "gate_up's copy: its scale and amax together"
+            assert gu_scale is None or self.role_of[id(gu_scale)] == self.role_of[id(gu_amax)] == "gate_up"
+            assert not gu_rowwise or rowwise, "the copy is written by the quantising pass"
+            gu, _, gu_writes = self._written("gate_up", gu_rowwise, False, list(gate_up.shape), 0,
+                                             FP8_DTYPES[fmt], 0)
+            self.calls.append((kernel, "h", writes + gu_writes))
+            return data, data_t, self._out([1], paddle.float32), gu, self._out([1], paddle.float32)
         if name == "fastffn_swiglu_bwd_fp8":
-            gate_up, d_h, scale, _, h_scale, fmt, rowwise, transpose, h_fmt, h_rowwise, h_transpose, cols = args
+            (gate_up, d_h, scale, _, h_scale, gu_scale_inv, fmt, rowwise, transpose, h_fmt, h_rowwise,
+             h_transpose, cols) = args
             assert list(d_h.shape) == [gate_up.shape[0], gate_up.shape[1] // 2]
+            # gate_up is the forward's FP8 copy (with its scale_inv) or the 16-bit one
+            assert (self.copy_of.get(id(gate_up)) == ("gate_up", ROWWISE)) == (gu_scale_inv is not None)
             role = self.role_of[id(scale)]
             rows, width = gate_up.shape
             d, d_t, writes = self._written(role, rowwise, transpose, [rows, width], width, FP8_DTYPES[fmt], cols)
@@ -155,14 +163,17 @@ class CudaCallTracer:
         return []
 
 
-@pytest.mark.parametrize("scaling, warm_start", [("current", True), ("delayed", True), ("delayed", False)])
-def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scaling, warm_start):
+@pytest.mark.parametrize("scaling, warm_start, saved_gate_up", [
+    ("current", True, "fp8"), ("delayed", True, "fp8"), ("delayed", False, "fp8"),
+    ("current", True, "activation"), ("delayed", True, "activation")])
+def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scaling, warm_start, saved_gate_up):
     """The Paddle CUDA FP8 FFN (fp8/ffn.py, traced on CPU with placeholder results) calls the C
     entry points in the order, on the tensors and with the stored copies of
     composition.fp8_ffn_calls, which the harness's Fp8FFN follows too (tests/gpu: the same
     comparison on the H200). Two steps: the first (warm start) and one after an optimizer step.
     37 tokens: the transposed copies are padded to 48 columns."""
-    recipe = Fp8Recipe(scaling=scaling, amax_history_len=4, delayed_warm_start=warm_start)
+    recipe = Fp8Recipe(scaling=scaling, amax_history_len=4, delayed_warm_start=warm_start,
+                       saved_gate_up=saved_gate_up)
     states, cache = recipe.ffn_states(), WeightCache()
     tracer = CudaCallTracer(states)
     monkeypatch.setattr(fp8_cuda, "_run", tracer)
@@ -179,6 +190,7 @@ def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scali
         y.backward(paddle.ones_like(y))
         assert y.shape == x.shape and y.dtype == x.dtype
         assert (x.grad.shape, w_gate_up.grad.shape, w_down.grad.shape) == (x.shape, w_gate_up.shape, w_down.shape)
-        expected = fp8_ffn_calls(scaling, first_step=step == 0, delayed_warm_start=warm_start)
+        expected = fp8_ffn_calls(scaling, first_step=step == 0, delayed_warm_start=warm_start,
+                                 saved_gate_up=saved_gate_up)
         assert comparable(tracer.calls) == comparable(expected), f"step {step}:\n{tracer.calls}"
         assert all(state.seeded for state in map(lambda r: getattr(states, r), states.roles()))

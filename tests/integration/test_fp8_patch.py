@@ -46,17 +46,18 @@ def test_precision_and_recipe_parse_from_json_and_command_line(tmp_path, monkeyp
     paddle_fastffn.revert_fast_ffn()
     args = _parse([str(config), "--fast_ffn_fp8_scaling", "delayed", "--fast_ffn_fp8_margin", "1",
                    "--fast_ffn_fp8_amax_compute_algo", "most_recent", "--fast_ffn_fp8_first_last_bf16", "true",
-                   "--fast_ffn_fp8_min_gemm_size", "4096", "--fast_ffn_fp8_delayed_warm_start", "false"], monkeypatch)
+                   "--fast_ffn_fp8_min_gemm_size", "4096", "--fast_ffn_fp8_delayed_warm_start", "false",
+                   "--fast_ffn_fp8_saved_gate_up", "activation"], monkeypatch)
     assert args.fast_ffn_options().fp8_recipe() == Fp8Recipe(
         scaling="delayed", amax_history_len=16, margin=1.0, amax_compute_algo="most_recent",
-        first_last_bf16=True, min_gemm_size=4096, delayed_warm_start=False)
+        first_last_bf16=True, min_gemm_size=4096, delayed_warm_start=False, saved_gate_up="activation")
     paddle_fastffn.revert_fast_ffn()
     defaults = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true"], monkeypatch).fast_ffn_options()
     assert defaults.precision == "bf16" and not defaults.fp8_emulate and defaults.fp8_recipe() == Fp8Recipe()
     assert fast_llama._FP8 is None
     paddle_fastffn.revert_fast_ffn()
     for bad in (["--fast_ffn_precision", "fp4"], ["--fast_ffn_fp8_scaling", "sometimes"],
-                ["--fast_ffn_fp8_amax_history_len", "0"]):
+                ["--fast_ffn_fp8_amax_history_len", "0"], ["--fast_ffn_fp8_saved_gate_up", "bf16"]):
         with pytest.raises(ValueError):
             _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true", *bad], monkeypatch)
 

@@ -9,6 +9,11 @@
 // memory for the transposed copies (one 16 KiB tile per transposed output). The backward can
 // write three transposed outputs (d_gate^T, d_up^T, h^T), 48 KiB of tiles: dynamic shared memory
 // with the opt-in, sized to the outputs asked for.
+//
+// The forward can also write the FP8 copy of gate_up (row-wise, the bytes fastffn_fp8_quantize_cuda
+// would write) and the backward read it in place of the 16-bit gate_up: the FFN then keeps
+// [T, 2I] bytes for its backward instead of [T, 2I] 16-bit values, and the backward reads half the
+// bytes of its largest input.
 #include <cfloat>
 #include <cmath>
 
@@ -39,20 +44,41 @@ struct FwdParams {
   const float* scale;
   float* scale_inv;
   unsigned int* amax;
-  bool vec_gate, vec_up, vec_out, vec_out_t;
+  // The FP8 copy of gate_up [rows, 2 cols] (or NULL) and its scaling; gu_amax may be NULL.
+  uint8_t* gu;
+  int64_t gu_stride;
+  const float* gu_scale;
+  float* gu_scale_inv;
+  unsigned int* gu_amax;
+  bool vec_gate, vec_up, vec_out, vec_out_t, vec_gu_gate, vec_gu_up;
 };
 
-template <typename T, __nv_fp8_interpretation_t F>
-__global__ void __launch_bounds__(kTileThreads) swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
+// kGateUp: gate_up's own amax and/or FP8 copy too. A kernel of its own: written as one kernel
+// with a runtime test, the plain pass went from 59 to 91 registers per thread (sm_90a, ptxas -v)
+// and lost occupancy it does not need to lose. The kGateUp body keeps its inputs packed (75-79
+// registers for 16-bit inputs: three blocks per SM); a minimum of four blocks per SM made it
+// spill.
+template <typename T, __nv_fp8_interpretation_t F, bool kGateUp>
+__global__ void __launch_bounds__(kTileThreads)
+swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
   __shared__ uint4 tile[kTileSegs];
-  __shared__ uint32_t warp_amax[kTileThreads / 32];
+  __shared__ uint32_t warp_amax[kGateUp ? 2 : 1][kTileThreads / 32];
   const bool transpose = p.out_t != nullptr;
   const bool convert = p.out != nullptr || transpose;
   const float scale = convert && p.scale != nullptr ? *p.scale : 1.f;
   const bool scale_finite = abs_bits(scale) < kInfBits;
   if (convert && p.scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
     *p.scale_inv = __frcp_rn(scale);
-  uint32_t amax = 0;
+  bool gu_convert = false, gu_scale_finite = true;
+  float gu_scale = 1.f;
+  uint32_t amax = 0, gu_amax = 0;
+  if constexpr (kGateUp) {
+    gu_convert = p.gu != nullptr;
+    gu_scale = gu_convert && p.gu_scale != nullptr ? *p.gu_scale : 1.f;
+    gu_scale_finite = abs_bits(gu_scale) < kInfBits;
+    if (gu_convert && p.gu_scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+      *p.gu_scale_inv = __frcp_rn(gu_scale);
+  }
 
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     const int64_t r0 = t / p.col_tiles * kTile;
@@ -69,6 +95,43 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_fwd_fp8_kernel(const FwdP
       const int64_t r = r0 + row, c = c0 + seg * kSeg;
       if (r >= p.rows || c >= p.cols) continue;
       const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+      if constexpr (kGateUp) {
+        // The inputs stay packed in their storage type and are converted four values at a time
+        // (swiglu_bwd_fp8_kernel's layout): with both 16-value fp32 arrays live beside two
+        // quantisations, this kernel took 128 registers (ptxas, sm_90a) and half the occupancy.
+        PackedSeg<T> gate, up;
+        gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
+        up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
+        uint32_t qg[4], qu[4], qh[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float g4[4], u4[4], h4[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            g4[e] = gate.get(4 * k + e);
+            u4[e] = up.get(4 * k + e);
+            h4[e] = g4[e] * sigmoid(g4[e]) * u4[e];  // swiglu_fwd_kernel's, as below
+          }
+          const uint32_t g_bits = amax_bits4(g4), u_bits = amax_bits4(u4), h_bits = amax_bits4(h4);
+          gu_amax = max(gu_amax, max(g_bits, u_bits));
+          amax = max(amax, h_bits);
+          if (gu_convert) {
+            qg[k] = quantize4<F>(g4, gu_scale, g_bits >= kInfBits || !gu_scale_finite);
+            qu[k] = quantize4<F>(u4, gu_scale, u_bits >= kInfBits || !gu_scale_finite);
+          }
+          if (convert) qh[k] = quantize4<F>(h4, scale, h_bits >= kInfBits || !scale_finite);
+        }
+        if (gu_convert) {
+          uint8_t* dst = p.gu + r * p.gu_stride + c;
+          store16(dst, make_uint4(qg[0], qg[1], qg[2], qg[3]), valid, p.vec_gu_gate);
+          store16(dst + p.cols, make_uint4(qu[0], qu[1], qu[2], qu[3]), valid, p.vec_gu_up);
+        }
+        if (!convert) continue;
+        const uint4 q = make_uint4(qh[0], qh[1], qh[2], qh[3]);
+        if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
+        if (transpose) tile[tile_slot(row, seg)] = q;
+        continue;
+      }
       float g[kSeg], h[kSeg];
       load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
       load16(p.up + r * p.in_stride + c, valid, p.vec_up, h);
@@ -87,15 +150,20 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_fwd_fp8_kernel(const FwdP
       __syncthreads();  // the next tile overwrites `tile`
     }
   }
-  if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax);
+  if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax[0]);
+  if constexpr (kGateUp)
+    if (p.gu_amax != nullptr) block_amax_to(p.gu_amax, gu_amax, warp_amax[1]);
 }
 
 // --- backward ----------------------------------------------------------------------------------
 
 template <typename T>
 struct BwdParams {
-  const T* gate;  // row r at gate + r * in_stride; up = gate + cols
-  const T* up;
+  // row r at gate + r * in_stride; up = gate + cols. In T, or FP8 bytes (the forward's copy of
+  // gate_up) to be multiplied by *gate_up_scale_inv (NULL = 1).
+  const void* gate;
+  const void* up;
+  const float* gate_up_scale_inv;
   const T* d_h;
   int64_t rows, cols, in_stride, d_h_stride;
   // d_gate_up [rows, 2 cols] (d_gate then d_up in each row) and its transpose [2 cols, rows]
@@ -117,10 +185,58 @@ struct BwdParams {
   bool vec_gate, vec_up, vec_d_h, vec_dg, vec_du, vec_dgu_t, vec_h, vec_h_t;
 };
 
+// 16 FP8 bytes of format F kept packed (4 registers), PackedSeg's interface for the FP8 gate_up:
+// get(j) is the FP8 value in fp32, unscaled (the caller applies scale_inv).
+template <__nv_fp8_interpretation_t F>
+struct Fp8Seg {
+  uint32_t w[4];
+
+  __device__ __forceinline__ float get(int j) const {  // exact: every FP8 value is an fp16 value
+    const auto byte = static_cast<__nv_fp8_storage_t>(w[j / 4] >> (8 * (j % 4)));
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(byte, F)));
+  }
+
+  // `valid` (1..16) bytes at p (+0 after them); one 16-byte load when `vec` and full.
+  __device__ __forceinline__ void load(const uint8_t* p, int valid, bool vec) {
+    if (vec && valid == kSeg) {
+      const uint4 q = *reinterpret_cast<const uint4*>(p);
+      w[0] = q.x; w[1] = q.y; w[2] = q.z; w[3] = q.w;
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = 0;
+#pragma unroll
+    for (int j = 0; j < kSeg; ++j)
+      if (j < valid) w[j / 4] |= static_cast<uint32_t>(p[j]) << (8 * (j % 4));
+  }
+};
+
+// Values 4k .. 4k + 3 of a segment in fp32; an FP8 segment converts them two at a time.
+template <typename Seg>
+__device__ __forceinline__ void get4(const Seg& seg, int k, float (&out)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = seg.get(4 * k + e);
+}
+
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ void get4(const Fp8Seg<F>& seg, int k, float (&out)[4]) {
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const auto bytes = static_cast<__nv_fp8x2_storage_t>(seg.w[k] >> (16 * pair));
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(bytes, F)));
+    out[2 * pair] = f.x;
+    out[2 * pair + 1] = f.y;
+  }
+}
+
 // The gate, up and d_h values of one segment in their storage type (zeros past the matrix).
-template <typename T>
+// kFp8GateUp: gate and up are FP8 of format FG (the forward's copy), else T.
+template <typename T, bool kFp8GateUp, __nv_fp8_interpretation_t FG>
 struct SwigluBwdInputs {
-  PackedSeg<T> gate, up, d_h;
+  using GateUpSeg = std::conditional_t<kFp8GateUp, Fp8Seg<FG>, PackedSeg<T>>;
+  using GateUpElem = std::conditional_t<kFp8GateUp, uint8_t, T>;
+  GateUpSeg gate, up;
+  PackedSeg<T> d_h;
 
   // Segment i of the tile at (r0, c0); false (nothing loaded) when it lies outside the matrix.
   __device__ __forceinline__ bool load(const BwdParams<T>& p, int64_t r0, int64_t c0, int i) {
@@ -128,14 +244,15 @@ struct SwigluBwdInputs {
     const int64_t r = r0 + s / kSegsPerRow, c = c0 + s % kSegsPerRow * kSeg;
     if (r >= p.rows || c >= p.cols) return false;
     const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-    gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
-    up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
+    gate.load(static_cast<const GateUpElem*>(p.gate) + r * p.in_stride + c, valid, p.vec_gate);
+    up.load(static_cast<const GateUpElem*>(p.up) + r * p.in_stride + c, valid, p.vec_up);
     d_h.load(p.d_h + r * p.d_h_stride + c, valid, p.vec_d_h);
     return true;
   }
 };
 
-template <typename T, __nv_fp8_interpretation_t FD, __nv_fp8_interpretation_t FH>
+// FH: the format of an FP8 h, and of gate_up when kFp8GateUp.
+template <typename T, __nv_fp8_interpretation_t FD, __nv_fp8_interpretation_t FH, bool kFp8GateUp>
 __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdParams<T> p) {
   // Transposed outputs' tiles, in this order: d_gate^T, d_up^T (when dgu_t), h^T (when h_t).
   extern __shared__ uint4 tiles[];
@@ -150,6 +267,9 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
   const float h_scale = h_convert && p.h_scale != nullptr ? *p.h_scale : 1.f;
   const bool dgu_scale_finite = abs_bits(dgu_scale) < kInfBits;
   const bool h_scale_finite = abs_bits(h_scale) < kInfBits;
+  // 1 for a 16-bit gate_up, where the compiler drops the multiplies (kFp8GateUp is constexpr).
+  const float gu_scale_inv =
+      kFp8GateUp && p.gate_up_scale_inv != nullptr ? *p.gate_up_scale_inv : 1.f;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (dgu_convert && p.dgu_scale_inv != nullptr) *p.dgu_scale_inv = __frcp_rn(dgu_scale);
     if (h_convert && p.h_scale_inv != nullptr) *p.h_scale_inv = __frcp_rn(h_scale);
@@ -172,7 +292,7 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
     // fp8_quant_and_ffn_transposed_stores.json; this loop: 85-91%, run9/fp8_quant_and_ffn.json).
     // Staging the inputs through shared memory with cp.async instead was measured slower (48%:
     // run9/fp8_quant_and_ffn_cp_async_rejected.json).
-    SwigluBwdInputs<T> cur, next;
+    SwigluBwdInputs<T, kFp8GateUp, FH> cur, next;
     bool cur_in = cur.load(p, r0, c0, 0);
 #pragma unroll 1
     for (int i = 0; i < kSegsPerThread; ++i) {
@@ -186,11 +306,17 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
         PackedSeg<T> h_values;  // h in T, when that is the output asked for (h_values_out)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {  // swiglu_bwd_kernel's expressions, four values at a time
-          float dg[4], du[4], h[4];
+          float dg[4], du[4], h[4], gate4[4], up4[4];
+          get4(cur.gate, k, gate4);
+          get4(cur.up, k, up4);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float x = cur.gate.get(4 * k + e), dy = cur.d_h.get(4 * k + e);
-            const float up = cur.up.get(4 * k + e);
+            float x = gate4[e], up = up4[e];
+            if constexpr (kFp8GateUp) {
+              x *= gu_scale_inv;
+              up *= gu_scale_inv;
+            }
+            const float dy = cur.d_h.get(4 * k + e);
             const float sig = sigmoid(x);
             const float silu = x * sig;
             dg[e] = dy * up * sig * (1.f + x * (1.f - sig));
@@ -349,14 +475,21 @@ bool rows_aligned16(const void* p, int64_t stride_elems) {
 using namespace fastffn::cuda;
 
 extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor out_h,
-                                                      fastffn_tensor out_h_t, void* stream) {
+                                                      fastffn_tensor out_h_t,
+                                                      fastffn_tensor out_gate_up, void* stream) {
   if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (!is_fp8(out_h.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
   const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
   if (out_h.data != nullptr && !shaped(out_h, rows, cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (out_h_t.data != nullptr && (out_h_t.dtype != out_h.dtype || !shaped(out_h_t, cols, rows)))
     return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (scaling_aliased(out_h)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const bool gu_wanted = out_gate_up.data != nullptr || out_gate_up.amax != nullptr;
+  if (gu_wanted && out_gate_up.dtype != out_h.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (out_gate_up.data != nullptr && !shaped(out_gate_up, rows, 2 * cols))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const fastffn_tensor gu_scaling = gu_wanted ? out_gate_up : fastffn_tensor{};
+  if (scaling_aliased(out_h) || !scalars_distinct(out_h, gu_scaling))
+    return FASTFFN_STATUS_INVALID_ARGUMENT;
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
@@ -378,15 +511,24 @@ extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fa
     p.scale = out_h.scale;
     p.scale_inv = out_h.scale_inv;
     p.amax = reinterpret_cast<unsigned int*>(out_h.amax);
+    p.gu = static_cast<uint8_t*>(out_gate_up.data);
+    p.gu_stride = out_gate_up.row_stride;
+    p.gu_scale = gu_scaling.scale;
+    p.gu_scale_inv = gu_scaling.scale_inv;
+    p.gu_amax = reinterpret_cast<unsigned int*>(gu_scaling.amax);
     p.vec_gate = rows_aligned16<T>(p.gate, gate_up.row_stride);
     p.vec_up = rows_aligned16<T>(p.up, gate_up.row_stride);
     p.vec_out = bytes_aligned16(out_h.data, out_h.row_stride);
     p.vec_out_t = bytes_aligned16(out_h_t.data, out_h_t.row_stride);
+    p.vec_gu_gate = bytes_aligned16(p.gu, p.gu_stride);
+    p.vec_gu_up = p.gu != nullptr && bytes_aligned16(p.gu + cols, p.gu_stride);
     return FASTFFN_BOOL_SWITCH(out_h.dtype == FASTFFN_DTYPE_FP8_E5M2, kE5M2, [&] {
-      auto kernel = swiglu_fwd_fp8_kernel<T, kE5M2 ? __NV_E5M2 : __NV_E4M3>;
-      const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count);
-      kernel<<<static_cast<unsigned int>(blocks), kTileThreads, 0, s>>>(p);
-      return launch_status();
+      return FASTFFN_BOOL_SWITCH(gu_wanted, kGateUp, [&] {
+        auto kernel = swiglu_fwd_fp8_kernel<T, kE5M2 ? __NV_E5M2 : __NV_E4M3, kGateUp>;
+        const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count);
+        kernel<<<static_cast<unsigned int>(blocks), kTileThreads, 0, s>>>(p);
+        return launch_status();
+      });
     });
   });
 }
@@ -397,7 +539,10 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
                                                       fastffn_tensor h_t, void* stream) {
   if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
   const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
-  if (d_h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  // gate_up in d_h's dtype, or the forward's FP8 copy (then d_h's dtype is the 16/32-bit one).
+  const bool gate_up_fp8 = is_fp8(gate_up.dtype);
+  if (!gate_up_fp8 && d_h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (!gate_up_fp8 && gate_up.scale_inv != nullptr) return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (!valid_2d(d_h) || d_h.rows != rows || d_h.cols != cols)
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   if (!is_fp8(d_gate_up.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
@@ -408,8 +553,9 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const bool h_wanted = h.data != nullptr || h_t.data != nullptr || h.amax != nullptr;
   const bool h_fp8 = h_wanted && is_fp8(h.dtype);
-  if (h_wanted && !h_fp8) {  // the recomputed h in the input dtype, as fastffn_swiglu_bwd_cuda's
-    if (h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (h_fp8 && gate_up_fp8 && h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  if (h_wanted && !h_fp8) {  // the recomputed h in d_h's dtype, as fastffn_swiglu_bwd_cuda's
+    if (h.dtype != d_h.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
     if (h_t.data != nullptr || h.scale != nullptr || h.scale_inv != nullptr || h.amax != nullptr)
       return FASTFFN_STATUS_INVALID_ARGUMENT;  // a transpose and scaling are FP8-only
   }
@@ -418,6 +564,9 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
     return FASTFFN_STATUS_INVALID_ARGUMENT;
   const fastffn_tensor h_scaling = h_fp8 ? h : fastffn_tensor{};
   if (!scalars_distinct(d_gate_up, h_scaling)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  // gate_up's scale_inv is read by every block while block 0 writes the outputs' scale_inv.
+  for (const float* written : {d_gate_up.scale_inv, d_gate_up.amax, h_scaling.scale_inv, h_scaling.amax})
+    if (aliased(gate_up.scale_inv, written)) return FASTFFN_STATUS_INVALID_ARGUMENT;
 
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
@@ -425,11 +574,13 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
   const int tiles_needed = (d_gate_up_t.data != nullptr ? 2 : 0) + (h_t.data != nullptr ? 1 : 0);
   const size_t shared = tiles_needed * kTileSharedBytes;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return dispatch_dtype(gate_up.dtype, [&](auto tag) {
+  return dispatch_dtype(d_h.dtype, [&](auto tag) {
     using T = decltype(tag);
     BwdParams<T> p;
-    p.gate = static_cast<const T*>(gate_up.data);
-    p.up = p.gate + cols;
+    const size_t gate_up_elem = gate_up_fp8 ? 1 : sizeof(T);
+    p.gate = gate_up.data;
+    p.up = static_cast<const char*>(gate_up.data) + cols * gate_up_elem;
+    p.gate_up_scale_inv = gate_up.scale_inv;
     p.d_h = static_cast<const T*>(d_h.data);
     p.rows = rows;
     p.cols = cols;
@@ -452,8 +603,10 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
     p.h_fp8 = h_fp8;
     p.col_tiles = (cols + kTile - 1) / kTile;
     p.tiles = rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * p.col_tiles;
-    p.vec_gate = rows_aligned16<T>(p.gate, gate_up.row_stride);
-    p.vec_up = rows_aligned16<T>(p.up, gate_up.row_stride);
+    p.vec_gate = gate_up_fp8 ? bytes_aligned16(p.gate, gate_up.row_stride)
+                             : rows_aligned16<T>(p.gate, gate_up.row_stride);
+    p.vec_up = gate_up_fp8 ? bytes_aligned16(p.up, gate_up.row_stride)
+                           : rows_aligned16<T>(p.up, gate_up.row_stride);
     p.vec_d_h = rows_aligned16<T>(d_h.data, d_h.row_stride);
     p.vec_dg = bytes_aligned16(p.dgu, p.dgu_stride);
     p.vec_du = p.dgu != nullptr && bytes_aligned16(p.dgu + cols, p.dgu_stride);
@@ -462,11 +615,14 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
                     : rows_aligned16<T>(h.data, h.row_stride);
     p.vec_h_t = bytes_aligned16(p.h_t, p.h_t_stride);
     const bool d_e5m2 = d_gate_up.dtype == FASTFFN_DTYPE_FP8_E5M2;
-    const bool h_e5m2 = h_fp8 && h.dtype == FASTFFN_DTYPE_FP8_E5M2;
+    // The forward format: an FP8 h's, and an FP8 gate_up's (checked to be the same above).
+    const fastffn_dtype forward_fp8 = h_fp8 ? h.dtype : gate_up.dtype;
+    const bool h_e5m2 = (h_fp8 || gate_up_fp8) && forward_fp8 == FASTFFN_DTYPE_FP8_E5M2;
     return FASTFFN_BOOL_SWITCH(d_e5m2, kDE5M2, [&] {
       return FASTFFN_BOOL_SWITCH(h_e5m2, kHE5M2, [&] {
+       return FASTFFN_BOOL_SWITCH(gate_up_fp8, kFp8GateUp, [&] {
         auto kernel = swiglu_bwd_fp8_kernel<T, kDE5M2 ? __NV_E5M2 : __NV_E4M3,
-                                            kHE5M2 ? __NV_E5M2 : __NV_E4M3>;
+                                            kHE5M2 ? __NV_E5M2 : __NV_E4M3, kFp8GateUp>;
         if (shared + kBwdStaticShared > kDefaultSharedBytes) {  // 3 tiles: needs the opt-in
           if (shared + kBwdStaticShared > static_cast<size_t>(limits.max_shared_bytes_per_block))
             return FASTFFN_STATUS_INVALID_ARGUMENT;  // not on any device of sm_80 or newer
@@ -477,6 +633,7 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
         const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count, shared);
         kernel<<<static_cast<unsigned int>(blocks), kTileThreads, shared, s>>>(p);
         return launch_status();
+       });
       });
     });
   });

@@ -162,28 +162,42 @@ fastffn_status fastffn_fp8_dequantize_cuda(fastffn_tensor q, fastffn_tensor y, v
 // Values: fastffn_fp8_quantize_cuda's rules with h as its x. An h that overflows fp32 (finite
 // inputs whose product exceeds FLT_MAX) is Inf there: e5m2 +-Inf, e4m3 NaN.
 //
+// out_gate_up: the FP8 copy of gate_up itself that the backward can read instead of the 16-bit
+// gate_up (the FFN then keeps 1 byte per element of [T, 2I] for backward, not 2), in the same pass:
+//   out_gate_up.data [T, 2I] (any row stride, [gate | up] rows): fastffn_fp8_quantize_cuda of
+//                    gate_up with *out_gate_up.scale (NULL = 1), byte for byte; NULL for none
+//   out_gate_up.amax *amax = max(*amax, max |gate_up|) (NULL: skipped), written or not
+//   out_gate_up.scale_inv  1 / scale when data is written (may be NULL)
+// out_gate_up.dtype must be out_h.dtype (the forward format) when data or amax is given; with
+// data = amax = NULL it is not read. h is computed from the 16-bit gate_up either way.
+//
 // Both recipes of per-tensor scaling:
 //   delayed  the scale comes from earlier steps (fastffn_fp8_update_amax_history_cuda): one pass,
-//            out_h.amax = the current slot of the tensor's amax history
+//            out_h.amax (out_gate_up.amax) = the current slot of the tensor's amax history
 //   current  the scale comes from this tensor's own amax, known only after a pass over it:
-//            1. out_h.data = out_h_t.data = NULL: the amax-only pass (scale and scale_inv are
-//               neither read nor written)
-//            2. fastffn_fp8_compute_scale_cuda(amax -> scale, scale_inv) on the device
-//            3. the quantising pass with that scale (amax NULL, or the same pointer again)
-//            Three launches on one stream, no host synchronisation; the pass reads gate_up twice
-//            instead of writing and re-reading a 16-bit h (the same bytes, and no [T, I] buffer).
+//            1. out_h.data = out_h_t.data = out_gate_up.data = NULL: the amax-only pass (scales
+//               and scale_invs are neither read nor written); it gives h's and gate_up's amax
+//            2. fastffn_fp8_compute_scale_cuda(amax -> scale, scale_inv) on the device, per tensor
+//            3. the quantising pass with those scales (amax NULL, or the same pointers again)
+//            No host synchronisation; the pass reads gate_up twice instead of writing and
+//            re-reading a 16-bit h (the same bytes, and no [T, I] buffer).
 // Returns UNSUPPORTED_DTYPE for other dtypes, INVALID_ARGUMENT for an odd gate_up.cols, shapes
-// that do not match, or aliased scale / scale_inv / amax.
+// that do not match, or aliased scale / scale_inv / amax (across out_h and out_gate_up too).
 // ---------------------------------------------------------------------------------------------
 fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor out_h,
-                                           fastffn_tensor out_h_t, void* stream);
+                                           fastffn_tensor out_h_t, fastffn_tensor out_gate_up,
+                                           void* stream);
 
-// Backward, one pass over gate_up [T, 2I] and d_h [T, I] (one dtype: BFLOAT16, FLOAT16 or
-// FLOAT32), fp32 math with fastffn_swiglu_bwd_cuda's expressions, sig = sigmoid(g):
+// Backward, one pass over gate_up [T, 2I] and d_h [T, I] (d_h BFLOAT16, FLOAT16 or FLOAT32;
+// gate_up in d_h's dtype, or the forward's FP8 copy of it), fp32 math with
+// fastffn_swiglu_bwd_cuda's expressions, sig = sigmoid(g):
 //
 //   d_gate = d_h * u * sig * (1 + g * (1 - sig))    d_up = d_h * silu(g)    h = silu(g) * u
 //
-// (h recomputed, bit-identical to the forward's fp32 h).
+// gate_up FP8_E4M3 / FP8_E5M2 (out_gate_up of the forward): g and u are the dequantised values,
+// float(q) * *gate_up.scale_inv in fp32 (NULL = 1); an FP8 h must then be of gate_up's format.
+// With a 16-bit gate_up, h is recomputed bit-identical to the forward's fp32 h; from the FP8 copy
+// it is h of the dequantised inputs (within e4m3's rounding of the forward's).
 // d_gate_up: FP8 [T, 2I] with [d_gate | d_up] in each row (gate_up's layout), quantised with
 //   *d_gate_up.scale; d_gate_up.amax accumulates max(|d_gate|, |d_up|) over all of [T, 2I];
 //   d_gate_up.scale_inv as in the forward. d_gate_up.data may be NULL, its dtype is required
@@ -195,7 +209,7 @@ fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tenso
 //     then the ones the forward wrote), h.scale_inv written, h.amax accumulated (each may be
 //     NULL); h.data [T, I] and h_t.data [I, T] (the wgrad's K-major copy, h's dtype), each
 //     optional;
-//   gate_up's dtype: h rounded to it (fastffn_swiglu_bwd_cuda's recomputed_out), h.data
+//   d_h's dtype: h rounded to it (fastffn_swiglu_bwd_cuda's recomputed_out), h.data
 //     [T, I]; h_t.data and h's scale, scale_inv and amax must be NULL;
 //   nothing: h.data, h_t.data and h.amax all NULL (h.dtype is then not read).
 // Current scaling of d_gate_up: the amax-only pass (d_gate_up.data = d_gate_up_t.data = NULL,
