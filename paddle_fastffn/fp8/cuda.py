@@ -214,8 +214,14 @@ def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_
     pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
     (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s.
     A list of states: one kernel pass quantises each of those tensors (the SwiGLU forward: h and
-    gate_up's copy); they share a recipe, so they take their scales from their amaxes together."""
+    gate_up's copy); they share a recipe, so they take their scales from their amaxes together.
+    In a recompute's replay (recompute.py) delayed states quantise with their forward's scales
+    (kernel_scale / kernel_amax): no amax pass, no scale or history update."""
     states = state if isinstance(state, list) else [state]
+    if any(s.replaying() for s in states):
+        for s in states:
+            s.begin_replay()
+        return quantize_pass()
     own_amax = [s for s in states if s.scales_by_own_amax()]
     if own_amax:
         # The whole history: current scaling keeps one entry, and a delayed history holds no
@@ -229,6 +235,7 @@ def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_
     outputs = quantize_pass()
     for s in states:
         s.seeded = True
+        s.remember_forward_scale()
         if end_step:
             end_step_of(s)
     return outputs
@@ -236,8 +243,8 @@ def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_
 
 def end_step_of(state: ScalingState) -> None:
     """Delayed scaling's end of step on the device (ScalingState.end_step's rule); nothing under
-    current scaling."""
-    if state.mode == "delayed":
+    current scaling, nor in a recompute's replay."""
+    if state.mode == "delayed" and not state.replaying():
         _run("fastffn_fp8_update_amax_history", state.amax_history, state.scale, state.scale_inv,
              state.algo == "most_recent", FP8_MAX[state.fmt], state.margin)
 
@@ -250,7 +257,7 @@ def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transp
         _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
 
     def quantize_pass():
-        return _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, rowwise,
+        return _run("fastffn_fp8_quantize", x, state.kernel_scale, state.kernel_amax, state.fmt, rowwise,
                     transpose, int(transpose_cols))[:3]
 
     data, data_t, scale_inv = quantize_with(state, amax_pass, quantize_pass, end_step)

@@ -141,7 +141,7 @@ class _Fp8FFNFunction(PyLayer):
         q_d = _weight(w_down, states.w_down, weight_cache)
         gate_up = paddle.matmul(dequantize(qx), dequantize(q_gu)).astype(x.dtype)
         qh = states.h.quantize(swiglu_fwd32(gate_up), end_step=False)
-        h_scale = states.h.scale.clone()  # the backward re-quantises the recomputed h with it
+        h_scale = states.h.scale_used.clone()  # the backward re-quantises the recomputed h with it
         saved_gate_up, saved_scale_inv = gate_up, None
         if states.gate_up is not None:  # the copy the SwiGLU forward pass writes beside q(h)
             q_saved = states.gate_up.quantize(gate_up, end_step=False)
@@ -190,8 +190,14 @@ def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
 def _swiglu_fwd_fp8(gate_up, state, gate_up_state, rowwise: bool):
     """q(h) [T, I] and, with gate_up_state, q(gate_up) [T, 2I] (rowwise) by fastffn_swiglu_fwd_fp8,
     or its amax-only pass (both amaxes). Returns (q(h), h's scale_inv, q(gate_up), its scale_inv)."""
-    gu_scale, gu_amax = (None, None) if gate_up_state is None else (gate_up_state.scale, gate_up_state.amax_history)
-    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, state.scale, state.amax_history, gu_scale, gu_amax,
+    # The quantising pass reads kernel_scale / kernel_amax (a recompute's replay: the forward's scale);
+    # the amax-only pass runs outside replays only.
+    scale, amax = (state.kernel_scale, state.kernel_amax) if rowwise else (state.scale, state.amax_history)
+    gu_scale = gu_amax = None
+    if gate_up_state is not None:
+        gu_scale, gu_amax = ((gate_up_state.kernel_scale, gate_up_state.kernel_amax) if rowwise
+                             else (gate_up_state.scale, gate_up_state.amax_history))
+    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, scale, amax, gu_scale, gu_amax,
                         state.fmt, rowwise, False, 0, rowwise and gate_up_state is not None)
     return out[0], out[2], out[3], out[4]
 
@@ -223,7 +229,7 @@ class _CudaFp8FFNFunction(PyLayer):
             [h] if gu_state is None else [h, gu_state], lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, False),
             lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, True), end_step=False)
         y = gemm(h_data, q_d.data_t, x.dtype, h_scale_inv, q_d.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        h_scale = h.scale.clone()  # the backward re-quantises the recomputed h with it
+        h_scale = h.scale_used.clone()  # the backward re-quantises the recomputed h with it
         for state in _forward_states(states):
             end_step_of(state)
         saved = (gate_up, None) if gu_state is None else (gu_data, gu_scale_inv)

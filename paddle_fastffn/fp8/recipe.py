@@ -29,6 +29,7 @@ below 2^-10 to zero.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ import numpy as np
 import paddle
 
 from .formats import FP8_MAX, Quantized, amax_of, check_format, quantize
+from .recompute import FORWARD, REPLAY, recompute_phase
 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
@@ -165,7 +167,11 @@ class ScalingState:
     Current scaling keeps only the last amax ([1]).
 
     `seeded` (host-side, no device read): whether a quantisation has recorded an amax yet. Under
-    delayed scaling with warm_start, the first quantisation scales by the tensor's own amax."""
+    delayed scaling with warm_start, the first quantisation scales by the tensor's own amax.
+
+    Under activation recompute (recompute.py) a delayed-scaling state remembers the scale of each
+    quantisation in the forward phase and hands it back, in order, in the replay phase, which
+    records nothing and rolls nothing (begin_replay, kernel_scale, scale_used)."""
 
     def __init__(self, fmt: str, mode: str, history_len: int, algo: str = "max", margin: float = 0.0,
                  warm_start: bool = True):
@@ -175,6 +181,43 @@ class ScalingState:
         self.scale = paddle.ones([1], paddle.float32)
         self.scale_inv = paddle.ones([1], paddle.float32)
         self.amax_history = paddle.zeros([history_len], paddle.float32)
+        self._forward_scales = collections.deque()  # recompute: the forward phase's scales, oldest first
+        self._replay_scale = None  # the scale of the replayed quantisation under way
+        self._replay_amax = None  # where a replayed kernel accumulates an amax nobody reads
+
+    # --- activation recompute (recompute.py) ---------------------------------------------------
+    def replaying(self) -> bool:
+        """In a recompute's replay: quantise with the forward's scale, record and roll nothing."""
+        return self.mode == "delayed" and recompute_phase() == REPLAY
+
+    def begin_replay(self) -> None:
+        """Takes the scale of the forward's matching quantisation (FIFO)."""
+        if not self._forward_scales:
+            raise RuntimeError(f"paddle_fastffn.fp8: a recompute replays an FP8 quantisation ({self.fmt}, delayed "
+                               "scaling) that its forward did not make; wrap the recompute function with "
+                               "paddle_fastffn.fp8.recompute.fp8_recompute around the whole recomputed function")
+        self._replay_scale = self._forward_scales.popleft()
+        self._replay_amax = paddle.zeros_like(self._replay_scale)
+
+    def remember_forward_scale(self) -> None:
+        """After a quantisation in a recompute's forward phase: its scale, for the replay."""
+        if self.mode == "delayed" and recompute_phase() == FORWARD:
+            self._forward_scales.append(self.scale.clone())
+
+    @property
+    def scale_used(self) -> paddle.Tensor:
+        """The scale of the quantisation just made: the forward's in a replay, else `scale`."""
+        return self._replay_scale if self.replaying() else self.scale
+
+    @property
+    def kernel_scale(self) -> paddle.Tensor:
+        """The scale tensor a CUDA quantising kernel reads (scale_used)."""
+        return self.scale_used
+
+    @property
+    def kernel_amax(self) -> paddle.Tensor:
+        """Where a CUDA kernel accumulates the amax: history[0], or in a replay a scratch scalar."""
+        return self._replay_amax if self.replaying() else self.amax_history
 
     def scales_by_own_amax(self) -> bool:
         """Whether the next quantisation takes its scale from the tensor's own amax: always under
@@ -187,11 +230,15 @@ class ScalingState:
         end_step=False leaves that to the caller (end_step()), e.g. at the end of a forward that
         still needs the scale it used."""
         with paddle.no_grad():
+            if self.replaying():
+                self.begin_replay()
+                return quantize(x, self._replay_scale, self.fmt)
             if self.scales_by_own_amax():
                 self._set_scale(scale_from_amax(amax_of(x), self.fmt, self.margin, self.scale))
             q = quantize(x, self.scale, self.fmt)  # delayed: scale from the steps before this one
             paddle.assign(q.amax, output=self.amax_history[:1])  # [0] is 0 here: the kernels max into it
             self.seeded = True
+            self.remember_forward_scale()
             if end_step:
                 self.end_step()
             return q
@@ -199,8 +246,8 @@ class ScalingState:
     def end_step(self):
         """Delayed scaling's TE amax_and_scale_update: the scale from the history's amax, then the
         history rolls ([-1] = the step that ended, the oldest leaves, [0] = 0 for the next step).
-        Nothing under current scaling."""
-        if self.mode != "delayed":
+        Nothing under current scaling, nor in a recompute's replay."""
+        if self.mode != "delayed" or self.replaying():
             return
         self._set_scale(scale_from_amax(self.history_amax(), self.fmt, self.margin, self.scale))
         history, slot = self.amax_history, paddle.zeros([1], paddle.float32)

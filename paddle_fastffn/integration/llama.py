@@ -175,9 +175,9 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
                  use_cache, alibi)
     if (self.enable_recompute and self.layerwise_recompute and not hidden_states.stop_gradient
             and self.recompute_granularity == "full_attn"):
-        from paddle.distributed.fleet.utils import recompute
-
-        outputs = recompute(self.self_attn, *attn_args, use_reentrant=self.config.recompute_use_reentrant)
+        # The modeling module's recompute: the FP8 path's while FP8 is on (fp8/recompute.py).
+        outputs = _modeling().recompute(self.self_attn, *attn_args,
+                                        use_reentrant=self.config.recompute_use_reentrant)
     else:
         outputs = self.self_attn(*attn_args, npu_is_casual=npu_is_casual)
     attn_output = outputs[0] if isinstance(outputs, tuple) else outputs
@@ -927,6 +927,7 @@ def _apply_fp8(recipe) -> None:
     lora_class = _lora_linear_class()
     _ORIGINALS.setdefault("linear_forward", nn.Linear.forward)
     _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
+    _ORIGINALS.setdefault("recompute", modeling.recompute)
     if lora_class is not None:
         _ORIGINALS.setdefault("lora_forward", lora_class.forward)
     _FP8 = recipe
@@ -937,6 +938,10 @@ def _apply_fp8(recipe) -> None:
     if lora_class is not None:
         lora_class.forward = _fp8_forward("lora_forward")
     modeling.LlamaModel.forward = fast_llama_model_forward
+    # PaddleNLP's layer (and attention) recompute: the replay reuses the forward's FP8 scales.
+    from ..fp8.recompute import fp8_recompute
+
+    modeling.recompute = fp8_recompute(_ORIGINALS["recompute"])
 
 
 def _revert_fp8() -> None:
@@ -945,6 +950,7 @@ def _revert_fp8() -> None:
     if "linear_forward" in _ORIGINALS:
         nn.Linear.forward = _ORIGINALS["linear_forward"]
         _modeling().LlamaModel.forward = _ORIGINALS["llama_model_forward"]
+        _modeling().recompute = _ORIGINALS["recompute"]
         lora_class = _lora_linear_class()
         if lora_class is not None and "lora_forward" in _ORIGINALS:
             lora_class.forward = _ORIGINALS["lora_forward"]

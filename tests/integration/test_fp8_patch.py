@@ -287,3 +287,49 @@ def test_fp8_checkpoint_is_stock_and_loads_in_stock_paddlenlp(tmp_path):
     got = logits_of(stock, ids, mask).numpy()
     assert_close(got[:-1], restored[:-1], paddle.float32, "FP8-trained checkpoint in stock PaddleNLP")
     assert_close(got[-1, 2:], restored[-1, 2:], paddle.float32, "FP8-trained checkpoint (padded row)")
+
+
+def _train_fp8_delayed(recompute: str | None, steps=4):
+    """Emulated FP8 (delayed scaling, history 4) on the tiny LLaMA, PaddleNLP's full-layer
+    recompute off (None), reentrant or not: the per-step losses, and every FP8 state's amax
+    history and scale after the run, by layer and role."""
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_scaling="delayed", fp8_amax_history_len=4)
+    model = tiny_model(seed=11, **FP8_SHAPES)
+    if recompute is not None:
+        model.config.recompute_granularity = "full"
+        model.config.recompute_use_reentrant = recompute == "reentrant"
+        model.llama.enable_recompute = True
+    optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+    losses = []
+    for step in range(steps):
+        ids, labels, mask = batch(seed=step % 2)
+        loss = model(ids, labels=labels, attention_mask=mask)[0]
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss))
+    states = {(name, role): (getattr(fp8.states, role).amax_history.numpy().copy(),
+                             getattr(fp8.states, role).scale.numpy().copy())
+              for name, fp8 in fast_llama.fp8_layers(model).items() for role in fp8.states.roles()}
+    paddle_fastffn.revert_fast_ffn()
+    return np.array(losses), states
+
+
+@pytest.mark.parametrize("recompute", ["reentrant", "non_reentrant"])
+def test_fp8_delayed_scaling_under_paddlenlp_recompute_is_training_without_it(recompute, monkeypatch):
+    """The recompute replays each layer's forward in backward; its FP8 quantisations take the
+    forward's scales and record nothing (fp8/recompute.py), so training with recompute is training
+    without it: the same losses and the same amax histories and scales (each rolled once per step).
+    Without the wrapper the histories roll twice per step and the runs differ (the check can fail)."""
+    plain_losses, plain_states = _train_fp8_delayed(None)
+    losses, states = _train_fp8_delayed(recompute)
+    np.testing.assert_array_equal(losses, plain_losses)
+    assert states.keys() == plain_states.keys() and states
+    for key, (history, scale) in states.items():
+        np.testing.assert_array_equal(history, plain_states[key][0], err_msg=f"{key} amax history")
+        np.testing.assert_array_equal(scale, plain_states[key][1], err_msg=f"{key} scale")
+
+    from paddle_fastffn.fp8 import recompute as fp8_recompute_module
+    monkeypatch.setattr(fp8_recompute_module, "fp8_recompute", lambda recompute_fn: recompute_fn)
+    _, unwrapped = _train_fp8_delayed(recompute)
+    assert any(not np.array_equal(history, plain_states[key][0]) for key, (history, _) in unwrapped.items())
