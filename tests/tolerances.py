@@ -110,6 +110,18 @@ def adamw_tolerance(steps: int, lr: float) -> tuple[float, float]:
 # exponential average forgets older differences. Relative only: m2 spans orders of magnitude.
 ADAMW_MOMENT_RTOL = 8 * 2.0**-23
 
+
+# The first moment against stock Paddle's CPU AdamW: m1 = beta1 * m1 + (1 - beta1) * g is rounded
+# once (fused multiply-add) or twice depending on the host that runs stock Paddle: on an AVX-512 host
+# (AMD EPYC, 2026-12-04) stock m1 measured bit-identical to fma(beta1, m1, (1 - beta1) * g), on the
+# AVX2 host of 2026-12-03 to the unfused sum, which our kernel computes (cpu/adamw.cc builds
+# without contraction). The two differ by at most one rounding of beta1 * m1, 2^-24 |m1|, which the
+# cancellation of m1 and g can make large against the result; each later step carries it on with
+# weight beta1, so in all at most 2^-24 max|m1| / (1 - beta1) (x2 for the final roundings).
+def adamw_moment1_tolerance(expected, beta1: float) -> tuple[float, float]:
+    scale = float(np.abs(np.asarray(expected, dtype=np.float64)).max()) if np.size(expected) else 0.0
+    return 2 * 2.0**-24 * scale / (1 - beta1), ADAMW_MOMENT_RTOL
+
 # The beta powers after one kernel step against adamw_ref's from the same state: the product
 # beta_pow * beta of two fp32 values is exact in float64, the kernel rounds it to fp32 once, and
 # one fp32 rounding is at most 2^-24 relative.
