@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import paddle
 
 from .formats import FP8_MAX, Quantized, amax_of, check_format, quantize
-from .recompute import FORWARD, REPLAY, recompute_phase
+from .recompute import FORWARD, REPLAY, recompute_call, recompute_phase
 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
@@ -181,7 +182,8 @@ class ScalingState:
         self.scale = paddle.ones([1], paddle.float32)
         self.scale_inv = paddle.ones([1], paddle.float32)
         self.amax_history = paddle.zeros([history_len], paddle.float32)
-        self._forward_scales = collections.deque()  # recompute: the forward phase's scales, oldest first
+        # recompute: per recompute call, the forward phase's scales, oldest first (recompute.py)
+        self._forward_scales = weakref.WeakKeyDictionary()
         self._replay_scale = None  # the scale of the replayed quantisation under way
         self._replay_amax = None  # where a replayed kernel accumulates an amax nobody reads
 
@@ -192,17 +194,18 @@ class ScalingState:
 
     def begin_replay(self) -> None:
         """Takes the scale of the forward's matching quantisation (FIFO)."""
-        if not self._forward_scales:
+        scales = self._forward_scales.get(recompute_call())
+        if not scales:
             raise RuntimeError(f"paddle_fastffn.fp8: a recompute replays an FP8 quantisation ({self.fmt}, delayed "
                                "scaling) that its forward did not make; wrap the recompute function with "
                                "paddle_fastffn.fp8.recompute.fp8_recompute around the whole recomputed function")
-        self._replay_scale = self._forward_scales.popleft()
+        self._replay_scale = scales.popleft()
         self._replay_amax = paddle.zeros_like(self._replay_scale)
 
     def remember_forward_scale(self) -> None:
         """After a quantisation in a recompute's forward phase: its scale, for the replay."""
         if self.mode == "delayed" and recompute_phase() == FORWARD:
-            self._forward_scales.append(self.scale.clone())
+            self._forward_scales.setdefault(recompute_call(), collections.deque()).append(self.scale.clone())
 
     @property
     def scale_used(self) -> paddle.Tensor:

@@ -235,3 +235,49 @@ def test_state_dict_round_trip():
                                           getattr(getattr(states, role), name).numpy())
     with pytest.raises(ValueError, match="amax_history_len"):
         Fp8Recipe(amax_history_len=8).linear_states().set_state_dict(states.state_dict())
+
+
+# --- activation recompute (fp8/recompute.py) -------------------------------------------------------
+
+def _deferred_recompute(function, *args):
+    """A recompute in miniature: runs the function now, and hands back its later replay."""
+    return function(*args), lambda: function(*args)
+
+
+def test_recompute_replay_uses_the_forwards_scales_and_records_nothing():
+    from paddle_fastffn.fp8.recompute import fp8_recompute
+
+    state = Fp8Recipe(amax_history_len=4).new_state("e4m3")
+    x1, x2 = paddle.randn([8, 16]), paddle.randn([8, 16]) * 3
+    state.quantize(x1 * 0.5)  # a first step: the history holds an amax, the scale is delayed from here on
+
+    def layer(x):
+        return state.quantize(x).data
+
+    recompute = fp8_recompute(_deferred_recompute)
+    first, replay_1 = recompute(layer, x1)  # quantised with the history's scale, which then rolls
+    used = 1.0 / float(state.scale_inv)
+    second, replay_2 = recompute(layer, x2)
+    history, scale = state.amax_history.numpy().copy(), float(state.scale)
+    np.testing.assert_array_equal(replay_1().numpy().view(np.uint8), first.numpy().view(np.uint8))
+    np.testing.assert_array_equal(replay_2().numpy().view(np.uint8), second.numpy().view(np.uint8))
+    np.testing.assert_array_equal(state.amax_history.numpy(), history)  # the replays recorded nothing
+    assert float(state.scale) == scale != used
+    with pytest.raises(RuntimeError, match="replays an FP8 quantisation .* that its forward did not make"):
+        replay_1()  # a second replay of one forward has no scale left
+
+
+def test_recompute_forward_without_backward_leaves_nothing_behind():
+    import gc
+
+    from paddle_fastffn.fp8.recompute import fp8_recompute
+
+    state = Fp8Recipe(amax_history_len=4).new_state("e5m2")
+    _, replay = fp8_recompute(_deferred_recompute)(lambda x: state.quantize(x), paddle.randn([4, 4]))
+    assert len(state._forward_scales) == 1
+    del replay  # the recompute's graph freed before any backward
+    gc.collect()
+    assert len(state._forward_scales) == 0
+    current = Fp8Recipe(scaling="current").new_state("e4m3")
+    fp8_recompute(_deferred_recompute)(lambda x: current.quantize(x), paddle.randn([4, 4]))
+    assert len(current._forward_scales) == 0  # current scaling needs no replay state
