@@ -710,14 +710,19 @@ def saved_gate_up_section(out, run):
 
 def run13_sections(out):
     load = _run_loader(RUN13)
-    fp8, conv, bench = load("fp8_ffn.json"), load("convergence.json"), load("gpu_bench.json")
-    if not (fp8 or conv or bench):
+    fp8, conv, bench, step = load("fp8_ffn.json"), load("convergence.json"), load("gpu_bench.json"), load("step.json")
+    if not (fp8 or conv or bench or step):
         return
     out.append("## GPU run 13 (NVIDIA H200, 2026-12-04): the FP8 FFN saves gate_up's FP8 copy for backward\n")
     out.append("Standalone harness as above; files, calls and commits: run13/README.md. Since run 12: the SwiGLU "
                "forward kernel also writes gate_up's own per-tensor scaled e4m3 copy (its amax pass gives both "
                "amaxes), and the SwiGLU backward reads that copy instead of the 16-bit gate_up "
                "(`Fp8Recipe.saved_gate_up = \"fp8\"`, the default; `\"activation\"` keeps the 16-bit gate_up).\n")
+    if step:
+        step_section(out, step)
+        for plot in plot_step(step, "gpu_step_run13.png"):
+            out.append(f"![{plot.stem}]({plot.name})\n")
+        loss_section(out, step)
     if fp8:
         saved_gate_up_section(out, fp8)
         fp8_grid_section(out, [("every width at 8192 tokens", fp8, lambda shape: True)])
