@@ -12,7 +12,8 @@ torch Linear layout; T tokens; e4m3 for activations and weights, e5m2 for gradie
             y [T, H]            x.dtype = gemm(q(h), q(W_d))               fast accumulation
             kept for backward:  q(x)^T, q(gate_up) (for the SwiGLU recompute; the 16-bit gate_up
                                 with saved_gate_up "activation"), h's scale; the cached weight
-                                copies. x itself, q(x) and the 16-bit gate_up are dropped.
+                                copies. x itself and q(x) are dropped, and so is the 16-bit
+                                gate_up where its copy is kept.
   backward  q(dy), q(dy)^T      e5m2 = quantize(dy)                        one pass
             d_h [T, I]          x.dtype = gemm(q(dy), q(W_d)^T)
             q(d_gu), q(d_gu)^T  e5m2 and q(h)^T e4m3 = swiglu_bwd_fp8(q(gate_up), d_h)   h recomputed

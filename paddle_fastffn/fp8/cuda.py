@@ -209,14 +209,15 @@ def states_on(states, place) -> None:
 def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_pass, end_step: bool = True):
     """One quantisation under `state`'s recipe, with a kernel given as its two passes:
     amax_pass() accumulates the tensor's amax into state.amax_history[0] without writing FP8 data,
-    quantize_pass() quantises with state.scale (and accumulates the amax too). Where the scale
+    quantize_pass() quantises with state.scale_used (state.scale, or in a recompute's replay the
+    forward's) and accumulates the amax into state.kernel_amax. Where the scale
     comes from the tensor's own amax (current scaling; delayed's warm start, recipe.py), the amax
     pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
     (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s.
     A list of states: one kernel pass quantises each of those tensors (the SwiGLU forward: h and
     gate_up's copy); they share a recipe, so they take their scales from their amaxes together.
     In a recompute's replay (recompute.py) delayed states quantise with their forward's scales
-    (kernel_scale / kernel_amax): no amax pass, no scale or history update."""
+    (scale_used / kernel_amax): no amax pass, no scale or history update."""
     states = state if isinstance(state, list) else [state]
     if any(s.replaying() for s in states):
         for s in states:
@@ -257,7 +258,7 @@ def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transp
         _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
 
     def quantize_pass():
-        return _run("fastffn_fp8_quantize", x, state.kernel_scale, state.kernel_amax, state.fmt, rowwise,
+        return _run("fastffn_fp8_quantize", x, state.scale_used, state.kernel_amax, state.fmt, rowwise,
                     transpose, int(transpose_cols))[:3]
 
     data, data_t, scale_inv = quantize_with(state, amax_pass, quantize_pass, end_step)

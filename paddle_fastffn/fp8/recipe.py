@@ -38,7 +38,7 @@ import numpy as np
 import paddle
 
 from .formats import FP8_MAX, Quantized, amax_of, check_format, quantize
-from .recompute import FORWARD, REPLAY, recompute_call, recompute_phase
+from .recompute import FORWARD, REPLAY, current_phase, recompute_phase
 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
@@ -172,7 +172,7 @@ class ScalingState:
 
     Under activation recompute (recompute.py) a delayed-scaling state remembers the scale of each
     quantisation in the forward phase and hands it back, in order, in the replay phase, which
-    records nothing and rolls nothing (begin_replay, kernel_scale, scale_used)."""
+    records nothing and rolls nothing (begin_replay, scale_used, kernel_amax)."""
 
     def __init__(self, fmt: str, mode: str, history_len: int, algo: str = "max", margin: float = 0.0,
                  warm_start: bool = True):
@@ -193,29 +193,32 @@ class ScalingState:
         return self.mode == "delayed" and recompute_phase() == REPLAY
 
     def begin_replay(self) -> None:
-        """Takes the scale of the forward's matching quantisation (FIFO)."""
-        scales = self._forward_scales.get(recompute_call())
+        """Takes the scale of the forward's matching quantisation (FIFO), and files it for the
+        recomputes nested in this replay (recompute.py)."""
+        phase = current_phase()
+        scales = self._forward_scales.get(phase.replaying)
         if not scales:
             raise RuntimeError(f"paddle_fastffn.fp8: a recompute replays an FP8 quantisation ({self.fmt}, delayed "
                                "scaling) that its forward did not make; wrap the recompute function with "
                                "paddle_fastffn.fp8.recompute.fp8_recompute around the whole recomputed function")
         self._replay_scale = scales.popleft()
         self._replay_amax = paddle.zeros_like(self._replay_scale)
+        self._file(phase, self._replay_scale)
 
     def remember_forward_scale(self) -> None:
         """After a quantisation in a recompute's forward phase: its scale, for the replay."""
         if self.mode == "delayed" and recompute_phase() == FORWARD:
-            self._forward_scales.setdefault(recompute_call(), collections.deque()).append(self.scale.clone())
+            self._file(current_phase(), self.scale.clone())
+
+    def _file(self, phase, scale: paddle.Tensor) -> None:
+        for call in phase.recorders:
+            self._forward_scales.setdefault(call, collections.deque()).append(scale)
 
     @property
     def scale_used(self) -> paddle.Tensor:
-        """The scale of the quantisation just made: the forward's in a replay, else `scale`."""
+        """The scale of the quantisation just made, and the one a CUDA quantising kernel reads: the
+        forward's in a replay, else `scale`."""
         return self._replay_scale if self.replaying() else self.scale
-
-    @property
-    def kernel_scale(self) -> paddle.Tensor:
-        """The scale tensor a CUDA quantising kernel reads (scale_used)."""
-        return self.scale_used
 
     @property
     def kernel_amax(self) -> paddle.Tensor:
@@ -301,8 +304,11 @@ class _RoleStates:
         return {role: getattr(self, role).state_dict() for role in self.roles()}
 
     def set_state_dict(self, state: dict):
+        """Restores every role `state` holds. A role it lacks stays fresh (it warm-starts): a state
+        saved before gate_up's FP8 copy existed, or with Fp8Recipe.saved_gate_up "activation"."""
         for role in self.roles():
-            getattr(self, role).set_state_dict(state[role])
+            if role in state:
+                getattr(self, role).set_state_dict(state[role])
 
 
 @dataclass

@@ -8,13 +8,15 @@ nor rolls the amax history, as Transformer Engine's activation-recompute phase d
 the history advanced twice per step and the recomputed activations were quantised with the next
 step's scale. Current scaling needs nothing: the same input gives the same amax and scale.
 
-fp8_recompute(recompute) wraps a recompute function: the first run of the wrapped function is the
-"forward" phase, where every delayed-scaling quantisation remembers its scale (ScalingState, in
-order), and any later run the "replay" phase, which takes them back in the same order. The scales are
-kept per recompute call (weakly: a forward whose backward never comes, say a step skipped after an
-overflow, leaves nothing behind once its graph is freed). Tensors quantised in backward (output
-gradients) are outside both phases. integration/llama.py installs the wrapper as
-PaddleNLP's LLaMA `recompute` while the FP8 path is on.
+fp8_recompute(recompute) wraps a recompute function. The first run of the wrapped function is its
+"forward" phase: every delayed-scaling quantisation files the scale it used (ScalingState, in
+order) under that recompute call. A later run is its "replay" phase: the quantisations take those
+scales back in the same order. The scales are kept per call, weakly: a forward whose backward never
+comes (a step skipped after an overflow) leaves nothing behind once its graph is freed; a second
+backward through one graph (retain_graph) finds its scales taken and raises. A recompute nested in
+another one runs its first run in the outer run's phase and files what it uses under its own call
+too, for its own replay. Tensors quantised in backward (output gradients) are in no phase.
+integration/llama.py installs the wrapper as PaddleNLP's LLaMA `recompute` while FP8 is on.
 """
 
 from __future__ import annotations
@@ -23,37 +25,57 @@ import contextlib
 import functools
 import inspect
 import threading
+from dataclasses import dataclass
 
 import paddle
 
 FORWARD, REPLAY = "forward", "replay"
-_PHASE = threading.local()
+_STATE = threading.local()
 
 
 class RecomputeCall:
-    """One call of a recomputed function: what its forward's quantisations are filed under (the
-    recompute keeps the wrapped function, and so this, until its backward is done)."""
+    """One call of a recomputed function: what its forward's scales are filed under (the recompute
+    keeps the wrapped function, and so this, until its backward is done)."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """name: FORWARD or REPLAY; replaying: the call whose scales a replay takes; recorders: the
+    calls that file the scales used (a forward's, and nested recomputes' first runs)."""
+
+    name: str
+    replaying: RecomputeCall | None
+    recorders: tuple
+
+
+def current_phase() -> Phase | None:
+    return getattr(_STATE, "phase", None)
 
 
 def recompute_phase() -> str | None:
     """FORWARD inside the first run of a function under fp8_recompute, REPLAY inside its recompute,
     None elsewhere."""
-    return getattr(_PHASE, "value", (None, None))[0]
-
-
-def recompute_call() -> RecomputeCall | None:
-    """The recompute call whose phase recompute_phase() names."""
-    return getattr(_PHASE, "value", (None, None))[1]
+    phase = current_phase()
+    return None if phase is None else phase.name
 
 
 @contextlib.contextmanager
-def _in_phase(value: str, call: RecomputeCall):
-    previous = getattr(_PHASE, "value", (None, None))
-    _PHASE.value = (value, call)
+def _in_phase(phase: Phase):
+    previous = current_phase()
+    _STATE.phase = phase
     try:
         yield
     finally:
-        _PHASE.value = previous
+        _STATE.phase = previous
+
+
+def _phase_of_run(call: RecomputeCall, run_index: int) -> Phase:
+    outer = current_phase()
+    if run_index > 1:  # the call's own replay
+        return Phase(REPLAY, call, ())
+    if outer is None:
+        return Phase(FORWARD, None, (call,))
+    return Phase(outer.name, outer.replaying, outer.recorders + (call,))  # nested: the outer's phase
 
 
 def fp8_recompute(recompute):
@@ -68,9 +90,7 @@ def fp8_recompute(recompute):
         def run(*run_args, **run_kwargs):
             nonlocal runs
             runs += 1
-            if recompute_phase() is not None:  # nested in another recompute: part of its phases
-                return function(*run_args, **run_kwargs)
-            with _in_phase(FORWARD if runs == 1 else REPLAY, call):
+            with _in_phase(_phase_of_run(call, runs)):
                 return function(*run_args, **run_kwargs)
 
         # The reentrant recompute binds the arguments to the function's signature (a Layer's

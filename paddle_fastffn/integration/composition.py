@@ -60,8 +60,8 @@ FP8_FFN_BACKWARD = (
     ("fp8_quantize", "dy", (("dy", ROWWISE), ("dy", TRANSPOSED))),
     ("gemm", "d_h", (("dy", ROWWISE), ("w_down", IN_OUT))),
     ("swiglu_bwd_fp8", "d_gate_up", (("d_gate_up", ROWWISE), ("d_gate_up", TRANSPOSED),
-                                     ("h", TRANSPOSED))),  # from gate_up's copy; h recomputed with
-                                                           # the forward's scale
+                                     ("h", TRANSPOSED))),  # from gate_up's copy (saved_gate_up
+                                                           # "fp8"); h recomputed, forward's scale
     ("gemm", "d_w_down", (("dy", TRANSPOSED), ("h", TRANSPOSED))),
     ("gemm", "d_x", (("d_gate_up", ROWWISE), ("w_gate_up", IN_OUT))),
     ("gemm", "d_w_gate_up", (("d_gate_up", TRANSPOSED), ("x", TRANSPOSED))),

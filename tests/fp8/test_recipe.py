@@ -281,3 +281,60 @@ def test_recompute_forward_without_backward_leaves_nothing_behind():
     current = Fp8Recipe(scaling="current").new_state("e4m3")
     fp8_recompute(_deferred_recompute)(lambda x: current.quantize(x), paddle.randn([4, 4]))
     assert len(current._forward_scales) == 0  # current scaling needs no replay state
+
+
+# (outer, inner) reentrant. Paddle 3.3.1 itself cannot nest the others, with or without FP8: a
+# non-reentrant recompute inside a non-reentrant one raises ("only one pair of hooks is allowed at a
+# time"), and a reentrant one inside a non-reentrant one gives the outer weight a wrong gradient
+# (measured with plain matmuls: 286 off after three steps).
+@pytest.mark.parametrize("outer_reentrant, inner_reentrant", [(True, True), (True, False)],
+                         ids=["reentrant_in_reentrant", "non_reentrant_in_reentrant"])
+def test_nested_paddle_recompute_replays_with_the_forwards_scales(outer_reentrant, inner_reentrant):
+    """Paddle's recompute nested in itself around emulated FP8 linears under delayed scaling: the
+    same gradients and amax histories as without recompute (the inner call's replay finds the
+    scales its first run filed, recompute.py)."""
+    from paddle.distributed.fleet.utils import recompute
+
+    from paddle_fastffn.fp8 import fp8_linear
+    from paddle_fastffn.fp8.recompute import fp8_recompute
+
+    wrapped = fp8_recompute(recompute)
+
+    def run(use_recompute):
+        recipe = Fp8Recipe(amax_history_len=4)
+        states = [recipe.linear_states(), recipe.linear_states()]
+        paddle.seed(7)
+        w1, w2 = paddle.randn([16, 32]), paddle.randn([32, 16])
+        for w in (w1, w2):
+            w.stop_gradient = False
+
+        def inner(h):
+            return fp8_linear(paddle.nn.functional.relu(h), w2, states=states[1])
+
+        def outer(x):
+            h = fp8_linear(x, w1, states=states[0])
+            return wrapped(inner, h, use_reentrant=inner_reentrant) if use_recompute else inner(h)
+
+        for step in range(3):
+            x = paddle.randn([8, 16]) * (step + 1)
+            x.stop_gradient = False
+            y = wrapped(outer, x, use_reentrant=outer_reentrant) if use_recompute else outer(x)
+            y.sum().backward()
+        grads = [w1.grad.numpy(), w2.grad.numpy()]
+        return grads, [s.input.amax_history.numpy() for s in states]
+
+    plain_grads, plain_histories = run(False)
+    grads, histories = run(True)
+    for got, want in zip(grads + histories, plain_grads + plain_histories):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_states_saved_without_a_role_load_with_that_role_fresh():
+    """A state dict from before gate_up's FP8 copy (or saved_gate_up "activation") restores every
+    role it holds; gate_up stays fresh and warm-starts."""
+    old = Fp8Recipe(amax_history_len=4, saved_gate_up="activation").ffn_states()
+    old.x.quantize(paddle.randn([4, 16]))
+    states = Fp8Recipe(amax_history_len=4).ffn_states()
+    states.set_state_dict(old.state_dict())
+    np.testing.assert_array_equal(states.x.amax_history.numpy(), old.x.amax_history.numpy())
+    assert states.x.seeded and not states.gate_up.seeded and not states.gate_up.amax_history.numpy().any()

@@ -185,16 +185,11 @@ struct BwdParams {
   bool vec_gate, vec_up, vec_d_h, vec_dg, vec_du, vec_dgu_t, vec_h, vec_h_t;
 };
 
-// 16 FP8 bytes of format F kept packed (4 registers), PackedSeg's interface for the FP8 gate_up:
-// get(j) is the FP8 value in fp32, unscaled (the caller applies scale_inv).
+// 16 FP8 bytes of format F kept packed (4 registers), the FP8 gate_up's segment: get4 (below)
+// converts four of them to fp32, unscaled (the caller applies scale_inv).
 template <__nv_fp8_interpretation_t F>
 struct Fp8Seg {
   uint32_t w[4];
-
-  __device__ __forceinline__ float get(int j) const {  // exact: every FP8 value is an fp16 value
-    const auto byte = static_cast<__nv_fp8_storage_t>(w[j / 4] >> (8 * (j % 4)));
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(byte, F)));
-  }
 
   // `valid` (1..16) bytes at p (+0 after them); one 16-byte load when `vec` and full.
   __device__ __forceinline__ void load(const uint8_t* p, int valid, bool vec) {
@@ -218,7 +213,7 @@ __device__ __forceinline__ void get4(const Seg& seg, int k, float (&out)[4]) {
   for (int e = 0; e < 4; ++e) out[e] = seg.get(4 * k + e);
 }
 
-template <__nv_fp8_interpretation_t F>
+template <__nv_fp8_interpretation_t F>  // exact: every FP8 value is an fp16 value
 __device__ __forceinline__ void get4(const Fp8Seg<F>& seg, int k, float (&out)[4]) {
 #pragma unroll
   for (int pair = 0; pair < 2; ++pair) {
