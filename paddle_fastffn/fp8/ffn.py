@@ -190,15 +190,12 @@ def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
 def _swiglu_fwd_fp8(gate_up, state, gate_up_state, rowwise: bool):
     """q(h) [T, I] and, with gate_up_state, q(gate_up) [T, 2I] (rowwise) by fastffn_swiglu_fwd_fp8,
     or its amax-only pass (both amaxes). Returns (q(h), h's scale_inv, q(gate_up), its scale_inv)."""
-    # The quantising pass reads scale_used / kernel_amax (a recompute's replay: the forward's scale);
-    # the amax-only pass runs outside replays only.
-    scale, amax = (state.scale_used, state.kernel_amax) if rowwise else (state.scale, state.amax_history)
-    gu_scale = gu_amax = None
-    if gate_up_state is not None:
-        gu_scale, gu_amax = ((gate_up_state.scale_used, gate_up_state.kernel_amax) if rowwise
-                             else (gate_up_state.scale, gate_up_state.amax_history))
-    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, scale, amax, gu_scale, gu_amax,
-                        state.fmt, rowwise, False, 0, rowwise and gate_up_state is not None)
+    # scale_used / kernel_amax: scale and amax_history, except in a recompute's replay (the forward's
+    # scale, a scratch amax), which runs no amax-only pass.
+    gu = gate_up_state
+    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, state.scale_used, state.kernel_amax,
+                        None if gu is None else gu.scale_used, None if gu is None else gu.kernel_amax,
+                        state.fmt, rowwise, False, 0, rowwise and gu is not None)
     return out[0], out[2], out[3], out[4]
 
 
