@@ -211,6 +211,32 @@ def quantization_section(out, run):
     out.append("")
 
 
+def prefetch_sweep_section(out, run):
+    """The quantisation kernels of the default build against FASTFFN_FP8_PREFETCH=0 (the tile
+    kernels' earlier load order), two passes each in the order default, 0, default, 0."""
+    run_header(out, "FP8 quantisation kernels: loads issued ahead of the stores (default) or not "
+                    "(FASTFFN_FP8_PREFETCH=0), same run", run)
+    out.append("Each build measured twice, alternating (µs, median of each pass); `of copy` from the faster pass. "
+               "Target: 85% of copy.\n")
+    cells = {}
+    for r in run["prefetch_sweep"]:
+        key = (r["model"], r["kernel"])
+        cells.setdefault(key, {}).setdefault(" ".join(r["defines"]) or "default", []).append(r)
+    rows = []
+    for (model, kernel), by in cells.items():
+        new, old = by.get("default", []), by.get("FASTFFN_FP8_PREFETCH=0", [])
+        if not (new and old):
+            continue
+        best_new = min(new, key=lambda r: r["p50_ms"])
+        best_old = min(old, key=lambda r: r["p50_ms"])
+        rows.append([model, kernel, " / ".join(f"{r['p50_ms'] * 1e3:.1f}" for r in old),
+                     " / ".join(f"{r['p50_ms'] * 1e3:.1f}" for r in new),
+                     f"{best_old['fraction_of_copy'] * 100:.0f}% -> {best_new['fraction_of_copy'] * 100:.0f}%",
+                     f"{best_old['p50_ms'] / best_new['p50_ms']:.3f}x"])
+    out.append(_table(["widths", "kernel", "PREFETCH=0 µs", "default µs", "of copy", "speed-up"], rows))
+    out.append("")
+
+
 def fp8_grid_section(out, runs):
     """FFN fwd+bwd rows from several runs; each shape's contenders come from one run."""
     out.append("### FP8 FFN forward+backward, every width and token count (interleaved timing, median)\n")

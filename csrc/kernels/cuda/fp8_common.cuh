@@ -41,6 +41,42 @@ static_assert(kTile * kSegsPerRow % kTileThreads == 0, "whole segments per threa
 static_assert(kTileThreads / 32 == kSegsPerRow && kTile / kSeg == 8,
               "transpose phase: one warp per segment, 8 lanes per 16-row group");
 
+// Load order of the tile kernels. A store through a uint8_t pointer may alias any input, so the
+// compiler cannot move the next segment's loads above this segment's FP8 stores: written as "load,
+// convert, store" per segment, a thread has one segment of loads in flight at a time, and none
+// while its block writes the transposed copies. With kTilePrefetch the kernels issue the next
+// segment's (or the next tile's) loads before the current stores, explicitly. FASTFFN_FP8_PREFETCH=0
+// builds the previous order, for the same-run comparison (bench_fp8_ffn --sections prefetch_sweep).
+// sm_80 keeps the previous order: it emulates the FP8 conversion, and unrolling there only costs
+// registers and code.
+#ifndef FASTFFN_FP8_PREFETCH
+#define FASTFFN_FP8_PREFETCH 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+constexpr bool kTilePrefetch = false;
+#else
+constexpr bool kTilePrefetch = FASTFFN_FP8_PREFETCH != 0;
+#endif
+
+// Where segment i (0 .. kSegsPerThread - 1) of this thread lies in the tile whose first element
+// is (r0, c0) of a [rows, cols] matrix: valid = 0 outside the matrix.
+struct TileSeg {
+  int64_t r, c;  // matrix row and first column
+  int row, seg;  // tile row and segment in the row
+  int valid;     // elements inside the matrix (0 .. kSeg)
+};
+
+__device__ __forceinline__ TileSeg tile_seg(int64_t r0, int64_t c0, int i, int64_t rows, int64_t cols) {
+  TileSeg s;
+  const int linear = i * kTileThreads + static_cast<int>(threadIdx.x);
+  s.row = linear / kSegsPerRow;
+  s.seg = linear % kSegsPerRow;
+  s.r = r0 + s.row;
+  s.c = c0 + s.seg * kSeg;
+  s.valid = s.r >= rows || s.c >= cols ? 0 : (cols - s.c < kSeg ? static_cast<int>(cols - s.c) : kSeg);
+  return s;
+}
+
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & kAbsMask; }
 
 // Two values -> two FP8 bytes (lo in the low byte), round to nearest even, finite values saturate.

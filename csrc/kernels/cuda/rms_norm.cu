@@ -41,8 +41,18 @@ int threads_for(int64_t vecs) {
 constexpr int kMaxCachedThreads = 512;
 constexpr int kMaxCachedItems = 8;
 
+// FASTFFN_RMS_NORM_FULL_OCCUPANCY=1 (a sweep variant, bench_gpu --sections rms_sweep): the plain
+// norm takes this kernel instead of the persistent one below, held to 32 registers where a row is at
+// most two vectors per thread (8 blocks of 256 threads per SM, Liger's occupancy; ptxas: no spills
+// for 16-bit rows), and no prefetch.
+#ifndef FASTFFN_RMS_NORM_FULL_OCCUPANCY
+#define FASTFFN_RMS_NORM_FULL_OCCUPANCY 0
+#endif
+constexpr bool kFullOccupancyPlainNorm = FASTFFN_RMS_NORM_FULL_OCCUPANCY != 0;
+
 template <typename T, int V, int kItems, bool kResidual>
-__global__ void __launch_bounds__(kMaxCachedThreads)
+__global__ void __launch_bounds__(kMaxCachedThreads,
+                                  kFullOccupancyPlainNorm && !kResidual && kItems <= 2 ? 4 : 1)
 rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                            const T* __restrict__ weight, T* __restrict__ out,
                            T* __restrict__ sum_out, float* __restrict__ rstd, int64_t rows,
@@ -341,7 +351,7 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
         const int64_t vecs = a.cols / V;
         const int threads = cached_threads(vecs);
         const int64_t items = (vecs + threads - 1) / threads;
-        if (!kResidual && items <= kMaxPrefetchItems) {
+        if (!kResidual && items <= kMaxPrefetchItems && !kFullOccupancyPlainNorm) {
           fastffn_device_limits limits;
           if (const fastffn_status status = current_device_limits(&limits); status != FASTFFN_STATUS_OK)
             return status;

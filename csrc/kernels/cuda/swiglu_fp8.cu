@@ -53,6 +53,62 @@ struct FwdParams {
   bool vec_gate, vec_up, vec_out, vec_out_t, vec_gu_gate, vec_gu_up;
 };
 
+// One segment of the plain forward: h = swiglu(gate, up), its amax and FP8 bytes (row-wise store,
+// and the transposed copy's tile).
+template <typename T, __nv_fp8_interpretation_t F>
+__device__ __forceinline__ void fwd_segment(const FwdParams<T>& p, const float (&g)[kSeg], float (&h)[kSeg],
+                                            const TileSeg& s, bool convert, bool transpose, float scale,
+                                            bool scale_finite, uint32_t& amax, uint4* tile) {
+#pragma unroll
+  for (int j = 0; j < kSeg; ++j) h[j] = g[j] * sigmoid(g[j]) * h[j];  // swiglu_fwd_kernel's
+  const uint32_t seg_amax = amax_bits16(h);
+  amax = max(amax, seg_amax);
+  if (!convert) return;
+  const uint4 q = quantize16<F>(h, scale, seg_amax >= kInfBits || !scale_finite);
+  if (p.out != nullptr) store16(p.out + s.r * p.out_stride + s.c, q, s.valid, p.vec_out);
+  if (transpose) tile[tile_slot(s.row, s.seg)] = q;
+}
+
+// One segment of the kGateUp forward: h = swiglu(gate, up) and its FP8 bytes (row-wise store,
+// and the transposed copy's tile), gate_up's FP8 copy, both amaxes. The inputs stay packed in their
+// storage type and are converted four values at a time (swiglu_bwd_fp8_kernel's layout): with both
+// 16-value fp32 arrays live beside two quantisations, the kernel took 128 registers (ptxas, sm_90a)
+// and half the occupancy.
+template <typename T, __nv_fp8_interpretation_t F>
+__device__ __forceinline__ void fwd_gate_up_segment(
+    const FwdParams<T>& p, const PackedSeg<T>& gate, const PackedSeg<T>& up, const TileSeg& s,
+    bool convert, bool transpose, float scale, bool scale_finite, bool gu_convert, float gu_scale,
+    bool gu_scale_finite, uint32_t& amax, uint32_t& gu_amax, uint4* tile) {
+  uint32_t qg[4], qu[4], qh[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float g4[4], u4[4], h4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      g4[e] = gate.get(4 * k + e);
+      u4[e] = up.get(4 * k + e);
+      h4[e] = g4[e] * sigmoid(g4[e]) * u4[e];  // swiglu_fwd_kernel's, as in the plain pass
+    }
+    const uint32_t g_bits = amax_bits4(g4), u_bits = amax_bits4(u4), h_bits = amax_bits4(h4);
+    gu_amax = max(gu_amax, max(g_bits, u_bits));
+    amax = max(amax, h_bits);
+    if (gu_convert) {
+      qg[k] = quantize4<F>(g4, gu_scale, g_bits >= kInfBits || !gu_scale_finite);
+      qu[k] = quantize4<F>(u4, gu_scale, u_bits >= kInfBits || !gu_scale_finite);
+    }
+    if (convert) qh[k] = quantize4<F>(h4, scale, h_bits >= kInfBits || !scale_finite);
+  }
+  if (gu_convert) {
+    uint8_t* dst = p.gu + s.r * p.gu_stride + s.c;
+    store16(dst, make_uint4(qg[0], qg[1], qg[2], qg[3]), s.valid, p.vec_gu_gate);
+    store16(dst + p.cols, make_uint4(qu[0], qu[1], qu[2], qu[3]), s.valid, p.vec_gu_up);
+  }
+  if (!convert) return;
+  const uint4 q = make_uint4(qh[0], qh[1], qh[2], qh[3]);
+  if (p.out != nullptr) store16(p.out + s.r * p.out_stride + s.c, q, s.valid, p.vec_out);
+  if (transpose) tile[tile_slot(s.row, s.seg)] = q;
+}
+
 // kGateUp: gate_up's own amax and/or FP8 copy too. A kernel of its own: written as one kernel
 // with a runtime test, the plain pass went from 59 to 91 registers per thread (sm_90a, ptxas -v)
 // and lost occupancy it does not need to lose. The kGateUp body keeps its inputs packed (75-79
@@ -80,74 +136,91 @@ swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
       *p.gu_scale_inv = __frcp_rn(gu_scale);
   }
 
-  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-    const int64_t r0 = t / p.col_tiles * kTile;
-    const int64_t c0 = t % p.col_tiles * kTile;
-    // As in fp8_cast.cu: sm_80 emulates the FP8 conversion, unrolling there only costs registers.
+  if constexpr (kTilePrefetch) {
+    // One segment ahead, across tiles: the next segment's gate and up (the next tile's first one
+    // after a tile's last) are loaded, packed, before this segment's stores, and the transposed
+    // copy's stores run with the next tile's first loads in flight.
+    PackedSeg<T> gate, up, next_gate, next_up;
+    auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& g, PackedSeg<T>& u) {
+      const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+      if (s.valid == 0) return false;
+      g.load(p.gate + s.r * p.in_stride + s.c, s.valid, p.vec_gate);
+      u.load(p.up + s.r * p.in_stride + s.c, s.valid, p.vec_up);
+      return true;
+    };
+    int64_t r0 = blockIdx.x / p.col_tiles * kTile, c0 = blockIdx.x % p.col_tiles * kTile;
+    bool in = blockIdx.x < p.tiles && load(r0, c0, 0, gate, up);
+    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+      const int64_t next_t = t + gridDim.x;
+      const int64_t next_r0 = next_t / p.col_tiles * kTile, next_c0 = next_t % p.col_tiles * kTile;
+#pragma unroll 1
+      for (int i = 0; i < kSegsPerThread; ++i) {
+        const bool last = i + 1 == kSegsPerThread;
+        const bool next_in = last ? next_t < p.tiles && load(next_r0, next_c0, 0, next_gate, next_up)
+                                  : load(r0, c0, i + 1, next_gate, next_up);
+        if (in) {
+          const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+          if constexpr (kGateUp) {
+            fwd_gate_up_segment<T, F>(p, gate, up, s, convert, transpose, scale, scale_finite,
+                                      gu_convert, gu_scale, gu_scale_finite, amax, gu_amax, tile);
+          } else {
+            float g[kSeg], h[kSeg];
+#pragma unroll
+            for (int j = 0; j < kSeg; ++j) {
+              g[j] = gate.get(j);
+              h[j] = up.get(j);
+            }
+            fwd_segment<T, F>(p, g, h, s, convert, transpose, scale, scale_finite, amax, tile);
+          }
+        }
+        gate = next_gate;
+        up = next_up;
+        in = next_in;
+      }
+      if (transpose) {
+        __syncthreads();
+        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+        __syncthreads();  // the next tile overwrites `tile`
+      }
+      r0 = next_r0;
+      c0 = next_c0;
+    }
+  } else {
+    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+      const int64_t r0 = t / p.col_tiles * kTile;
+      const int64_t c0 = t % p.col_tiles * kTile;
+      // As in fp8_cast.cu: sm_80 emulates the FP8 conversion, unrolling there only costs registers.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #pragma unroll
 #else
 #pragma unroll 1
 #endif
-    for (int i = 0; i < kSegsPerThread; ++i) {
-      const int s = i * kTileThreads + threadIdx.x;
-      const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
-      const int64_t r = r0 + row, c = c0 + seg * kSeg;
-      if (r >= p.rows || c >= p.cols) continue;
-      const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-      if constexpr (kGateUp) {
-        // The inputs stay packed in their storage type and are converted four values at a time
-        // (swiglu_bwd_fp8_kernel's layout): with both 16-value fp32 arrays live beside two
-        // quantisations, this kernel took 128 registers (ptxas, sm_90a) and half the occupancy.
-        PackedSeg<T> gate, up;
-        gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
-        up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
-        uint32_t qg[4], qu[4], qh[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float g4[4], u4[4], h4[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            g4[e] = gate.get(4 * k + e);
-            u4[e] = up.get(4 * k + e);
-            h4[e] = g4[e] * sigmoid(g4[e]) * u4[e];  // swiglu_fwd_kernel's, as below
-          }
-          const uint32_t g_bits = amax_bits4(g4), u_bits = amax_bits4(u4), h_bits = amax_bits4(h4);
-          gu_amax = max(gu_amax, max(g_bits, u_bits));
-          amax = max(amax, h_bits);
-          if (gu_convert) {
-            qg[k] = quantize4<F>(g4, gu_scale, g_bits >= kInfBits || !gu_scale_finite);
-            qu[k] = quantize4<F>(u4, gu_scale, u_bits >= kInfBits || !gu_scale_finite);
-          }
-          if (convert) qh[k] = quantize4<F>(h4, scale, h_bits >= kInfBits || !scale_finite);
+      for (int i = 0; i < kSegsPerThread; ++i) {
+        const int s = i * kTileThreads + threadIdx.x;
+        const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
+        const int64_t r = r0 + row, c = c0 + seg * kSeg;
+        if (r >= p.rows || c >= p.cols) continue;
+        const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+        if constexpr (kGateUp) {
+          PackedSeg<T> gate, up;
+          gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
+          up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
+          fwd_gate_up_segment<T, F>(p, gate, up, TileSeg{r, c, row, seg, valid}, convert, transpose,
+                                    scale, scale_finite, gu_convert, gu_scale, gu_scale_finite,
+                                    amax, gu_amax, tile);
+          continue;
         }
-        if (gu_convert) {
-          uint8_t* dst = p.gu + r * p.gu_stride + c;
-          store16(dst, make_uint4(qg[0], qg[1], qg[2], qg[3]), valid, p.vec_gu_gate);
-          store16(dst + p.cols, make_uint4(qu[0], qu[1], qu[2], qu[3]), valid, p.vec_gu_up);
-        }
-        if (!convert) continue;
-        const uint4 q = make_uint4(qh[0], qh[1], qh[2], qh[3]);
-        if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
-        if (transpose) tile[tile_slot(row, seg)] = q;
-        continue;
+        float g[kSeg], h[kSeg];
+        load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
+        load16(p.up + r * p.in_stride + c, valid, p.vec_up, h);
+        fwd_segment<T, F>(p, g, h, TileSeg{r, c, row, seg, valid}, convert, transpose, scale,
+                          scale_finite, amax, tile);
       }
-      float g[kSeg], h[kSeg];
-      load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
-      load16(p.up + r * p.in_stride + c, valid, p.vec_up, h);
-#pragma unroll
-      for (int j = 0; j < kSeg; ++j) h[j] = g[j] * sigmoid(g[j]) * h[j];  // swiglu_fwd_kernel's
-      const uint32_t seg_amax = amax_bits16(h);
-      amax = max(amax, seg_amax);
-      if (!convert) continue;
-      const uint4 q = quantize16<F>(h, scale, seg_amax >= kInfBits || !scale_finite);
-      if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
-      if (transpose) tile[tile_slot(row, seg)] = q;
-    }
-    if (transpose) {
-      __syncthreads();
-      store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
-      __syncthreads();  // the next tile overwrites `tile`
+      if (transpose) {
+        __syncthreads();
+        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+        __syncthreads();  // the next tile overwrites `tile`
+      }
     }
   }
   if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax[0]);
