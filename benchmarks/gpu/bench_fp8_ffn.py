@@ -12,12 +12,10 @@ default); the `_gate_up_activation` rows keep the 16-bit gate_up instead. The `_
 micro-batch; as in every row, the gradients are fresh each call: accumulation's own adds are in
 no row).
 
-    python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...] [--sections quantization,ffn,profile,prefetch_sweep]
+    python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...] [--sections quantization,ffn,profile]
 
 The profile section lists every kernel of our FP8 FFN's fwd+bwd with its GPU time, against the
-eager and the CUDA-graph-replayed wall time (where the time outside the GEMMs goes). The
-prefetch_sweep section times the quantisation kernels of two builds in one run: the default and
-FASTFFN_FP8_PREFETCH=0 (the tile kernels' earlier load order, csrc/kernels/cuda/fp8_common.cuh).
+eager and the CUDA-graph-replayed wall time (where the time outside the GEMMs goes).
 """
 
 from __future__ import annotations
@@ -317,27 +315,6 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
     return rows
 
 
-PREFETCH_VARIANTS = ((), ("FASTFFN_FP8_PREFETCH=0",))
-
-
-def prefetch_sweep_rows(copy_bw, tokens=8192):
-    """quantization_kernel_rows for the default build and for FASTFFN_FP8_PREFETCH=0 (the tile
-    kernels' earlier load order, fp8_common.cuh), in the order default, 0, default, 0: the
-    same-run comparison behind the default, and the drift between the two passes of each."""
-    default = fp8_harness._KERNELS
-    libraries = {defines: harness.build(defines=defines) for defines in PREFETCH_VARIANTS}
-    rows = []
-    try:
-        for repeat in range(2):
-            for defines in PREFETCH_VARIANTS:
-                fp8_harness._KERNELS = fp8_harness.Fp8Kernels(harness.Kernels(libraries[defines]).lib)
-                for row in quantization_kernel_rows(copy_bw, tokens):
-                    rows.append({**row, "defines": list(defines), "pass": repeat})
-    finally:
-        fp8_harness._KERNELS = default
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -365,13 +342,6 @@ def main():
         for row in report["quantization_kernels"]:
             print(f"{row['model']:11s} {row['kernel']:40s} {row['p50_ms'] * 1e3:8.1f} us "
                   f"{row['fraction_of_copy']:.1%} of copy", flush=True)
-    if "prefetch_sweep" in sections:
-        report["prefetch_sweep"] = prefetch_sweep_rows(report["ceilings"]["copy_bytes_per_s"])
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        for row in report["prefetch_sweep"]:
-            print(f"{' '.join(row['defines']) or 'default':24s} pass {row['pass']} {row['model']:11s} "
-                  f"{row['kernel']:40s} {row['p50_ms'] * 1e3:8.1f} us {row['fraction_of_copy']:.1%} of copy", flush=True)
     if "profile" in sections:
         report["profile"] = profile_rows(args.profile_models, args.tokens[0])
         with open(args.out, "w") as f:

@@ -18,7 +18,6 @@ SDPA stand in for Paddle's GEMMs and flash attention.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import datetime as dt
 import itertools
@@ -306,23 +305,13 @@ class _PairSwiGLU(torch.autograd.Function):
         return d_g, d_u
 
 
-RMS_VECS_VARIANTS = tuple((f"FASTFFN_RMS_NORM_VECS_PER_THREAD={n}",) for n in (1, 2, 4, 8))
-# The plain norm on the one-row-per-block kernel at full occupancy, against the default (the
-# persistent prefetching kernel): csrc/kernels/cuda/rms_norm.cu, FASTFFN_RMS_NORM_FULL_OCCUPANCY.
-RMS_OCCUPANCY_VARIANTS = ((), ("FASTFFN_RMS_NORM_FULL_OCCUPANCY=1",),
-                          ("FASTFFN_RMS_NORM_FULL_OCCUPANCY=1", "FASTFFN_RMS_NORM_VECS_PER_THREAD=1"))
-
-
-def rms_sweep_section(copy_bw, tokens=8192, variants=RMS_VECS_VARIANTS):
-    """RMSNorm forward (and fused add) for each build variant (defines; () = the default build),
-    with Liger's measured in the same run for reference."""
+def rms_sweep_section(copy_bw, tokens=8192):
+    """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel, with
+    Liger's measured in the same run for reference."""
     rows = []
     default = harness._KERNELS
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(variants)) as pool:
-        libraries = list(pool.map(lambda defines: harness.build(defines=defines), variants))
-    for defines, library in zip(variants, libraries):
-        harness._KERNELS = harness.Kernels(library)
-        per_thread = next((int(d.split("=")[1]) for d in defines if d.startswith("FASTFFN_RMS_NORM_VECS_PER_THREAD=")), 2)
+    for per_thread in (1, 2, 4, 8):
+        harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
         for model, (hidden, *_rest) in MODELS.items():
             x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
             for op, fn, nbytes in (
@@ -330,7 +319,7 @@ def rms_sweep_section(copy_bw, tokens=8192, variants=RMS_VECS_VARIANTS):
                     ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
                      4 * tokens * hidden * 2)):
                 t = timeit(graphed(fn))
-                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, "defines": list(defines), **t,
+                rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
     harness._KERNELS = default
     if _liger_version() is not None:
@@ -721,13 +710,7 @@ def main():
         print(f"kernels done at {time.time() - started:.0f}s", flush=True)
     if "rms_sweep" in sections:
         report["rms_norm_sweep"] = rms_sweep_section(report["ceilings"]["copy_bytes_per_s"])
-    if "rms_occupancy" in sections:
-        report["rms_norm_occupancy"] = rms_sweep_section(report["ceilings"]["copy_bytes_per_s"],
-                                                         variants=RMS_OCCUPANCY_VARIANTS)
         save()
-        for row in report["rms_norm_occupancy"]:
-            print(f"{' '.join(row.get('defines', [])) or row.get('impl', 'default'):70s} {row['op']:18s} "
-                  f"{row['model']:4s} {row['p50_ms'] * 1e3:7.1f} us {row['fraction_of_copy']:.1%}", flush=True)
     if "ffn" in sections:
         tokens = [8192] if args.quick else [2048, 8192, 16384]
         report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)

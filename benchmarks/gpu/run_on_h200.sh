@@ -5,7 +5,6 @@
 #   kernels      bf16 kernels vs eager and Liger (bench_gpu)      -> gpu_bench.json/.log
 #   projections  fused vs split projection GEMMs, torch vs our provider (bench_gpu) -> gpu_bench.json/.log
 #   decoder      decoder layer bf16/FP8 vs HF eager/compile/Liger -> gpu_bench.json/.log (with kernels)
-#   rms_occupancy  RMSNorm forward build variants vs Liger (bench_gpu)  -> gpu_bench.json/.log
 #   fp8          quantisation kernels and the FP8 FFN (bench_fp8_ffn, FASTFFN_FP8_ARGS) -> fp8_ffn.json/.log
 #   step         fused loss and the whole training step (bench_step, FASTFFN_STEP_ARGS) -> step.json/.log
 #   optimizer    our AdamW kernel vs the three-pass master-weight AdamW (bench_optimizer,
@@ -43,7 +42,6 @@ sections=()
 wants kernels && sections+=(kernels)
 wants projections && sections+=(projections)
 wants decoder && sections+=(decoder)
-wants rms_occupancy && sections+=(rms_occupancy)
 if (( ${#sections[@]} )); then
   joined=$(IFS=,; echo "${sections[*]}")
   python3 -m benchmarks.gpu.bench_gpu --out "$OUT/gpu_bench.json" --sections "$joined" 2>&1 \

@@ -2,8 +2,9 @@
 // contract (rounding, saturation, NaN/Inf) is in fastffn/scaled_tensor.h.
 //
 // Quantisation walks x in 128 x 128 tiles (fp8_common.cuh: conversion, the shared-memory
-// transpose, the block amax). Tiles are spread over a persistent grid sized from the device's SM
-// count and the kernel's occupancy, so each block issues a single amax atomic. An amax-only pass
+// transpose, the block amax, the load order: one segment ahead). Tiles are spread over a
+// persistent grid sized from the device's SM count and the kernel's occupancy, so each block
+// issues a single amax atomic. An amax-only pass
 // over a contiguous x (current scaling's first pass) takes a flat kernel instead (amax_kernel).
 #include "fp8_common.cuh"
 
@@ -38,87 +39,58 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   const bool convert = p.out != nullptr || kTranspose;
   uint32_t amax = 0;
 
-  if constexpr (kTilePrefetch) {
-    // One segment ahead, across tiles (swiglu_fwd_fp8_kernel's order): the next segment of x (the
-    // next tile's first after a tile's last) is loaded, packed, before this segment's stores.
-    PackedSeg<T> x, next_x;
-    auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& dst) {
-      const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
-      if (s.valid == 0) return false;
-      dst.load(p.x + s.r * p.x_stride + s.c, s.valid, p.vec_x);
-      return true;
-    };
-    int64_t r0 = blockIdx.x / p.col_tiles * kTile, c0 = blockIdx.x % p.col_tiles * kTile;
-    bool in = blockIdx.x < p.tiles && load(r0, c0, 0, x);
-    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      const int64_t next_t = t + gridDim.x;
-      const int64_t next_r0 = next_t / p.col_tiles * kTile, next_c0 = next_t % p.col_tiles * kTile;
+  // One segment ahead, across tiles (fp8_common.cuh: load order): the next segment of x (the next
+  // tile's first after a tile's last) is loaded, packed, before this segment's stores (sm_80:
+  // after, kLoadAhead).
+  PackedSeg<T> x, next_x;
+  auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& dst) {
+    const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+    if (s.valid == 0) return false;
+    dst.load(p.x + s.r * p.x_stride + s.c, s.valid, p.vec_x);
+    return true;
+  };
+  int64_t r0 = blockIdx.x / p.col_tiles * kTile, c0 = blockIdx.x % p.col_tiles * kTile;
+  bool in = blockIdx.x < p.tiles && load(r0, c0, 0, x);
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t next_t = t + gridDim.x;
+    const int64_t next_r0 = next_t / p.col_tiles * kTile, next_c0 = next_t % p.col_tiles * kTile;
 #pragma unroll 1
-      for (int i = 0; i < kSegsPerThread; ++i) {
-        const bool last = i + 1 == kSegsPerThread;
-        const bool next_in = last ? next_t < p.tiles && load(next_r0, next_c0, 0, next_x)
-                                  : load(r0, c0, i + 1, next_x);
-        if (in) {
-          const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
-          uint32_t w[4];
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const bool last = i + 1 == kSegsPerThread;
+      auto load_next = [&] {
+        return last ? next_t < p.tiles && load(next_r0, next_c0, 0, next_x) : load(r0, c0, i + 1, next_x);
+      };
+      bool next_in = false;
+      if constexpr (kLoadAhead) next_in = load_next();
+      if (in) {
+        const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+        uint32_t w[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {  // four values at a time: few fp32 values live
-            float v[4];
+        for (int k = 0; k < 4; ++k) {  // four values at a time: few fp32 values live
+          float v[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[e] = x.get(4 * k + e);  // zeros past the matrix
-            const uint32_t bits = amax_bits4(v);
-            amax = max(amax, bits);
-            if (convert) w[k] = quantize4<F>(v, scale, bits >= kInfBits || !scale_finite);
-          }
-          if (convert) {
-            const uint4 q = make_uint4(w[0], w[1], w[2], w[3]);
-            if (p.out != nullptr) store16(p.out + s.r * p.out_stride + s.c, q, s.valid, p.vec_out);
-            if constexpr (kTranspose) tile[tile_slot(s.row, s.seg)] = q;
-          }
+          for (int e = 0; e < 4; ++e) v[e] = x.get(4 * k + e);  // zeros past the matrix
+          const uint32_t bits = amax_bits4(v);
+          amax = max(amax, bits);
+          if (convert) w[k] = quantize4<F>(v, scale, bits >= kInfBits || !scale_finite);
         }
-        x = next_x;
-        in = next_in;
+        if (convert) {
+          const uint4 q = make_uint4(w[0], w[1], w[2], w[3]);
+          if (p.out != nullptr) store16(p.out + s.r * p.out_stride + s.c, q, s.valid, p.vec_out);
+          if constexpr (kTranspose) tile[tile_slot(s.row, s.seg)] = q;
+        }
       }
-      if constexpr (kTranspose) {
-        __syncthreads();
-        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
-        __syncthreads();  // the next tile overwrites `tile`
-      }
-      r0 = next_r0;
-      c0 = next_c0;
+      if constexpr (!kLoadAhead) next_in = load_next();
+      x = next_x;
+      in = next_in;
     }
-  } else {
-    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      const int64_t r0 = t / p.col_tiles * kTile;
-      const int64_t c0 = t % p.col_tiles * kTile;
-      // sm_80 has no FP8 conversion instructions (cuda_fp8.h emulates them, dozens of instructions
-      // per value), so unrolling there only bloats code and registers; sm_89+ overlaps the 4 loads.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#pragma unroll
-#else
-#pragma unroll 1
-#endif
-      for (int i = 0; i < kSegsPerThread; ++i) {
-        const int s = i * kThreads + threadIdx.x;
-        const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
-        const int64_t r = r0 + row, c = c0 + seg * kSeg;
-        if (r >= p.rows || c >= p.cols) continue;
-        const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
-        float x[kSeg];
-        load16(p.x + r * p.x_stride + c, valid, p.vec_x, x);
-        const uint32_t seg_amax = amax_bits16(x);
-        amax = max(amax, seg_amax);
-        if (!convert) continue;
-        const uint4 q = quantize16<F>(x, scale, seg_amax >= kInfBits || !scale_finite);
-        if (p.out != nullptr) store16(p.out + r * p.out_stride + c, q, valid, p.vec_out);
-        if constexpr (kTranspose) tile[tile_slot(row, seg)] = q;
-      }
-      if constexpr (kTranspose) {
-        __syncthreads();
-        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
-        __syncthreads();  // the next tile overwrites `tile`
-      }
+    if constexpr (kTranspose) {
+      __syncthreads();
+      store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+      __syncthreads();  // the next tile overwrites `tile`
     }
+    r0 = next_r0;
+    c0 = next_c0;
   }
 
   if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax);

@@ -44,18 +44,20 @@ static_assert(kTileThreads / 32 == kSegsPerRow && kTile / kSeg == 8,
 // Load order of the tile kernels. A store through a uint8_t pointer may alias any input, so the
 // compiler cannot move the next segment's loads above this segment's FP8 stores: written as "load,
 // convert, store" per segment, a thread has one segment of loads in flight at a time, and none
-// while its block writes the transposed copies. With kTilePrefetch the kernels issue the next
-// segment's (or the next tile's) loads before the current stores, explicitly. FASTFFN_FP8_PREFETCH=0
-// builds the previous order, for the same-run comparison (bench_fp8_ffn --sections prefetch_sweep).
-// sm_80 keeps the previous order: it emulates the FP8 conversion, and unrolling there only costs
-// registers and code.
-#ifndef FASTFFN_FP8_PREFETCH
-#define FASTFFN_FP8_PREFETCH 1
-#endif
+// while its block writes the transposed copies. The kernels therefore load one segment ahead, the
+// next tile's first after a tile's last, explicitly (tile_seg below). Measured on the H200 against
+// the earlier order in the same run (benchmarks/results/run14/fp8_ffn.json, prefetch_sweep, commit
+// 384e920): SwiGLU forward 6-8% faster, 11-14% with gate_up's FP8 copy; cast + transpose within
+// +-2%. Loading a whole tile ahead instead (four segments, 117-127 registers, two blocks per SM)
+// made cast + transpose 15% slower (run14/fp8_ffn_call1_quantize_whole_tile_rejected.json).
+
+// sm_80 emulates the FP8 conversion (dozens of instructions per value, and their registers): there
+// the next segment is loaded after this one is converted, so one segment is live (with it ahead,
+// the fp32-input SwiGLU forward spilled on sm_80). FP8 runs on sm_89+ only; sm_80 code must build.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-constexpr bool kTilePrefetch = false;
+constexpr bool kLoadAhead = false;
 #else
-constexpr bool kTilePrefetch = FASTFFN_FP8_PREFETCH != 0;
+constexpr bool kLoadAhead = true;
 #endif
 
 // Where segment i (0 .. kSegsPerThread - 1) of this thread lies in the tile whose first element

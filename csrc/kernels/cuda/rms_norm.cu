@@ -15,7 +15,11 @@
 // persistent backward with the row, the weight slice and the partials in registers and the next
 // row prefetched ran the plain fwd+bwd at 65/53/65% and the fused add at 62/53/63% (7B/13B/70B)
 // against 69/72/66% and 67/70/68% for the loop kernel (run11/gpu_bench.json); at 90-124
-// registers only two 256-thread blocks fit per SM. The forward kernels below share their
+// registers only two 256-thread blocks fit per SM. Run 14 (run14/rms_norm_occupancy_rejected.json,
+// commit 384e920, reverted): the plain forward on the one-row-per-block kernel held to 32
+// registers, 8 blocks of 256 threads per SM (Liger's occupancy), ran as fast as the persistent
+// kernel (7B/13B/70B: 42.1/52.4/83.0 against 41.9/53.5/82.8 us; Liger 37.4/57.9/71.6 us): the gap
+// to Liger at 7B and 70B is not occupancy. The forward kernels below share their
 // row-sum and store code only in shape: one helper for both changed the 8-vector cached
 // kernel's register allocation into spills.
 #include <type_traits>
@@ -41,18 +45,8 @@ int threads_for(int64_t vecs) {
 constexpr int kMaxCachedThreads = 512;
 constexpr int kMaxCachedItems = 8;
 
-// FASTFFN_RMS_NORM_FULL_OCCUPANCY=1 (a sweep variant, bench_gpu --sections rms_sweep): the plain
-// norm takes this kernel instead of the persistent one below, held to 32 registers where a row is at
-// most two vectors per thread (8 blocks of 256 threads per SM, Liger's occupancy; ptxas: no spills
-// for 16-bit rows), and no prefetch.
-#ifndef FASTFFN_RMS_NORM_FULL_OCCUPANCY
-#define FASTFFN_RMS_NORM_FULL_OCCUPANCY 0
-#endif
-constexpr bool kFullOccupancyPlainNorm = FASTFFN_RMS_NORM_FULL_OCCUPANCY != 0;
-
 template <typename T, int V, int kItems, bool kResidual>
-__global__ void __launch_bounds__(kMaxCachedThreads,
-                                  kFullOccupancyPlainNorm && !kResidual && kItems <= 2 ? 4 : 1)
+__global__ void __launch_bounds__(kMaxCachedThreads)
 rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                            const T* __restrict__ weight, T* __restrict__ out,
                            T* __restrict__ sum_out, float* __restrict__ rstd, int64_t rows,
@@ -351,7 +345,7 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
         const int64_t vecs = a.cols / V;
         const int threads = cached_threads(vecs);
         const int64_t items = (vecs + threads - 1) / threads;
-        if (!kResidual && items <= kMaxPrefetchItems && !kFullOccupancyPlainNorm) {
+        if (!kResidual && items <= kMaxPrefetchItems) {
           fastffn_device_limits limits;
           if (const fastffn_status status = current_device_limits(&limits); status != FASTFFN_STATUS_OK)
             return status;

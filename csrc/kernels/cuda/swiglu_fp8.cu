@@ -111,9 +111,10 @@ __device__ __forceinline__ void fwd_gate_up_segment(
 
 // kGateUp: gate_up's own amax and/or FP8 copy too. A kernel of its own: written as one kernel
 // with a runtime test, the plain pass went from 59 to 91 registers per thread (sm_90a, ptxas -v)
-// and lost occupancy it does not need to lose. The kGateUp body keeps its inputs packed (75-79
-// registers for 16-bit inputs: three blocks per SM); a minimum of four blocks per SM made it
-// spill.
+// and lost occupancy it does not need to lose. The kGateUp body keeps its inputs packed. Loading
+// one segment ahead (fp8_common.cuh: load order) took it from 75-79 to 110-114 registers for 16-bit
+// inputs (two blocks per SM instead of three) and made it 11-14% faster (run14, prefetch_sweep);
+// a minimum of three or four blocks per SM made it spill.
 template <typename T, __nv_fp8_interpretation_t F, bool kGateUp>
 __global__ void __launch_bounds__(kTileThreads)
 swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
@@ -136,93 +137,61 @@ swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
       *p.gu_scale_inv = __frcp_rn(gu_scale);
   }
 
-  if constexpr (kTilePrefetch) {
-    // One segment ahead, across tiles: the next segment's gate and up (the next tile's first one
-    // after a tile's last) are loaded, packed, before this segment's stores, and the transposed
-    // copy's stores run with the next tile's first loads in flight.
-    PackedSeg<T> gate, up, next_gate, next_up;
-    auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& g, PackedSeg<T>& u) {
-      const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
-      if (s.valid == 0) return false;
-      g.load(p.gate + s.r * p.in_stride + s.c, s.valid, p.vec_gate);
-      u.load(p.up + s.r * p.in_stride + s.c, s.valid, p.vec_up);
-      return true;
-    };
-    int64_t r0 = blockIdx.x / p.col_tiles * kTile, c0 = blockIdx.x % p.col_tiles * kTile;
-    bool in = blockIdx.x < p.tiles && load(r0, c0, 0, gate, up);
-    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      const int64_t next_t = t + gridDim.x;
-      const int64_t next_r0 = next_t / p.col_tiles * kTile, next_c0 = next_t % p.col_tiles * kTile;
+  // One segment ahead, across tiles (fp8_common.cuh: load order): the next segment's gate and up
+  // (the next tile's first one after a tile's last) are loaded, packed, before this segment's
+  // stores, and the transposed copy's stores run with the next tile's first loads in flight (sm_80:
+  // after, kLoadAhead).
+  PackedSeg<T> gate, up, next_gate, next_up;
+  auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& g, PackedSeg<T>& u) {
+    const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+    if (s.valid == 0) return false;
+    g.load(p.gate + s.r * p.in_stride + s.c, s.valid, p.vec_gate);
+    u.load(p.up + s.r * p.in_stride + s.c, s.valid, p.vec_up);
+    return true;
+  };
+  int64_t r0 = blockIdx.x / p.col_tiles * kTile, c0 = blockIdx.x % p.col_tiles * kTile;
+  bool in = blockIdx.x < p.tiles && load(r0, c0, 0, gate, up);
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t next_t = t + gridDim.x;
+    const int64_t next_r0 = next_t / p.col_tiles * kTile, next_c0 = next_t % p.col_tiles * kTile;
 #pragma unroll 1
-      for (int i = 0; i < kSegsPerThread; ++i) {
-        const bool last = i + 1 == kSegsPerThread;
-        const bool next_in = last ? next_t < p.tiles && load(next_r0, next_c0, 0, next_gate, next_up)
-                                  : load(r0, c0, i + 1, next_gate, next_up);
-        if (in) {
-          const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
-          if constexpr (kGateUp) {
-            fwd_gate_up_segment<T, F>(p, gate, up, s, convert, transpose, scale, scale_finite,
-                                      gu_convert, gu_scale, gu_scale_finite, amax, gu_amax, tile);
-          } else {
-            float g[kSeg], h[kSeg];
-#pragma unroll
-            for (int j = 0; j < kSeg; ++j) {
-              g[j] = gate.get(j);
-              h[j] = up.get(j);
-            }
-            fwd_segment<T, F>(p, g, h, s, convert, transpose, scale, scale_finite, amax, tile);
-          }
-        }
-        gate = next_gate;
-        up = next_up;
-        in = next_in;
-      }
-      if (transpose) {
-        __syncthreads();
-        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
-        __syncthreads();  // the next tile overwrites `tile`
-      }
-      r0 = next_r0;
-      c0 = next_c0;
-    }
-  } else {
-    for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-      const int64_t r0 = t / p.col_tiles * kTile;
-      const int64_t c0 = t % p.col_tiles * kTile;
-      // As in fp8_cast.cu: sm_80 emulates the FP8 conversion, unrolling there only costs registers.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#pragma unroll
-#else
-#pragma unroll 1
-#endif
-      for (int i = 0; i < kSegsPerThread; ++i) {
-        const int s = i * kTileThreads + threadIdx.x;
-        const int row = s / kSegsPerRow, seg = s % kSegsPerRow;
-        const int64_t r = r0 + row, c = c0 + seg * kSeg;
-        if (r >= p.rows || c >= p.cols) continue;
-        const int valid = p.cols - c < kSeg ? static_cast<int>(p.cols - c) : kSeg;
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const bool last = i + 1 == kSegsPerThread;
+      auto load_next = [&] {
+        return last ? next_t < p.tiles && load(next_r0, next_c0, 0, next_gate, next_up)
+                    : load(r0, c0, i + 1, next_gate, next_up);
+      };
+      bool next_in = false;
+      if constexpr (kLoadAhead) next_in = load_next();
+      if (in) {
+        const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
         if constexpr (kGateUp) {
-          PackedSeg<T> gate, up;
-          gate.load(p.gate + r * p.in_stride + c, valid, p.vec_gate);
-          up.load(p.up + r * p.in_stride + c, valid, p.vec_up);
-          fwd_gate_up_segment<T, F>(p, gate, up, TileSeg{r, c, row, seg, valid}, convert, transpose,
-                                    scale, scale_finite, gu_convert, gu_scale, gu_scale_finite,
-                                    amax, gu_amax, tile);
-          continue;
+          fwd_gate_up_segment<T, F>(p, gate, up, s, convert, transpose, scale, scale_finite,
+                                    gu_convert, gu_scale, gu_scale_finite, amax, gu_amax, tile);
+        } else {
+          float g[kSeg], h[kSeg];
+#pragma unroll
+          for (int j = 0; j < kSeg; ++j) {
+            g[j] = gate.get(j);
+            h[j] = up.get(j);
+          }
+          fwd_segment<T, F>(p, g, h, s, convert, transpose, scale, scale_finite, amax, tile);
         }
-        float g[kSeg], h[kSeg];
-        load16(p.gate + r * p.in_stride + c, valid, p.vec_gate, g);
-        load16(p.up + r * p.in_stride + c, valid, p.vec_up, h);
-        fwd_segment<T, F>(p, g, h, TileSeg{r, c, row, seg, valid}, convert, transpose, scale,
-                          scale_finite, amax, tile);
       }
-      if (transpose) {
-        __syncthreads();
-        store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
-        __syncthreads();  // the next tile overwrites `tile`
-      }
+      if constexpr (!kLoadAhead) next_in = load_next();
+      gate = next_gate;
+      up = next_up;
+      in = next_in;
     }
+    if (transpose) {
+      __syncthreads();
+      store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+      __syncthreads();  // the next tile overwrites `tile`
+    }
+    r0 = next_r0;
+    c0 = next_c0;
   }
+
   if (p.amax != nullptr) block_amax_to(p.amax, amax, warp_amax[0]);
   if constexpr (kGateUp)
     if (p.gu_amax != nullptr) block_amax_to(p.gu_amax, gu_amax, warp_amax[1]);
