@@ -214,7 +214,8 @@ extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_te
     p.x_stride = x.row_stride;
     p.out_stride = out.row_stride;
     p.out_t_stride = out_t.row_stride;
-    p.col_tiles = (x.cols + kTile - 1) / kTile;
+    // At least 1: every block divides by it for its first tile, even when there is none.
+    p.col_tiles = x.cols == 0 ? 1 : (x.cols + kTile - 1) / kTile;
     p.tiles = empty ? 0 : (x.rows + kTile - 1) / kTile * p.col_tiles;
     p.scale = out.scale;
     p.scale_inv = out.scale_inv;

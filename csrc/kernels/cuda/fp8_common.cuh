@@ -43,13 +43,13 @@ static_assert(kTileThreads / 32 == kSegsPerRow && kTile / kSeg == 8,
 
 // Load order of the tile kernels. A store through a uint8_t pointer may alias any input, so the
 // compiler cannot move the next segment's loads above this segment's FP8 stores: written as "load,
-// convert, store" per segment, a thread has one segment of loads in flight at a time, and none
-// while its block writes the transposed copies. The kernels therefore load one segment ahead, the
-// next tile's first after a tile's last, explicitly (tile_seg below). Measured on the H200 against
-// the earlier order in the same run (benchmarks/results/run14/fp8_ffn.json, prefetch_sweep, commit
-// 384e920): SwiGLU forward 6-8% faster, 11-14% with gate_up's FP8 copy; cast + transpose within
-// +-2%. Loading a whole tile ahead instead (four segments, 117-127 registers, two blocks per SM)
-// made cast + transpose 15% slower (run14/fp8_ffn_call1_quantize_whole_tile_rejected.json).
+// convert, store" per segment, a thread has one segment of loads in flight at a time. The kernels
+// therefore load one segment ahead, the next tile's first after a tile's last, explicitly (tile_seg
+// below). Measured on the H200 against the earlier order in the same run
+// (benchmarks/results/run14/fp8_ffn.json, prefetch_sweep, commit 384e920): SwiGLU forward 6-8%
+// faster, 11-14% with gate_up's FP8 copy; cast + transpose within +-2%. Loading a whole tile ahead
+// instead (four segments; 117-127 registers in a local ptxas, two blocks per SM) made cast +
+// transpose take 17-19% longer (run14/fp8_ffn_call1_quantize_whole_tile_rejected.json).
 
 // sm_80 emulates the FP8 conversion (dozens of instructions per value, and their registers): there
 // the next segment is loaded after this one is converted, so one segment is live (with it ahead,

@@ -17,9 +17,9 @@
 // against 69/72/66% and 67/70/68% for the loop kernel (run11/gpu_bench.json); at 90-124
 // registers only two 256-thread blocks fit per SM. Run 14 (run14/rms_norm_occupancy_rejected.json,
 // commit 384e920, reverted): the plain forward on the one-row-per-block kernel held to 32
-// registers, 8 blocks of 256 threads per SM (Liger's occupancy), ran as fast as the persistent
-// kernel (7B/13B/70B: 42.1/52.4/83.0 against 41.9/53.5/82.8 us; Liger 37.4/57.9/71.6 us): the gap
-// to Liger at 7B and 70B is not occupancy. The forward kernels below share their
+// registers (full occupancy, 2048 threads per SM: 8 blocks of 256 at 7B, Liger's), ran within 2%
+// of the persistent kernel (7B/13B/70B: 42.1/52.4/83.0 against 41.9/53.5/82.8 us; Liger
+// 37.4/57.9/71.6 us): the gap to Liger at 7B and 70B is not occupancy. The forward kernels below share their
 // row-sum and store code only in shape: one helper for both changed the 8-vector cached
 // kernel's register allocation into spills.
 #include <type_traits>

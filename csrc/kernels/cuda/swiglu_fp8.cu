@@ -139,8 +139,7 @@ swiglu_fwd_fp8_kernel(const FwdParams<T> p) {
 
   // One segment ahead, across tiles (fp8_common.cuh: load order): the next segment's gate and up
   // (the next tile's first one after a tile's last) are loaded, packed, before this segment's
-  // stores, and the transposed copy's stores run with the next tile's first loads in flight (sm_80:
-  // after, kLoadAhead).
+  // stores (sm_80: after, kLoadAhead).
   PackedSeg<T> gate, up, next_gate, next_up;
   auto load = [&](int64_t r0, int64_t c0, int i, PackedSeg<T>& g, PackedSeg<T>& u) {
     const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
@@ -543,7 +542,8 @@ extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fa
     p.in_stride = gate_up.row_stride;
     p.out_stride = out_h.row_stride;
     p.out_t_stride = out_h_t.row_stride;
-    p.col_tiles = (cols + kTile - 1) / kTile;
+    // At least 1: every block divides by it for its first tile, even when there is none.
+    p.col_tiles = cols == 0 ? 1 : (cols + kTile - 1) / kTile;
     p.tiles = rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * p.col_tiles;
     p.scale = out_h.scale;
     p.scale_inv = out_h.scale_inv;
