@@ -4,8 +4,8 @@
 // Quantisation walks x in 128 x 128 tiles (fp8_common.cuh: conversion, the shared-memory
 // transpose, the block amax, the load order: one segment ahead). Tiles are spread over a
 // persistent grid sized from the device's SM count and the kernel's occupancy, so each block
-// issues a single amax atomic. An amax-only pass
-// over a contiguous x (current scaling's first pass) takes a flat kernel instead (amax_kernel).
+// issues a single amax atomic. An amax-only pass over a contiguous x (current scaling's first
+// pass) takes a flat kernel instead (amax_kernel).
 #include "fp8_common.cuh"
 
 namespace fastffn {

@@ -19,9 +19,9 @@
 // commit 384e920, reverted): the plain forward on the one-row-per-block kernel held to 32
 // registers (full occupancy, 2048 threads per SM: 8 blocks of 256 at 7B, Liger's), ran within 2%
 // of the persistent kernel (7B/13B/70B: 42.1/52.4/83.0 against 41.9/53.5/82.8 us; Liger
-// 37.4/57.9/71.6 us): the gap to Liger at 7B and 70B is not occupancy. The forward kernels below share their
-// row-sum and store code only in shape: one helper for both changed the 8-vector cached
-// kernel's register allocation into spills.
+// 37.4/57.9/71.6 us): the gap to Liger at 7B and 70B is not occupancy. The forward kernels below
+// share their row-sum and store code only in shape: one helper for both changed the 8-vector
+// cached kernel's register allocation into spills.
 #include <type_traits>
 
 #include "cuda_common.cuh"
