@@ -56,8 +56,17 @@ def contiguous(tensor: paddle.Tensor) -> paddle.Tensor:
 
 
 def remember_grad_needs(ctx, *tensors) -> None:
-    """Record which PyLayer inputs want gradients; Paddle requires None for the others."""
+    """Record which PyLayer inputs want gradients; Paddle requires None for the others.
+
+    Recorded in forward because a backward cannot ask its saved tensors: under non-reentrant
+    recompute (PaddleNLP's default, `recompute_use_reentrant=false`) ctx.saved_tensor() returns
+    the replay's detached copies, whose stop_gradient is True even for a trained weight."""
     ctx.grad_needs = [t is not None and not t.stop_gradient for t in tensors]
+
+
+def grad_needed(ctx, index: int) -> bool:
+    """Whether input `index` (in remember_grad_needs' order) wants a gradient."""
+    return ctx.grad_needs[index]
 
 
 def needed_grads(ctx, *grads):

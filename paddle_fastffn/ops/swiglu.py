@@ -111,7 +111,7 @@ class _SwiGLUDownProj(PyLayer):
         else:
             d_gate_up, _, hidden = _swiglu_bwd(gate_up, None, d_hidden, True)
         d_weight = None
-        if not weight.stop_gradient:
+        if _checks.grad_needed(ctx, 1):  # not weight.stop_gradient: a recompute replay's copy is detached
             d_weight = paddle.matmul(hidden.reshape([-1, weight.shape[0]]),
                                      d_out.reshape([-1, weight.shape[1]]), transpose_x=True)
         return _checks.needed_grads(ctx, d_gate_up, d_weight)
