@@ -1,0 +1,91 @@
+"""The gradient-parity matrix: training on the fast path is stock PaddleNLP's training under every
+switch users combine (cells and measurement in parity_matrix.py; distributed ranks in
+parity_launch.py). It was written after PaddleNLP's own default, non-reentrant recompute left every
+layer's mlp.down_proj.weight without a gradient on the default fast path, which tests that built the
+model before enabling the fast path never ran."""
+
+import numpy as np
+import paddle
+import pytest
+
+import parity_matrix as pm
+from paddle_fastffn.ops import _checks
+from tolerances import MODEL_PARITY_FP32_RTOL, FP8_TRAINING_LOSS_RTOL, assert_close, fp8_model_grad_norm_rtol
+
+
+def _expected_kernels(cell: pm.Cell) -> set:
+    """The compiled ops the fast side must have run (the default path, not a fallback)."""
+    kernels = {"fastffn_rms_norm_fwd", "fastffn_rms_norm_bwd", "fastffn_rotary"}
+    if not cell.fp8:
+        kernels.add("fastffn_swiglu_fwd")
+        default_mlp = (not cell.lora and not cell.patch_after and cell.fast.get("fast_ffn_swiglu_recompute", True)
+                       and cell.fast.get("fast_ffn_fuse_projections", True))
+        # The default MLP: fused gate_up + swiglu_down_proj, SwiGLU recomputed in place in backward.
+        kernels.add("fastffn_swiglu_bwd_inplace" if default_mlp else "fastffn_swiglu_bwd")
+    if cell.fast.get("fast_ffn_fused_cross_entropy", True):
+        kernels.add("fastffn_cross_entropy")
+    if cell.fast.get("fast_ffn_fused_optimizer", True):
+        kernels.add("fastffn_adamw_")
+    return kernels
+
+
+@pytest.mark.parametrize("cell", pm.CELLS, ids=[c.name for c in pm.CELLS])
+def test_fast_path_gradients_and_losses_match_stock(cell):
+    r = pm.measure(cell)
+    # Every trainable parameter has a gradient where stock has one, and none where stock has none.
+    assert r["trainable_fast"] == r["trainable_stock"]
+    assert r["grads_fast"] == r["grads_stock"], (
+        f"missing on the fast path: {sorted(set(r['grads_stock']) - set(r['grads_fast']))}; "
+        f"extra: {sorted(set(r['grads_fast']) - set(r['grads_stock']))}")
+    assert r["grads_stock"] == r["trainable_stock"]
+    assert not r["zero_grads_fast"], f"all-zero gradients on the fast path only: {r['zero_grads_fast']}"
+    assert len(r["step_losses_fast"]) == len(r["step_losses_stock"]) == pm.STEPS
+    if cell.fp8:
+        # Emulated FP8 against stock fp32 (CPU Paddle has no bf16 matmul, so fp32 is the 16-bit stand-in).
+        budget = fp8_model_grad_norm_rtol(cell.model["num_hidden_layers"])
+        assert r["grad_norm_rel"] <= budget, (r["grad_norm_rel_param"], r["grad_norm_rel"], budget)
+        assert r["loss_rel"] <= FP8_TRAINING_LOSS_RTOL and r["step_loss_rel"] <= FP8_TRAINING_LOSS_RTOL, r
+    else:
+        assert r["grad_max_rel"] <= MODEL_PARITY_FP32_RTOL, (r["grad_max_rel_param"], r["grad_max_rel"])
+        assert r["loss_rel"] <= MODEL_PARITY_FP32_RTOL and r["step_loss_rel"] <= MODEL_PARITY_FP32_RTOL, r
+    assert r["optimizer_stock"] == "AdamW"
+    assert r["optimizer_fast"] == ("FastAdamW" if cell.fast.get("fast_ffn_fused_optimizer", True) else "AdamW")
+    missing = _expected_kernels(cell) - set(r["kernel_calls_fast"])
+    assert not missing, f"compiled ops that never ran on the fast side: {sorted(missing)}"
+    assert not r["kernel_calls_stock"], f"the stock side ran our ops: {r['kernel_calls_stock']}"
+
+
+def test_the_matrix_finds_a_missing_gradient(monkeypatch):
+    """The matrix's own check: with a down_proj gradient dropped, as recompute once did, it fails."""
+    monkeypatch.setattr(_checks, "grad_needed", lambda ctx, index: index != 1)
+    r = pm.measure(pm.CELLS_BY_NAME["recompute_full_nonreentrant"])
+    assert set(r["grads_stock"]) - set(r["grads_fast"]) == {
+        f"llama.layers.{i}.mlp.down_proj.weight" for i in range(pm.AWKWARD["num_hidden_layers"])}
+
+
+# --- data parallel and sharding: two CPU ranks under paddle.distributed.launch (gloo) ---------------
+
+@pytest.mark.parametrize("mode", pm.LAUNCH_MODES)
+def test_distributed_training_matches_the_stock_launch(tmp_path, mode):
+    result = pm.launch(mode, str(tmp_path))
+    if "unsupported" in result:
+        pytest.skip(f"{mode}: {result['unsupported']}")
+    assert "error" not in result, result.get("error")
+    for rank in result["ranks"]:
+        stock, fast = rank["stock"], rank["fast"]
+        assert stock["world_size"] == fast["world_size"] == 2
+        assert fast["fused"] and not stock["fused"]
+        assert fast["optimizer"] == "FastAdamW" and stock["optimizer"] == "AdamW"
+        assert len(fast["losses"]) == len(stock["losses"]) == pm.STEPS
+    assert pm.launch_loss_rel(result) <= MODEL_PARITY_FP32_RTOL
+
+
+# --- tensor parallel: the shard math, two ranks simulated in one process ----------------------------
+
+def test_tensor_parallel_fused_gate_up_shards_compose_to_the_full_ffn():
+    """Tensor parallel cannot run on CPU (gloo has no calc-stream all_reduce): the shard math instead,
+    two ranks simulated in one process (parity_matrix.tensor_parallel_comparisons)."""
+    comparisons = pm.tensor_parallel_comparisons()
+    assert len(comparisons) == 2 + 3 * 2  # output and d_x all-reduced; each rank's three weight grads
+    for what, actual, expected, reduced_rows in comparisons:
+        assert_close(actual, expected, paddle.float32, what, reduced_rows)
