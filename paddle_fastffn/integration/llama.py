@@ -42,6 +42,7 @@ from paddle import nn
 from .. import ops
 from ..ops._fallback import raise_if_strict
 from .options import FastFFNOptions
+from .patching import own_attribute, restore_attribute
 
 MODEL_TYPES = ("llama",)
 
@@ -727,9 +728,10 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 #   16 bits between the MLP's FP8 GEMMs. Tensor-parallel layers keep their stock GEMMs.
 # One info line says which path an MLP takes and why. Both objects (`_fast_ffn_fp8`) hold the
 # scaling states and weight caches, so parameters, their dtypes and state_dict names stay stock
-# (FP8 is a compute format only). The Linear classes' forwards are patched while FP8 is active
-# and take the FP8 path only where one is attached; attachment happens at each LlamaModel.forward,
-# so layers LoRA placed after construction are covered. The recipe's first/last-layer rule keeps
+# (FP8 is a compute format only). Each attached Linear's own forward runs its Fp8Linear (an
+# instance attribute: no Linear class is patched, so other models' linears are untouched);
+# attachment happens at each LlamaModel.forward, so layers LoRA placed after construction are
+# covered, and revert detaches every one. The recipe's first/last-layer rule keeps
 # those layers stock; its min_gemm_size applies per GEMM (the FFN: its down GEMM, the smaller) and
 # the 16-alignment rule per weight (a misaligned one: one warning, bf16).
 #
@@ -866,12 +868,12 @@ def attach_fp8(llama_model, recipe) -> int:
                     continue
                 existing = linear.__dict__.get("_fast_ffn_fp8")
                 if not in_fp8 or (ffn and owner is mlp):  # stock, or the MLP's FP8 FFN computes it
-                    linear.__dict__.pop("_fast_ffn_fp8", None)
+                    _detach_fp8_linear(linear)
                     continue
                 if existing is not None and existing.recipe == recipe and existing.linear is linear:
                     count += 1
                     continue
-                linear.__dict__.pop("_fast_ffn_fp8", None)
+                _detach_fp8_linear(linear)
                 if type(linear) is not nn.Linear and type(linear) is not lora_class:
                     _info_once(f"fp8_layer:{type(linear).__name__}",
                                f"fast_ffn_precision=fp8: {type(linear).__name__} layers (tensor parallel or other "
@@ -884,8 +886,7 @@ def attach_fp8(llama_model, recipe) -> int:
                                    f"of {FP8_ALIGNMENT} in both dimensions (the FP8 GEMM's alignment): those layers "
                                    f"stay in bf16")
                     continue
-                linear.__dict__["_fast_ffn_fp8"] = Fp8Linear(linear, recipe, layer_index=index,
-                                                             num_layers=len(layers))
+                _attach_fp8_linear(linear, Fp8Linear(linear, recipe, layer_index=index, num_layers=len(layers)))
                 count += 1
     return count
 
@@ -897,13 +898,22 @@ def fp8_layers(model) -> dict:
             if layer.__dict__.get("_fast_ffn_fp8") is not None}
 
 
-def _fp8_forward(original_key):
-    def forward(self, input, *args, **kwargs):
-        fp8 = self.__dict__.get("_fast_ffn_fp8")
-        if fp8 is not None and _FP8 is not None:
-            return fp8(input)
-        return _ORIGINALS[original_key](self, input, *args, **kwargs)
-    return forward
+# The linears whose own forward runs their Fp8Linear: the attachment is per instance (an instance
+# attribute `forward` shadows the class's), so no Linear class is patched and the linears of other
+# models never pass through the plugin; revert detaches them all.
+_FP8_LINEARS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _attach_fp8_linear(linear, fp8) -> None:
+    linear.__dict__["_fast_ffn_fp8"] = fp8
+    linear.__dict__["forward"] = fp8  # Fp8Linear(input): Linear.forward's and LoRALinear.forward's signature
+    _FP8_LINEARS.add(linear)
+
+
+def _detach_fp8_linear(linear) -> None:
+    linear.__dict__.pop("_fast_ffn_fp8", None)
+    linear.__dict__.pop("forward", None)
+    _FP8_LINEARS.discard(linear)
 
 
 def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
@@ -924,19 +934,12 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
 def _apply_fp8(recipe) -> None:
     global _FP8
     modeling = _modeling()
-    lora_class = _lora_linear_class()
-    _ORIGINALS.setdefault("linear_forward", nn.Linear.forward)
     _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
     _ORIGINALS.setdefault("recompute", modeling.recompute)
-    if lora_class is not None:
-        _ORIGINALS.setdefault("lora_forward", lora_class.forward)
     _FP8 = recipe
     if recipe is None:
         _revert_fp8()
         return
-    nn.Linear.forward = _fp8_forward("linear_forward")
-    if lora_class is not None:
-        lora_class.forward = _fp8_forward("lora_forward")
     modeling.LlamaModel.forward = fast_llama_model_forward
     # PaddleNLP's layer (and attention) recompute: the replay reuses the forward's FP8 scales.
     from ..fp8.recompute import fp8_recompute
@@ -947,13 +950,11 @@ def _apply_fp8(recipe) -> None:
 def _revert_fp8() -> None:
     global _FP8
     _FP8 = None
-    if "linear_forward" in _ORIGINALS:
-        nn.Linear.forward = _ORIGINALS["linear_forward"]
+    for linear in list(_FP8_LINEARS):
+        _detach_fp8_linear(linear)
+    if "llama_model_forward" in _ORIGINALS:
         _modeling().LlamaModel.forward = _ORIGINALS["llama_model_forward"]
         _modeling().recompute = _ORIGINALS["recompute"]
-        lora_class = _lora_linear_class()
-        if lora_class is not None and "lora_forward" in _ORIGINALS:
-            lora_class.forward = _ORIGINALS["lora_forward"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -968,7 +969,7 @@ def apply(options: FastFFNOptions, model=None) -> None:
             mlp=modeling.LlamaMLP.forward,
             decoder_layer=modeling.LlamaDecoderLayer.forward,
             rotary=modeling.apply_rotary_pos_emb,
-            generation_mask=modeling.LlamaForCausalLM.prepare_attention_mask_for_generation,
+            generation_mask=own_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation"),
             sdpa=modeling.scaled_dot_product_attention,
         )
     _ACTIVE = options
@@ -979,8 +980,14 @@ def apply(options: FastFFNOptions, model=None) -> None:
     modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
-    modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
-    modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention
+    # The attention path: SDPA with the decode-time causal mask, and generate()'s mask on Paddle 3.x
+    # (both only where fast_ffn_attention puts the model on PaddleNLP's flash-attention path).
+    attention = options.attention
+    if attention:
+        modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
+    else:
+        restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
+    modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention if attention else _ORIGINALS["sdpa"]
     _apply_fp8(resolve_fp8(options))
     if model is not None:
         configs = [layer.config for layer in model.sublayers(include_self=True)
@@ -1014,7 +1021,7 @@ def revert() -> None:
     modeling.LlamaMLP.forward = _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
-    modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(_ORIGINALS["generation_mask"])
+    restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
     _ACTIVE = None

@@ -13,6 +13,7 @@ other than adamw) are left alone.
 from __future__ import annotations
 
 from .options import FastFFNOptions
+from .patching import own_attribute, restore_attribute
 
 _ORIGINAL = {}
 
@@ -24,7 +25,7 @@ def _trainer_class():
 
 
 def _fast_optimizer_cls_and_kwargs(args):
-    optimizer_cls, kwargs = _ORIGINAL["get_optimizer_cls_and_kwargs"](args)
+    optimizer_cls, kwargs = _ORIGINAL["get_optimizer_cls_and_kwargs"].__func__(args)
     import paddle
 
     if optimizer_cls is paddle.optimizer.AdamW:
@@ -39,10 +40,10 @@ def apply(options: FastFFNOptions) -> None:
         revert()  # imports paddlenlp.trainer only where an earlier apply() patched it
         return
     trainer = _trainer_class()
-    _ORIGINAL.setdefault("get_optimizer_cls_and_kwargs", trainer.get_optimizer_cls_and_kwargs)
+    _ORIGINAL.setdefault("get_optimizer_cls_and_kwargs", own_attribute(trainer, "get_optimizer_cls_and_kwargs"))
     trainer.get_optimizer_cls_and_kwargs = staticmethod(_fast_optimizer_cls_and_kwargs)
 
 
 def revert() -> None:
     if _ORIGINAL:
-        _trainer_class().get_optimizer_cls_and_kwargs = staticmethod(_ORIGINAL["get_optimizer_cls_and_kwargs"])
+        restore_attribute(_trainer_class(), "get_optimizer_cls_and_kwargs", _ORIGINAL["get_optimizer_cls_and_kwargs"])
