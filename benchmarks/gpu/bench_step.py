@@ -278,7 +278,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                     if contender == "hf_torch_compile":
                         torch._dynamo.reset()  # frees the compiled graphs and the model they hold
                 # The docstring's first paragraph (its first line alone cut run 10's text mid-sentence).
-                row["optimizer"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
+                row["optimizer_used"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
                 return row
             return run
 
@@ -297,7 +297,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                 row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
                 row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
         results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
-                            "optimizer_settings": "each row's 'optimizer' field (lr 1e-5, no clipping, weight decay 0.01)",
+                            "optimizer_settings": "each row's 'optimizer_used' field (lr 1e-5, no clipping, weight decay 0.01)",
                             "flops_convention": "3x forward; causal attention at half; LM head included; "
                                                 "FP8 rows count the same bf16-equivalent FLOPs",
                             "timing": f"round-robin over whole contenders, {max(rounds, MIN_REPEATS)} rounds, "
