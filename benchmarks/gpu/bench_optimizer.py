@@ -85,7 +85,7 @@ def make_contender(name, shapes, clip, grads):
     return params, opt, step
 
 
-def measure(name, shapes, clip, grads, copy_bw, reps):
+def measure(name, shapes, clip, grads, reps):
     """One round of one contender: {eager_ms, graph_ms} (medians of `reps` steps) and its sizes."""
     params, opt, step = make_contender(name, shapes, clip, grads)
     n = sum(p.numel() for p in params)
@@ -122,7 +122,7 @@ def sweep_section(shapes, grads, copy_bw, reps):
     try:
         for defines, library in [((), None)] + list(zip(SWEEP_VARIANTS, libraries)) + [((), None)]:
             harness._KERNELS = harness.Kernels(library) if library is not None else default
-            row = measure("ours", shapes, False, grads, copy_bw, reps)
+            row = measure("ours", shapes, False, grads, reps)
             row["defines"] = list(defines)
             rows.append(row)
             print(f"sweep {defines or 'default'}: graph {row.get('graph_ms')} ms", flush=True)
@@ -168,7 +168,7 @@ def main():
         shapes = parameter_shapes(**STEP_CONFIGS[config])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
         builders = {f"{name}{'_clip' if clip else ''}":
-                    (lambda name=name, clip=clip: measure(name, shapes, clip, grads, copy_bw, args.reps))
+                    (lambda name=name, clip=clip: measure(name, shapes, clip, grads, args.reps))
                     for clip in (False, True) for name in OPTIMIZERS}
 
         def progress(contender, index, row):
