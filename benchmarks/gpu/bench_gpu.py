@@ -4,12 +4,18 @@
 
 1. ceilings: device copy bandwidth and bf16 GEMM rate, measured now;
 2. kernels (bf16, 8192 tokens, LLaMA-2 7B/13B/70B widths): ours vs PyTorch eager vs Liger-Kernel,
-   GB/s and fraction of the copy bandwidth (bytes = each input read once + each output written once);
+   each in its users' layout, GB/s and fraction of the copy bandwidth (bytes = each input read once
+   + each output written once);
 3. FFN forward+backward (7B/13B/70B x 2048/8192/16384 tokens): the six GEMMs of our composition
    alone, eager unfused, eager fused gate_up, Liger SwiGLU, ours (recompute on/off), and
    torch.compile at 8192 tokens; time and peak memory;
-4. decoder layer forward+backward at 7B, batch 4 x 2048: ours vs Hugging Face LlamaDecoderLayer
-   eager and patched by Liger; time, model TFLOP/s, peak memory, kernel-time breakdown.
+4. decoder layer forward+backward at 7B (4 x 2048) and Llama-3-8B (2 x 4096): ours vs Hugging Face
+   LlamaDecoderLayer eager, under torch.compile and patched by Liger; time, model TFLOP/s, peak
+   memory, kernel-time breakdown.
+
+Every table is timed round-robin (round_robin: each repeat runs every contender once, the order
+rotated per repeat, at least 3 repeats; median and spread, compared by benchmarks/common.py's
+TIE_RULE).
 
 Our kernels are the csrc/kernels CUDA sources that the Paddle bindings call; torch's cuBLAS and
 SDPA stand in for Paddle's GEMMs and flash attention.
@@ -747,7 +753,7 @@ def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
                 runs[name] = run
             except Exception as error:  # noqa: BLE001
                 results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
-        timings = round_robin(runs, reps=15)
+        timings = round_robin(runs, reps=15, contexts=contexts)
         for name, run in runs.items():
             try:
                 with contexts.get(name, contextlib.nullcontext)():

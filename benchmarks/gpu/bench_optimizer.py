@@ -113,7 +113,7 @@ def with_bandwidth(row, copy_bw):
     return row
 
 
-def sweep_section(shapes, grads, copy_bw, reps):
+def sweep_section(shapes, grads, reps):
     """Our kernel per SWEEP_VARIANTS build (built in parallel first), the default build last again."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(SWEEP_VARIANTS)) as pool:
         libraries = list(pool.map(lambda defines: harness.build(defines=defines), SWEEP_VARIANTS))
@@ -159,7 +159,7 @@ def main():
     if args.sweep or args.sweep_only:
         shapes = parameter_shapes(**STEP_CONFIGS[args.configs[0]])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
-        report["sweep"] = {"config": args.configs[0], "rows": sweep_section(shapes, grads, copy_bw, args.reps)}
+        report["sweep"] = {"config": args.configs[0], "rows": sweep_section(shapes, grads, args.reps)}
         save()
         del grads
         gc.collect()
