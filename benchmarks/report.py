@@ -324,6 +324,16 @@ def loss_section(out, run):
     out.append("")
 
 
+def _optimizer_legend(step_results, key) -> str:
+    """'contenders: optimizer description; ...' from each step row's `key` field (a text)."""
+    optimizers = {}
+    for results in step_results.values():
+        for name, r in results.items():
+            if isinstance(r, dict) and timed(r) and isinstance(r.get(key), str):
+                optimizers.setdefault(r[key], []).append(name)
+    return "; ".join(f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items())
+
+
 def step_section(out, run, first_run=None):
     env = run["environment"]
     out.append("### Whole training step: embedding, 8 decoder layers, norm, LM head + loss, AdamW on fp32 masters\n")
@@ -357,15 +367,11 @@ def step_section(out, run, first_run=None):
     out.append(_table(["config", "impl", "ms/step", "fwd+bwd / optimizer ms", "tokens/s", "model TFLOP/s",
                        "peak GiB", "vs HF+Liger",
                        "vs HF torch.compile", "losses of steps 1-3"], rows))
-    optimizers = {}
-    for results in run["step"].values():
-        for name, r in results.items():
-            if isinstance(r, dict) and "p50_ms" in r and "optimizer" in r:
-                optimizers.setdefault(r["optimizer"], []).append(name)
-    if optimizers:
+    legend = _optimizer_legend(run["step"], "optimizer")
+    if legend:
         out.append("")
-        out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): " +
-                   "; ".join(f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items()) + "\n")
+        out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): "
+                   + legend + "\n")
     out.append("")
     if first_run:
         out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
@@ -920,14 +926,9 @@ def like_for_like_step(out, run):
                          _versus(parts["forward_backward"], name, STEP_PEERS) if _is_ours(name) else ""])
     out.append(_table(["config", "impl", "step ms (spread)", "fwd+bwd ms", "optimizer ms", "tokens/s", "peak GiB",
                        "step vs best peer", "fwd+bwd vs best peer"], rows))
-    optimizers = {}
-    for results in run["step"].values():
-        for name, r in results.items():
-            if isinstance(r, dict) and "optimizer_used" in r:
-                optimizers.setdefault(r["optimizer_used"], []).append(name)
     out.append("")
-    out.append("Optimizers (lr 1e-5, no clipping, weight decay 0.01): " + "; ".join(
-        f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items()) + ".\n")
+    out.append("Optimizers (lr 1e-5, no clipping, weight decay 0.01): " + _optimizer_legend(run["step"], "optimizer_used")
+               + "\n")
 
 
 def like_for_like_optimizer(out, run):
