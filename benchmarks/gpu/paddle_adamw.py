@@ -20,8 +20,10 @@ on 16-bit parameters (PaddleNLP's bf16 O2 training), launch for launch:
   written once more, +6 bytes per parameter for bf16 gradients. The small scalar ops are torch's,
   one kernel each as Paddle's are.
 
-Under CUDA graph capture the host beta powers are baked into the graph (as they would be in
-Paddle): replays time the same work with the captured values.
+The launches come from the harness (ctypes and torch), not from Paddle's dygraph dispatch: the
+GPU work is Paddle's, the host cost per launch is the harness's, so the optimizer benchmark compares
+graph replays (the GPU's time). Under CUDA graph capture the host beta powers are baked into the
+graph: replays time the same work with the captured values.
 """
 
 from __future__ import annotations
