@@ -332,8 +332,10 @@ def kernel_section(copy_bw, tokens, liger):
         # [b, s, h, d] projection output; Hugging Face's rope (eager, and Liger's, which replaces it)
         # gets what HF hands it, q/k of [b, h, s, d] shape as transposed views of [b, s, h, d]
         # (LlamaAttention's view(...).transpose(1, 2)), and upstream gradients in that layout (SDPA's
-        # backward returns them so). Liger transposes back to contiguous [b, s, h, d] without a copy
-        # there; fed contiguous [b, h, s, d] (runs up to 14) it copied both ways.
+        # backward returns them so). Liger 0.8.5 (ops/rope.py) transposes back to [b, s, h, d], which is
+        # then contiguous, and rotates in place (no copy; the leaves here change each call, rotated,
+        # which the timing does not notice); fed contiguous [b, h, s, d] (runs up to 14) it copied q
+        # and k, and the gradients in backward, before rotating.
         batch, seq, d = tokens // 2048, 2048, hidden // heads
         q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
         inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
