@@ -55,3 +55,38 @@ def test_step_table_names_the_fastest_peer_per_part_and_calls_ties(tmp_path, mon
     assert "paddle: 1.003x, tie" in ours_opt_line
     assert f"ours, hf_liger: {ours_opt.rstrip('.')}" in text and f"hf_liger_amp: {trainer_opt.rstrip('.')}" in text
     assert "error: RuntimeError('skipped')" in text
+
+
+def timing(samples, **fields):
+    return {**percentiles(samples), **fields}
+
+
+def test_fp8_accumulation_rows_are_compared_only_among_themselves_and_loss_names_compile(tmp_path, monkeypatch):
+    """The 4-call `_accumulate4` loop is a table of its own: ours FP8 accumulating against torchao
+    accumulating, never against single-call rows; the fused loss names torch.compile where it is the
+    fastest peer."""
+    shape = {"model": "llama3_8b", "tokens": 8192}
+    ffn = [{**shape, "impl": "ours_fp8_current", **timing([7.0, 7.1, 7.2])},
+           {**shape, "impl": "torchao_tensorwise", **timing([9.0, 9.1, 9.2])},
+           {**shape, "impl": "torch_compile_bf16", **timing([13.0, 13.1, 13.2])},
+           {**shape, "impl": "ours_fp8_current_accumulate4", **timing([6.0, 6.1, 6.2])},
+           {**shape, "impl": "torchao_tensorwise_accumulate4", **timing([8.9, 9.0, 9.1])},
+           {**shape, "impl": "torchao_rowwise_accumulate4", "error": "RuntimeError('x')"},
+           {**shape, "impl": "six_fp8_gemms_alone", **timing([6.7, 6.75, 6.8])}]
+    loss = [{"vocab": 128256, "impl": "hf_eager", **timing([30.0, 30.1, 30.2])},
+            {"vocab": 128256, "impl": "hf_torch_compile", **timing([20.0, 20.1, 20.2])},
+            {"vocab": 128256, "impl": "liger_flce", **timing([24.0, 24.1, 24.2])},
+            {"vocab": 128256, "impl": "ours", **timing([22.0, 22.1, 22.2])},
+            {"vocab": 128256, "impl": "reference_sizes", "logits_bf16_bytes": 1}]
+    run = tmp_path / "run15"
+    run.mkdir()
+    (run / "fp8_ffn.json").write_text(json.dumps({"environment": ENVIRONMENT, "command": "bench_fp8_ffn", "ffn": ffn}))
+    (run / "step.json").write_text(json.dumps({"environment": ENVIRONMENT, "command": "bench_step", "loss": loss}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = []
+    report.like_for_like_sections(out, "run15")
+    assert "torchao_tensorwise: 1.282x, faster" in table_line(out, "| llama3_8b | 8192 | ours_fp8_current |")
+    assert "torchao_tensorwise_accumulate4: 1.475x, faster" in table_line(
+        out, "| llama3_8b | 8192 | ours_fp8_current_accumulate4 |")
+    assert "error: RuntimeError('x')" in table_line(out, "| llama3_8b | 8192 | torchao_rowwise_accumulate4 |")
+    assert "hf_torch_compile: 0.910x, slower" in table_line(out, "| 128256 | ours |")
