@@ -3,20 +3,22 @@
 // benchmarks/gpu/paddle_adamw.py for how the pieces are called). Not product code: nothing in
 // paddle_fastffn calls this file.
 //
-// paddle_adamw_cuda: AdamWKernelREG of paddle/phi/kernels/gpu/adamw_kernel.cu (PaddlePaddle 3.x),
+// paddle_adamw_cuda: the update of AdamWKernelREG in paddle/phi/kernels/gpu/adamw_kernel.cu
+// (PaddlePaddle 3.x, the version with the amsgrad flag that Paddle 3.3.1's _C_ops.adamw_ takes),
 // the kernel paddle.optimizer.AdamW launches in dygraph (its beta1^t / beta2^t accumulators live on
 // the host, so they come by value), with its launch configuration: 512 threads, one thread per
-// element (ceil(n / 512) blocks, grid-stride loop), scalar loads and stores. The arithmetic is
-// Paddle's, line for line, in MT = fp32. Per element with an fp32 master: reads master, grad, m, v;
-// writes m, v, master and the 16-bit param: 28 bytes for a bf16 param and grad.
+// element (ceil(n / 512) blocks, grid-stride loop), scalar loads and stores, in place (adamw_'s
+// outputs alias its inputs). Its fp32 operations in its order. Per element with an fp32 master:
+// reads master, grad, m, v; writes m, v, master and the 16-bit param: 28 bytes for bf16 param and
+// grad.
 //
 // paddle_squared_l2_norm_cuda: what _C_ops.squared_l2_norm does for one gradient (phi's
 // ReduceKernel with a square functor: fp32 accumulation, the result in the input's dtype): a
 // grid-stride pass writing per-block fp32 partial sums, then one block summing them. Reads the
 // gradient once.
 //
-// Built with the build definition's architectures and -O3, without --use_fast_math (Paddle's own
-// CUDA flags leave division and sqrt IEEE-rounded).
+// Built with the build definition's architectures and -O3, without --use_fast_math: Paddle's
+// cmake/cuda.cmake adds none (read in its repository; its kernels keep IEEE division and sqrt).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,57 +28,56 @@
 
 namespace {
 
-constexpr int kAdamwThreads = 512;  // Paddle's `int threads = 512;`
+constexpr int kAdamwThreads = 512;  // Paddle's block size for this kernel
 constexpr int kNormThreads = 256;
 constexpr int kNormMaxBlocks = 1024;  // partial sums: at most this many, summed by one block
 
 enum Dtype { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };  // the harness's dtype codes
 
-template <typename T, typename TG, typename MT>
-__global__ void paddle_adamw_reg_kernel(MT beta1, MT beta2, MT epsilon, MT coeff, MT lr_ratio,
-                                        MT beta1_pow_, MT beta2_pow_, const MT* moment1,
-                                        MT* moment1_out, const MT* moment2, MT* moment2_out,
-                                        const MT* lr_, const TG* grad, const T* param, T* param_out,
-                                        const MT* master_param, MT* master_param_out, int64_t ndim) {
-  MT lr = *lr_ * lr_ratio;
-  MT beta1_pow = beta1_pow_;
-  MT beta2_pow = beta2_pow_;
+// Paddle's per-element AdamW (AdamWKernelREG), same operations in the same order, so that its fp32
+// roundings are Paddle's: decay the weight first, then the moments, then the bias-corrected step.
+// W: the 16-bit parameter type, G: the gradient type; the math is fp32. `amsgrad` is the kernel's
+// runtime flag (paddle.optimizer.AdamW(amsgrad=False) by default: v_max neither read nor written).
+template <typename W, typename G>
+__global__ void paddle_adamw_reg_kernel(float beta1, float beta2, float epsilon, float coeff, float lr_ratio,
+                                        float beta1_pow, float beta2_pow, float* moment1, float* moment2,
+                                        float* moment2_max, const float* lr_ptr, const G* grad, W* param,
+                                        float* master, int64_t n, bool amsgrad) {
+  const float lr = *lr_ptr * lr_ratio;
+  // 32-bit index arithmetic widened after the product, as Paddle's kernel computes it
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    float weight = master ? master[i] : static_cast<float>(param[i]);
+    const float g = static_cast<float>(grad[i]);
+    float m = moment1[i];
+    float v = moment2[i];
 
-  int64_t id = blockIdx.x * blockDim.x + threadIdx.x;
+    weight *= (1.0f - lr * coeff);
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
 
-  for (; id < ndim; id += gridDim.x * blockDim.x) {
-    MT p = master_param ? master_param[id] : static_cast<MT>(param[id]);
-    MT g = static_cast<MT>(grad[id]);
-    MT mom1 = static_cast<MT>(moment1[id]);
-    MT mom2 = static_cast<MT>(moment2[id]);
-
-    p *= (static_cast<MT>(1.0) - lr * coeff);
-
-    mom1 = beta1 * mom1 + (static_cast<MT>(1.0) - beta1) * g;
-    mom2 = beta2 * mom2 + (static_cast<MT>(1.0) - beta2) * g * g;
-
-    MT denom = (sqrt(mom2) / sqrt(static_cast<MT>(1.0) - beta2_pow)) + epsilon;
-
-    p += (mom1 / denom) * (-(lr / (static_cast<MT>(1.0) - beta1_pow)));
-
-    moment1_out[id] = mom1;
-    moment2_out[id] = mom2;
-    param_out[id] = static_cast<T>(p);
-    if (master_param_out) {
-      master_param_out[id] = p;
+    float v_used = v;
+    if (amsgrad) {
+      v_used = fmaxf(v, moment2_max[i]);
+      moment2_max[i] = v_used;
     }
+    const float denominator = (sqrtf(v_used) / sqrtf(1.0f - beta2_pow)) + epsilon;
+    weight += (m / denominator) * (-(lr / (1.0f - beta1_pow)));
+
+    moment1[i] = m;
+    moment2[i] = v;
+    param[i] = static_cast<W>(weight);
+    if (master) master[i] = weight;
   }
 }
 
-template <typename T, typename TG>
+template <typename W, typename G>
 void launch_adamw(int64_t n, float beta1, float beta2, float epsilon, float coeff, float lr_ratio,
                   float beta1_pow, float beta2_pow, const float* lr, const void* grad, void* param,
                   float* master, float* moment1, float* moment2, cudaStream_t stream) {
-  int blocks = static_cast<int>((n + kAdamwThreads - 1) / kAdamwThreads);
-  T* p = static_cast<T*>(param);
-  paddle_adamw_reg_kernel<T, TG, float><<<blocks, kAdamwThreads, 0, stream>>>(
-      beta1, beta2, epsilon, coeff, lr_ratio, beta1_pow, beta2_pow, moment1, moment1, moment2,
-      moment2, lr, static_cast<const TG*>(grad), p, p, master, master, n);
+  const int blocks = static_cast<int>((n + kAdamwThreads - 1) / kAdamwThreads);  // one thread per element
+  paddle_adamw_reg_kernel<W, G><<<blocks, kAdamwThreads, 0, stream>>>(
+      beta1, beta2, epsilon, coeff, lr_ratio, beta1_pow, beta2_pow, moment1, moment2, nullptr, lr,
+      static_cast<const G*>(grad), static_cast<W*>(param), master, n, /*amsgrad=*/false);
 }
 
 template <typename T>
