@@ -7,8 +7,8 @@ what Paddle 3.3.1's dygraph does for
 
 on 16-bit parameters (PaddleNLP's bf16 O2 training), launch for launch:
 
-- the update: one launch per parameter of Paddle's AdamWKernelREG (paddle_adamw.cu, ported line for
-  line with its launch configuration): reads the 16-bit gradient, the fp32 master, m and v; writes
+- the update: one launch per parameter of Paddle's AdamWKernelREG (paddle_adamw.cu: its operations in
+  its order, its launch configuration): reads the 16-bit gradient, the fp32 master, m and v; writes
   m, v, the master and the 16-bit parameter: 28 bytes per parameter. The learning rate is a device
   fp32 tensor; beta1^t and beta2^t are per-parameter fp32 accumulators on the host (Paddle creates
   them on the CPU, passes them by value and multiplies them on the host after each launch).
