@@ -168,7 +168,7 @@ def main():
         shapes = parameter_shapes(**STEP_CONFIGS[config])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
         builders = {f"{name}{'_clip' if clip else ''}":
-                    (lambda name=name, clip=clip: measure(name, shapes, clip, grads, args.reps))
+                    (lambda name=name, clip=clip, grads=grads: measure(name, shapes, clip, grads, args.reps))
                     for clip in (False, True) for name in OPTIMIZERS}
 
         def progress(contender, index, row):
@@ -180,7 +180,7 @@ def main():
         report[config] = {name: with_bandwidth(row, copy_bw) if "parameters" in row else row
                           for name, row in results.items()}
         save()
-        del grads
+        del builders, grads  # the next configuration's state needs the memory
         gc.collect()
         torch.cuda.empty_cache()
     save()
