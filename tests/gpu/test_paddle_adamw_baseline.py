@@ -1,13 +1,12 @@
 """The optimizer benchmark's baseline, stock Paddle's AdamW ported into the harness
 (benchmarks/gpu/paddle_adamw.py, paddle_adamw.cu), against the float64 reference of Paddle's formula
 (test_adamw_kernels.paddle_adamw_ref) and against our kernel (FusedMasterAdamW, the same formula),
-and its global-norm clip against the clip computed in float64.
+and its global-norm clip against the clip computed in float64 and as the step applies it.
 
 Each update step is compared from the port's own state before it (a one-step comparison): masters
 and moments within the fp32 row (fp32 math against float64), the bf16 parameter equal to its
 master rounded once."""
 
-import pytest
 import torch
 
 from gpu_checks import close
@@ -49,17 +48,14 @@ def test_paddle_adamw_port_matches_paddles_formula_each_step():
     assert all(float(b) == float(expected) for b in opt.beta1_pows)
 
 
-@pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no_clip", "clip"])
-def test_paddle_adamw_port_matches_our_kernel(max_grad_norm):
-    """Without a clip the same formula in the same precision: masters and moments within the fp32
-    row. With the clip, Paddle rounds each squared norm and their sum to bf16 (~2^-9 relative on the
-    coefficient), which scales m by c and v by c^2 but leaves m / sqrt(v) (the update) unchanged up
-    to epsilon: masters are compared, moments only without the clip."""
+def test_paddle_adamw_port_matches_our_kernel_without_clip():
+    """The same formula in the same precision (the beta powers the same fp32 products, on the host
+    here and on the device in ours): masters and moments within the fp32 row."""
     from benchmarks.gpu.llama_model import FusedMasterAdamW
     from benchmarks.gpu.paddle_adamw import PaddleAdamW
 
     paddle_p, ours_p = bf16_parameters(1), bf16_parameters(1)
-    settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, max_grad_norm=max_grad_norm)
+    settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     paddle, ours = PaddleAdamW(paddle_p, **settings), FusedMasterAdamW(ours_p, **settings)
     for _ in range(4):
         for a, b in zip(paddle_p, ours_p):
@@ -69,25 +65,53 @@ def test_paddle_adamw_port_matches_our_kernel(max_grad_norm):
         ours.step()
     for i in range(len(SHAPES)):
         close(paddle.masters[i], ours.masters[i], torch.float32, f"master {i}")
-        if max_grad_norm is None:
-            close(paddle.m[i], ours.m[i], torch.float32, f"moment1 {i}")
-            close(paddle.v[i], ours.v[i], torch.float32, f"moment2 {i}")
+        close(paddle.m[i], ours.m[i], torch.float32, f"moment1 {i}")
+        close(paddle.v[i], ours.v[i], torch.float32, f"moment2 {i}")
 
 
-@pytest.mark.parametrize("max_grad_norm", [0.5, 1e6], ids=["clipping", "below_max_norm"])
-def test_paddle_clip_scales_gradients_by_the_global_norm(max_grad_norm):
+def test_paddle_adamw_step_clips_the_gradients_before_the_update():
+    """With max_grad_norm, step() is clip_grads (deterministic: no atomics in the norm) and then
+    Paddle's update on the clipped bf16 gradients. (Against our kernel the clip differs by design:
+    Paddle rounds each squared norm, their sum, the coefficient and each scaled gradient to bf16,
+    ours scales in fp32 inside the update.)"""
+    from benchmarks.gpu.paddle_adamw import PaddleAdamW
+
+    params = bf16_parameters(3)
+    opt = PaddleAdamW(params, lr=1e-2, betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["eps"],
+                      weight_decay=HYPER["weight_decay"], max_grad_norm=0.5)
+    grads = [torch.randn(p.shape, device="cuda").to(torch.bfloat16) for p in params]
+    clipped = [g.clone() for g in grads]
+    opt.clip_grads(clipped)
+    before = [(m.clone(), a.clone(), b.clone()) for m, a, b in zip(opt.masters, opt.m, opt.v)]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step()
+    for i, (g, (master, m1, m2)) in enumerate(zip(clipped, before)):
+        assert torch.equal(params[i].grad, g), f"gradient {i} clipped in place as clip_grads does"
+        ref_p, ref_m1, ref_m2 = paddle_adamw_ref(master, g, m1, m2, lr=1e-2, beta1_pow=HYPER["beta1"],
+                                                 beta2_pow=HYPER["beta2"], **HYPER)
+        close(opt.masters[i], ref_p, torch.float32, f"master {i}")
+        close(opt.m[i], ref_m1, torch.float32, f"moment1 {i}")
+        close(opt.v[i], ref_m2, torch.float32, f"moment2 {i}")
+
+
+def test_paddle_clip_scales_gradients_by_the_global_norm():
     """ClipGradByGlobalNorm's coefficient max_norm / max(norm, max_norm) from the float64 norm of
     all gradients. Paddle's path rounds each squared norm, their sum and the coefficient to bf16 and
-    the product once more (four roundings of 2^-9 relative at most, about 0.8%): the bf16 row."""
+    the product once more (four roundings of 2^-9 relative at most, about 0.8%): the bf16 row, on
+    the gradients divided by the float64 coefficient (values of order 1, so its atol does not hide
+    a wrong coefficient of ~1e-3). Below max_norm the coefficient is exactly 1 and nothing changes."""
     from benchmarks.gpu.paddle_adamw import PaddleAdamW
 
     params = bf16_parameters(2)
-    opt = PaddleAdamW(params, max_grad_norm=max_grad_norm)
     grads = [torch.randn(p.shape, device="cuda").to(torch.bfloat16) for p in params]
-    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-    coefficient = max_grad_norm / max(float(norm), max_grad_norm)
+    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
     clipped = [g.clone() for g in grads]
-    opt.clip_grads(clipped)
+    PaddleAdamW(params, max_grad_norm=0.5).clip_grads(clipped)
+    coefficient = 0.5 / norm
+    assert coefficient < 1e-2  # the test clips hard
     for i, (g, c) in enumerate(zip(grads, clipped)):
-        close(c, g.double() * coefficient, torch.bfloat16, f"clipped gradient {i}")
-
+        close(c.double() / coefficient, g.double(), torch.bfloat16, f"clipped gradient {i} / coefficient")
+    unclipped = [g.clone() for g in grads]
+    PaddleAdamW(params, max_grad_norm=2 * norm).clip_grads(unclipped)
+    assert all(torch.equal(g, u) for g, u in zip(grads, unclipped))
