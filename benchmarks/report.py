@@ -314,14 +314,19 @@ def loss_section(out, run):
                "freed at the start). `ours` = harness.linear_cross_entropy, the Paddle op's chunked composition "
                "(1 GiB of fp32-equivalent logits per chunk, d_weight summed over chunks in fp32).\n")
     rows = []
+    by_vocab = _rows_by([r for r in run["loss"] if "p50_ms" in r], ("vocab",))
     for r in run["loss"]:
         if "p50_ms" in r:
-            rows.append([r["vocab"], r["impl"], f"{r['p50_ms']:.2f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{r['loss']:.5f}"])
+            same_vocab = by_vocab[(r["vocab"],)]
+            versus = _versus(same_vocab, r["impl"], [n for n in same_vocab if not _is_ours(n)]) if _is_ours(r["impl"]) else ""
+            rows.append([r["vocab"], r["impl"], f"{r['p50_ms']:.2f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{r['loss']:.5f}",
+                         versus])
         elif "logits_bf16_bytes" in r:
             rows.append([r["vocab"], "(sizes: bf16 / fp32 logits)",
-                         "", f"{r['logits_bf16_bytes'] / 2**30:.2f} / {r['logits_fp32_bytes'] / 2**30:.2f}", ""])
-    out.append(_table(["vocab", "impl", "ms", "peak GiB", "loss"], rows))
+                         "", f"{r['logits_bf16_bytes'] / 2**30:.2f} / {r['logits_fp32_bytes'] / 2**30:.2f}", "", ""])
+    out.append(_table(["vocab", "impl", "ms", "peak GiB", "loss", "vs best peer (tie rule below)"], rows))
     out.append("")
+    out.append(f"{TIE_RULE} Spread here: p80 - p20 of the interleaved repeats.\n")
 
 
 def _optimizer_legend(step_results, key) -> str:
