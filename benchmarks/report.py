@@ -293,17 +293,20 @@ def decoder8_section(out, run):
         for name in ("hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"):
             r = results.get(name, {})
             if "p50_ms" not in r:
-                rows.append([config, name, "error: " + r.get("error", "missing")[:80]] + [""] * 8)
+                rows.append([config, name, "error: " + r.get("error", "missing")[:80]] + [""] * 9)
                 continue
             k = r["kernel_ms"]
             total = k["gemm"] + k["attention"] + k["fastffn"] + k["other"]
             rows.append([f"{config} ({shape['batch']}x{shape['seq']})", name, f"{r['p50_ms']:.2f}",
                          f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{k['gemm']:.2f}",
                          f"{k['attention']:.2f}", f"{k['fastffn']:.2f}", f"{k['other']:.2f}",
-                         f"{(k['fastffn'] + k['other']) / total * 100:.1f}%"])
+                         f"{(k['fastffn'] + k['other']) / total * 100:.1f}%",
+                         _versus(results, name, ("hf_eager", "hf_torch_compile", "hf_liger")) if _is_ours(name) else ""])
     out.append(_table(["layer", "impl", "ms", "model TFLOP/s", "peak GiB", "GEMM ms", "attention ms",
-                       "our kernels ms", "other ms", "outside GEMM+attention"], rows))
+                       "our kernels ms", "other ms", "outside GEMM+attention", "vs best peer"], rows))
     out.append("")
+    out.append(f"{TIE_RULE} Spread here: p80 - p20 of the repeats (contenders timed one after another "
+               "before run 15).\n")
 
 
 def loss_section(out, run):
