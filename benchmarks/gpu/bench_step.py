@@ -283,10 +283,14 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
             return run
 
         def progress(contender, index, row):
-            r = row or {}
-            print(f"step {name} {contender} round {index}: {r.get('step_ms', r.get('error'))} ms "
-                  f"(fwd+bwd {r.get('forward_backward_ms')}, optimizer {r.get('optimizer_ms')}), "
-                  f"peak {r.get('peak_bytes', 0) / 2**30:.2f} GiB at {time.time() - started:.0f}s", flush=True)
+            """Prints each contender's round and saves it (the configuration's summary replaces
+            these rows when its last round is done): a run cut short keeps its rounds."""
+            print(f"step {name} {contender} round {index}: {row.get('step_ms', row.get('error'))} ms "
+                  f"(fwd+bwd {row.get('forward_backward_ms')}, optimizer {row.get('optimizer_ms')}), "
+                  f"peak {row.get('peak_bytes', 0) / 2**30:.2f} GiB at {time.time() - started:.0f}s", flush=True)
+            report.setdefault(name, {}).setdefault("rounds_so_far", []).append(
+                {"contender": contender, "round": index, **row})
+            save()
 
         results = report[name] = round_robin_rebuilt(
             {contender: measured(contender, build) for contender, build in contenders.items()}, rounds, progress)
