@@ -930,7 +930,7 @@ def like_for_like_step(out, run):
         parts = {part: {n: r[part] for n, r in results.items() if isinstance(r, dict) and timed(r.get(part))}
                  for part in ("forward_backward", "optimizer")}
         for name, r in results.items():
-            if name == "shape":
+            if name == "shape" or not isinstance(r, dict):  # rounds_so_far: a run cut short
                 continue
             if not timed(r):
                 rows.append([config, name, _median(r)] + [""] * 6)
