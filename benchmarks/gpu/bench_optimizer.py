@@ -172,8 +172,11 @@ def main():
                     for clip in (False, True) for name in OPTIMIZERS}
 
         def progress(contender, index, row):
+            """Prints and saves each contender's round (replaced by the summary when all are done)."""
             print(f"{config} {contender} round {index}: eager {row.get('eager_ms', row.get('error'))} ms, "
                   f"graph {row.get('graph_ms')} ms at {time.time() - started:.0f}s", flush=True)
+            report.setdefault(config, {}).setdefault("rounds_so_far", []).append(
+                {"contender": contender, "round": index, **row})
             save()
 
         results = round_robin_rebuilt(builders, args.rounds, progress)
