@@ -109,11 +109,12 @@ def with_bandwidth(row, copy_bw):
             rate = nbytes / (row[mode]["p50_ms"] * 1e-3)
             row[mode].update({"GB_per_s": rate / 1e9, "fraction_of_copy": rate / copy_bw})
     if "graph" in row:  # the GPU's time: what common.compare reads
-        row.update({k: row["graph"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")})
+        row.update({k: row["graph"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")
+                    if k in row["graph"]})
     return row
 
 
-def sweep_section(shapes, grads, reps):
+def sweep_section(shapes, grads, copy_bw, reps):
     """Our kernel per SWEEP_VARIANTS build (built in parallel first), the default build last again."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(SWEEP_VARIANTS)) as pool:
         libraries = list(pool.map(lambda defines: harness.build(defines=defines), SWEEP_VARIANTS))
@@ -123,6 +124,9 @@ def sweep_section(shapes, grads, reps):
         for defines, library in [((), None)] + list(zip(SWEEP_VARIANTS, libraries)) + [((), None)]:
             harness._KERNELS = harness.Kernels(library) if library is not None else default
             row = measure("ours", shapes, False, grads, reps)
+            # one measurement per build, in the layout of the report's sweep table
+            row = with_bandwidth({**row, "eager": {"p50_ms": row["eager_ms"]},
+                                  "graph": {"p50_ms": row.get("graph_ms", float("nan"))}}, copy_bw)
             row["defines"] = list(defines)
             rows.append(row)
             print(f"sweep {defines or 'default'}: graph {row.get('graph_ms')} ms", flush=True)
@@ -159,7 +163,7 @@ def main():
     if args.sweep or args.sweep_only:
         shapes = parameter_shapes(**STEP_CONFIGS[args.configs[0]])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
-        report["sweep"] = {"config": args.configs[0], "rows": sweep_section(shapes, grads, args.reps)}
+        report["sweep"] = {"config": args.configs[0], "rows": sweep_section(shapes, grads, copy_bw, args.reps)}
         save()
         del grads
         gc.collect()
