@@ -6,7 +6,7 @@
 #   optimizer    our AdamW kernel vs stock Paddle's AdamW (ported) and the three-pass stand-in, with and
 #                without the global-norm clip (bench_optimizer, FASTFFN_OPTIMIZER_ARGS) -> optimizer.json/.log
 #   decoder      decoder layer bf16/FP8 vs HF eager/compile/Liger -> gpu_bench.json/.log
-#   kernels      bf16 kernels vs eager and Liger (bench_gpu)      -> gpu_bench.json/.log (with decoder)
+#   kernels      bf16 kernels vs eager, torch.compile and Liger (bench_gpu) -> gpu_bench.json/.log (with decoder)
 #   projections  fused vs split projection GEMMs, torch vs our provider (bench_gpu) -> gpu_bench.json/.log
 #   fp8          the FP8 FFN (bench_fp8_ffn, FASTFFN_FP8_ARGS, default "--sections ffn") -> fp8_ffn.json/.log
 #   profile      kernel timeline of the whole step, ours vs peers (profile_step, FASTFFN_PROFILE_ARGS)
@@ -28,7 +28,7 @@ OUT=${OUT:-$PWD/gpu_out}
 RUN=${FASTFFN_RUN:-remeasure}
 RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
-declare -A SECONDS_ESTIMATE=([tests]=45 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=100 [projections]=60
+declare -A SECONDS_ESTIMATE=([tests]=45 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
                             [fp8]=170 [profile]=150 [convergence]=420)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
