@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.common import SPIKE_RATIO, same_batch_spikes
+from benchmarks.common import SPIKE_RATIO, TIE_RULE, against_best_peer, same_batch_spikes, spread_ms, timed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN8 = "run8"  # the H200 run of 2026-12-02 (three device calls; run8/README.md says which file is which)
@@ -18,6 +18,9 @@ RUN11 = "run11"  # the next session's H200 run, same day (run11/README.md)
 RUN12 = "run12"  # the H200 calls of the session after, same day (run12/README.md)
 RUN13 = "run13"  # the H200 calls of 2026-12-04 (run13/README.md)
 RUN14 = "run14"  # the H200 calls of the next session, same day (run14/README.md)
+# The like-for-like re-measurement (issue 20 item 6, run by issue 23): every table round-robin with
+# median, spread and the best peer by measurement; bench_*.py --out files copied into this folder.
+RUN15 = "run15"
 
 
 def _load(name):
@@ -290,17 +293,20 @@ def decoder8_section(out, run):
         for name in ("hf_eager", "hf_torch_compile", "hf_liger", "ours", "ours_fp8_current", "ours_fp8_delayed"):
             r = results.get(name, {})
             if "p50_ms" not in r:
-                rows.append([config, name, "error: " + r.get("error", "missing")[:80]] + [""] * 8)
+                rows.append([config, name, "error: " + r.get("error", "missing")[:80]] + [""] * 9)
                 continue
             k = r["kernel_ms"]
             total = k["gemm"] + k["attention"] + k["fastffn"] + k["other"]
             rows.append([f"{config} ({shape['batch']}x{shape['seq']})", name, f"{r['p50_ms']:.2f}",
                          f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{k['gemm']:.2f}",
                          f"{k['attention']:.2f}", f"{k['fastffn']:.2f}", f"{k['other']:.2f}",
-                         f"{(k['fastffn'] + k['other']) / total * 100:.1f}%"])
+                         f"{(k['fastffn'] + k['other']) / total * 100:.1f}%",
+                         _versus(results, name, ("hf_eager", "hf_torch_compile", "hf_liger")) if _is_ours(name) else ""])
     out.append(_table(["layer", "impl", "ms", "model TFLOP/s", "peak GiB", "GEMM ms", "attention ms",
-                       "our kernels ms", "other ms", "outside GEMM+attention"], rows))
+                       "our kernels ms", "other ms", "outside GEMM+attention", "vs best peer"], rows))
     out.append("")
+    out.append(f"{TIE_RULE} Spread here: p80 - p20 of the repeats (contenders timed one after another "
+               "before run 15).\n")
 
 
 def loss_section(out, run):
@@ -311,14 +317,29 @@ def loss_section(out, run):
                "freed at the start). `ours` = harness.linear_cross_entropy, the Paddle op's chunked composition "
                "(1 GiB of fp32-equivalent logits per chunk, d_weight summed over chunks in fp32).\n")
     rows = []
+    by_vocab = _rows_by([r for r in run["loss"] if "p50_ms" in r], ("vocab",))
     for r in run["loss"]:
         if "p50_ms" in r:
-            rows.append([r["vocab"], r["impl"], f"{r['p50_ms']:.2f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{r['loss']:.5f}"])
+            same_vocab = by_vocab[(r["vocab"],)]
+            versus = _versus(same_vocab, r["impl"], [n for n in same_vocab if not _is_ours(n)]) if _is_ours(r["impl"]) else ""
+            rows.append([r["vocab"], r["impl"], f"{r['p50_ms']:.2f}", f"{r['peak_bytes'] / 2**30:.2f}", f"{r['loss']:.5f}",
+                         versus])
         elif "logits_bf16_bytes" in r:
             rows.append([r["vocab"], "(sizes: bf16 / fp32 logits)",
-                         "", f"{r['logits_bf16_bytes'] / 2**30:.2f} / {r['logits_fp32_bytes'] / 2**30:.2f}", ""])
-    out.append(_table(["vocab", "impl", "ms", "peak GiB", "loss"], rows))
+                         "", f"{r['logits_bf16_bytes'] / 2**30:.2f} / {r['logits_fp32_bytes'] / 2**30:.2f}", "", ""])
+    out.append(_table(["vocab", "impl", "ms", "peak GiB", "loss", "vs best peer (tie rule below)"], rows))
     out.append("")
+    out.append(f"{TIE_RULE} Spread here: p80 - p20 of the interleaved repeats.\n")
+
+
+def _optimizer_legend(step_results, key) -> str:
+    """'contenders: optimizer description; ...' from each step row's `key` field (a text)."""
+    optimizers = {}
+    for results in step_results.values():
+        for name, r in results.items():
+            if isinstance(r, dict) and timed(r) and isinstance(r.get(key), str):
+                optimizers.setdefault(r[key], []).append(name)
+    return "; ".join(f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items())
 
 
 def step_section(out, run, first_run=None):
@@ -342,27 +363,28 @@ def step_section(out, run, first_run=None):
                 continue  # runs before run 10 had no such contender
             r = r or {}
             if "p50_ms" not in r:
-                rows.append([config, name, r.get("error", r.get("skipped", "missing"))[:80]] + [""] * 7)
+                rows.append([config, name, r.get("error", r.get("skipped", "missing"))[:80]] + [""] * 8)
                 continue
             parts = (f"{r['forward_backward_p50_ms']:.1f} / {r['optimizer_p50_ms']:.1f}"
                      if "optimizer_p50_ms" in r else "")
+            # forward+backward alone: the like-for-like part (the optimizers differed until run 15)
+            fwd_bwd = (f"{liger['forward_backward_p50_ms'] / r['forward_backward_p50_ms']:.3f}x"
+                       if "forward_backward_p50_ms" in r and "forward_backward_p50_ms" in liger else "")
             rows.append([f"{config} (V={shape['vocab']})", name, f"{r['p50_ms']:.1f}", parts, f"{r['tokens_per_s']:.0f}",
                          f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}",
                          f"{liger['p50_ms'] / r['p50_ms']:.3f}x" if "p50_ms" in liger else "",
                          f"{compiled['p50_ms'] / r['p50_ms']:.3f}x" if "p50_ms" in compiled else "",
-                         " / ".join(f"{v:.3f}" for v in r["first_losses"])])
+                         fwd_bwd, " / ".join(f"{v:.3f}" for v in r["first_losses"])])
     out.append(_table(["config", "impl", "ms/step", "fwd+bwd / optimizer ms", "tokens/s", "model TFLOP/s",
                        "peak GiB", "vs HF+Liger",
-                       "vs HF torch.compile", "losses of steps 1-3"], rows))
-    optimizers = {}
-    for results in run["step"].values():
-        for name, r in results.items():
-            if isinstance(r, dict) and "p50_ms" in r and "optimizer" in r:
-                optimizers.setdefault(r["optimizer"], []).append(name)
-    if optimizers:
+                       "vs HF torch.compile", "fwd+bwd vs HF+Liger", "losses of steps 1-3"], rows))
+    legend = _optimizer_legend(run["step"], "optimizer")
+    if legend:
         out.append("")
-        out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): " +
-                   "; ".join(f"{', '.join(dict.fromkeys(names))}: {text.rstrip('.')}" for text, names in optimizers.items()) + "\n")
+        out.append("Optimizers (each row's `optimizer` field in the JSON; lr 1e-5, no clipping, weight decay 0.01): "
+                   + legend + ". The whole-step ratios compare different optimizers where these differ (the "
+                   "three-pass stand-in also holds 4 bytes per parameter of fp32 gradient buffers, in the peak); "
+                   "`fwd+bwd vs HF+Liger` is the like-for-like part.\n")
     out.append("")
     if first_run:
         out.append("Before the harness copied v out of the QKV buffer and stored d_hidden in bf16 (run8/"
@@ -504,7 +526,9 @@ def optimizer_section(out, run):
                "Bytes per parameter: ours 28 (bf16 grad, master, m, v read; master, m, v, bf16 param written), "
                "three-pass 40 (grads copied into fp32 buffers, torch's fused AdamW, masters copied back); the "
                "global-norm clip adds a read of each gradient (ours: bf16, +2; torch: fp32 norm and in-place "
-               "scale, +12). Eager = step() from Python, CUDA events; graph = the step replayed from a CUDA graph.\n")
+               "scale, +12). Eager = step() from Python, CUDA events; graph = the step replayed from a CUDA graph. "
+               "The three-pass update is the harness's stand-in, not what Paddle users run: stock Paddle's AdamW "
+               "(multi_precision) is one pass at 28 bytes per parameter too; it is the baseline from run 15 on.\n")
     rows = []
     for config, results in run.items():
         if not isinstance(results, list):
@@ -801,6 +825,196 @@ def run14_sections(out):
         rms_occupancy_section(out, rms)
 
 
+# --- like-for-like tables (run 15 on): median (spread), the best peer by measurement, ties ----------
+
+def _median(r) -> str:
+    """'median (spread)' in ms of a timing row, or its error."""
+    if not timed(r):
+        return "error: " + str((r or {}).get("error", "missing"))[:60]
+    return f"{r['p50_ms']:.3f} ({spread_ms(r):.3f})"
+
+
+def _versus(rows: dict, ours: str, peers) -> str:
+    """ours against the fastest of `peers` in the same table: 'peer: 1.047x faster' or '... (tie)'."""
+    result = against_best_peer(rows, ours, peers)
+    if result is None:
+        return "-"
+    word = "tie" if result["verdict"] == "tie" else result["verdict"]
+    return f"{result['peer']}: {result['speedup']:.3f}x, {word}"
+
+
+def _run_line(run) -> str:
+    env = run["environment"]
+    versions = ", ".join(f"{name} {env[key]}" for key, name in (
+        ("torch", "torch"), ("liger_kernel", "Liger-Kernel"), ("transformers", "transformers"),
+        ("torchao", "torchao")) if env.get(key))
+    line = f"`{run['command']}` on {env['date']}, {env['device']} ({versions})."
+    if run.get("ceilings"):
+        ceil = run["ceilings"]
+        line += (f" Ceilings in the same run: device copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+                 f"bf16 GEMM 8192^3 {ceil['bf16_gemm_tflops']:.0f} TFLOP/s.")
+    return line + "\n"
+
+
+def _rows_by(rows, key):
+    by = {}
+    for r in rows:
+        by.setdefault(tuple(r.get(k) for k in key), {})[r["impl"]] = r
+    return by
+
+
+def _is_ours(name: str) -> bool:
+    return name.startswith("ours")
+
+
+def like_for_like_kernels(out, run):
+    out.append("### bf16 kernels: ours against eager and Liger, each in its users' layout (CUDA graph replay)\n")
+    out.append(_run_line(run))
+    out.append("Rotary: Hugging Face's rope and Liger's get q/k as HF hands them, transposed views of [b, s, h, d] "
+               "(upstream gradients likewise); ours reads [b, s, h, d]. ms = median (spread) of round-robin repeats "
+               "of graph replays after an L2 flush; of copy = bytes (each input read once, each output written "
+               "once) / time, against the copy bandwidth.\n")
+    rows = []
+    for (op, model, pass_name), d in _rows_by(run["kernels"], ("op", "model", "pass")).items():
+        peers = [n for n in d if not _is_ours(n)]
+        for name, r in d.items():
+            rows.append([op, model, pass_name, name, _median(r),
+                         f"{r['fraction_of_copy'] * 100:.0f}%" if "fraction_of_copy" in r else "",
+                         _versus(d, name, peers) if _is_ours(name) else ""])
+    out.append(_table(["op", "widths", "pass", "impl", "ms (spread)", "of copy", "vs best peer"], rows))
+    out.append("")
+
+
+def like_for_like_decoder(out, run):
+    out.append("### Decoder layer forward+backward (round-robin, Liger's patch entered around its own calls)\n")
+    out.append(_run_line(run))
+    rows = []
+    peers = ("hf_eager", "hf_torch_compile", "hf_liger")
+    for config, results in run["decoder_layer"].items():
+        for name, r in results.items():
+            if name == "shape":
+                continue
+            rows.append([config, name, _median(r), f"{r['model_tflops']:.0f}" if "model_tflops" in r else "",
+                         f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "",
+                         _versus(results, name, peers) if _is_ours(name) else ""])
+    out.append(_table(["layer", "impl", "ms (spread)", "model TFLOP/s", "peak GiB", "vs best peer"], rows))
+    out.append("")
+
+
+def like_for_like_loss(out, run):
+    out.append("### LM head + cross-entropy forward+backward (8192 tokens x 4096; round-robin)\n")
+    rows = []
+    for (vocab,), d in _rows_by([r for r in run["loss"] if "impl" in r and r["impl"] != "reference_sizes"],
+                                ("vocab",)).items():
+        for name, r in d.items():
+            rows.append([vocab, name, _median(r), f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "",
+                         _versus(d, name, [n for n in d if not _is_ours(n)]) if _is_ours(name) else ""])
+    out.append(_table(["vocab", "impl", "ms (spread)", "peak GiB", "vs best peer"], rows))
+    out.append("")
+
+
+STEP_PEERS = ("hf_eager", "hf_liger", "hf_liger_amp", "hf_torch_compile")
+
+
+def like_for_like_step(out, run):
+    out.append("### Whole training step, the same optimizer for every bf16-weight contender; forward+backward and "
+               "optimizer apart\n")
+    out.append(_run_line(run))
+    out.append("Embedding, 8 decoder layers, norm, LM head + loss and AdamW, 8192 tokens per step. Ours and the "
+               "Hugging Face models with bf16 weights (eager, Liger, torch.compile) all step the one-pass master-weight "
+               "AdamW kernel (llama_model.FusedMasterAdamW); hf_liger_amp is Hugging Face's Trainer in bf16 (fp32 "
+               "weights, autocast, torch's fused AdamW). Round-robin over whole contenders: each round builds, times "
+               "and frees each one; ms = median over rounds of each round's median step (spread over rounds).\n")
+    rows = []
+    for config, results in run["step"].items():
+        parts = {part: {n: r[part] for n, r in results.items() if isinstance(r, dict) and timed(r.get(part))}
+                 for part in ("forward_backward", "optimizer")}
+        for name, r in results.items():
+            if name == "shape" or not isinstance(r, dict):  # rounds_so_far: a run cut short
+                continue
+            if not timed(r):
+                rows.append([config, name, _median(r)] + [""] * 6)
+                continue
+            rows.append([config, name, _median(r), _median(r["forward_backward"]), _median(r["optimizer"]),
+                         f"{r['tokens_per_s']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}",
+                         _versus(results, name, STEP_PEERS) if _is_ours(name) else "",
+                         _versus(parts["forward_backward"], name, STEP_PEERS) if _is_ours(name) else ""])
+    out.append(_table(["config", "impl", "step ms (spread)", "fwd+bwd ms", "optimizer ms", "tokens/s", "peak GiB",
+                       "step vs best peer", "fwd+bwd vs best peer"], rows))
+    out.append("")
+    out.append("Optimizers (lr 1e-5, no clipping, weight decay 0.01): " + _optimizer_legend(run["step"], "optimizer_used")
+               + "\n")
+
+
+def like_for_like_optimizer(out, run):
+    out.append("### Optimizer step alone: ours against stock Paddle's AdamW (ported), with and without the "
+               "global-norm clip\n")
+    out.append(_run_line(run))
+    out.append("paddle = Paddle 3.3.1's AdamW (multi_precision) and ClipGradByGlobalNorm as its dygraph runs them, "
+               "ported into the harness (benchmarks/gpu/paddle_adamw.py, paddle_adamw.cu); three_pass = the stand-in "
+               "of runs up to 14. Graph = the step replayed from a CUDA graph (the GPU's time, compared); eager = "
+               "step() from Python. Round-robin over rebuilt contenders.\n")
+    rows = []
+    for config, results in run.items():
+        if not isinstance(results, dict) or config in ("environment", "ceilings", "sweep"):
+            continue
+        for clip in (False, True):
+            group = {n: r for n, r in results.items() if isinstance(r, dict) and n.endswith("_clip") == clip}
+            for name, r in group.items():
+                if "parameters" not in r:
+                    rows.append([config, name, _median(r)] + [""] * 5)
+                    continue
+                rows.append([config, name, f"{r['parameters'] / 1e9:.2f} B x {r['bytes_per_parameter']} B",
+                             _median(r.get("graph")), f"{r['graph'].get('fraction_of_copy', 0) * 100:.0f}%"
+                             if isinstance(r.get("graph"), dict) else "", _median(r.get("eager")),
+                             _versus(group, name, [n for n in group if not _is_ours(n)]) if _is_ours(name) else ""])
+    out.append(_table(["config", "impl", "params x bytes", "graph ms (spread)", "graph of copy", "eager ms (spread)",
+                       "vs best peer (graph)"], rows))
+    out.append("")
+
+
+def like_for_like_fp8(out, run):
+    out.append("### FP8 FFN forward+backward (round-robin), and 4 micro-batches per optimizer step in the same loop "
+               "for every contender\n")
+    out.append(_run_line(run))
+    out.append("`_accumulate4` rows: 4 calls after one L2 flush and one synchronisation for every contender (ms per "
+               "micro-batch); ours FP8 quantises its weights at the first of the four, torchao at every call.\n")
+    rows = []
+    for (model, tokens), d in _rows_by(run["ffn"], ("model", "tokens")).items():
+        for accumulate in (False, True):
+            group = {n: r for n, r in d.items() if ("_accumulate" in n) == accumulate and n != "six_fp8_gemms_alone"}
+            for name, r in group.items():
+                rows.append([model, tokens, name, _median(r), f"{r['tflops']:.0f}" if "tflops" in r else "",
+                             _versus(group, name, [n for n in group if not _is_ours(n)]) if _is_ours(name) else ""])
+        if "six_fp8_gemms_alone" in d:
+            rows.append([model, tokens, "six_fp8_gemms_alone (floor)", _median(d["six_fp8_gemms_alone"]), "", ""])
+    out.append(_table(["model", "tokens", "impl", "ms (spread)", "TFLOP/s", "vs best peer"], rows))
+    out.append("")
+
+
+def like_for_like_sections(out, run):
+    """The run folder's tables (any of gpu_bench.json, step.json, optimizer.json, fp8_ffn.json)."""
+    load = _run_loader(run)
+    bench, step, optimizer, fp8 = load("gpu_bench.json"), load("step.json"), load("optimizer.json"), load("fp8_ffn.json")
+    if not (bench or step or optimizer or fp8):
+        return
+    out.append(f"## GPU {run}: like for like (peers as their users set them up; {run}/README.md)\n")
+    out.append(f"Each row: the median over round-robin repeats and, in parentheses, their spread; `vs best peer` "
+               f"names the fastest peer of that table by measurement. {TIE_RULE}\n")
+    if bench and "kernels" in bench:
+        like_for_like_kernels(out, bench)
+    if bench and "decoder_layer" in bench:
+        like_for_like_decoder(out, bench)
+    if step and "step" in step:
+        like_for_like_step(out, step)
+    if step and "loss" in step:
+        like_for_like_loss(out, step)
+    if optimizer:
+        like_for_like_optimizer(out, optimizer)
+    if fp8 and "ffn" in fp8:
+        like_for_like_fp8(out, fp8)
+
+
 def plot_kernels(gpu) -> list[Path]:
     plt = _pyplot()
     if plt is None:
@@ -834,6 +1048,7 @@ def main():
            "Generated by `python -m benchmarks.report` from the JSON files in this folder; each JSON "
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
+    like_for_like_sections(out, RUN15)
     run14_sections(out)
     run13_sections(out)
     run12_sections(out)

@@ -7,10 +7,13 @@ repeats) and the activation memory each keeps for backward.
 
 Every FP8 step re-quantises the weights (an optimizer step per iteration: the conservative case),
 as torchao does. Ours FP8 keeps gate_up's FP8 copy for backward (Fp8Recipe.saved_gate_up "fp8", the
-default); the `_gate_up_activation` rows keep the 16-bit gate_up instead. The `_accumulate4` rows are our FP8 FFN as configs/llama2_7b_sft_*.json run it:
-4 micro-batches of 8192 tokens per optimizer step, the weights quantised once for the four (ms per
-micro-batch; as in every row, the gradients are fresh each call: accumulation's own adds are in
-no row).
+default); the `_gate_up_activation` rows keep the 16-bit gate_up instead. The `_accumulate4` rows
+time gradient accumulation as configs/llama2_7b_sft_*.json runs it: 4 micro-batches of 8192 tokens
+per optimizer step, every contender in the same loop (4 calls after one L2 flush, one
+synchronisation, ms per micro-batch), round-robin among themselves: ours FP8 quantises its weights
+once for the four (its weight cache), torchao casts them at every call (what it does), the bf16
+contenders have no cast. As in every row, the gradients are fresh each call: accumulation's own
+adds are in no row.
 
     python3 -m benchmarks.gpu.bench_fp8_ffn --out fp8_ffn.json [--tokens 8192 ...] [--sections quantization,ffn,profile]
 
@@ -29,8 +32,8 @@ import torch.nn.functional as F
 
 from benchmarks.gpu import fp8_ffn, fp8_harness, harness
 from benchmarks.gpu.bench_gpu import (DT, GEMM_KERNEL_MARKS, ceilings, environment, fwd_bwd, graphed,
-                                      kernel_times, leaf, peak_bytes, saved_activation_bytes, timeit,
-                                      timeit_interleaved)
+                                      kernel_times, leaf, peak_bytes, round_robin, saved_activation_bytes,
+                                      timeit)
 
 # hidden, intermediate: LLaMA-2 7B / 13B / 70B and Llama-3-8B.
 WIDTHS = {"llama2_7b": (4096, 11008), "llama2_13b": (5120, 13824), "llama2_70b": (8192, 28672),
@@ -115,17 +118,19 @@ def ours_fp8(x, w_gate_up, w_down, dy, kind, saved_gate_up="fp8"):
 
 
 def ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind, micro_batches=SFT_7B_ACCUMULATION):
-    """One optimizer step's worth of fwd+bwd with gradient accumulation: `micro_batches` calls, the
-    weights quantised at the first (the weight cache; torchao casts them at every call). Timed as
-    one run; the rows divide by micro_batches (ms per micro-batch)."""
+    """One micro-batch's fwd+bwd per call, the FP8 weight copies invalidated at every
+    `micro_batches`-th call (an optimizer step), for round_robin's loop of `micro_batches` calls
+    per sample (its warm-up runs whole loops too, so the first call of each sample quantises)."""
     state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
+    calls = [0]
 
     def run():
-        state.cache.invalidate()
-        for _ in range(micro_batches):
-            for t in (x, w_gate_up, w_down):
-                t.grad = None
-            fp8_ffn.fp8_ffn(x, w_gate_up, w_down, state).backward(dy)
+        if calls[0] % micro_batches == 0:
+            state.cache.invalidate()
+        calls[0] += 1
+        for t in (x, w_gate_up, w_down):
+            t.grad = None
+        fp8_ffn.fp8_ffn(x, w_gate_up, w_down, state).backward(dy)
     return run
 
 
@@ -167,25 +172,29 @@ def ffn_rows(model, hidden, inter, tokens):
             runs[name] = (run, peak_bytes(run), saved_activation_bytes(module, [x]))
         except Exception as error:  # noqa: BLE001
             rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
-    for kind in ("current", "delayed"):
-        name = f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}"
-        try:
-            runs[name] = (ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind), None, None)
-        except Exception as error:  # noqa: BLE001
-            rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
     try:
         runs["six_fp8_gemms_alone"] = (six_fp8_gemms(x.detach(), w_gate_up.detach(), w_down.detach(), dy), None, None)
     except Exception as error:  # noqa: BLE001
         rows.append({"model": model, "tokens": tokens, "impl": "six_fp8_gemms_alone", "error": repr(error)})
-    timings = timeit_interleaved({name: r[0] for name, r in runs.items()}, reps=12 if tokens >= 16384 else 20)
+    reps = 12 if tokens >= 16384 else 20
+    timings = round_robin({name: r[0] for name, r in runs.items()}, reps=reps)
     flops = 3 * 2 * tokens * hidden * 3 * inter  # bf16-equivalent: 3 GEMMs forward, 6 in all, x3 of fwd
     for name, (_, peak, saved) in runs.items():
-        timing = timings[name]
-        if "_accumulate" in name:  # ms per micro-batch (ours_fp8_accumulating)
-            timing = {**timing, **{k: v / SFT_7B_ACCUMULATION for k, v in timing.items() if k.endswith("_ms")},
-                      "micro_batches_per_run": SFT_7B_ACCUMULATION}
-        rows.append({"model": model, "tokens": tokens, "impl": name, **timing, "peak_bytes": peak,
-                     "saved_activation_bytes": saved, "tflops": flops / (timing["p50_ms"] * 1e-3) / 1e12})
+        rows.append({"model": model, "tokens": tokens, "impl": name, **timings[name], "peak_bytes": peak,
+                     "saved_activation_bytes": saved, "tflops": flops / (timings[name]["p50_ms"] * 1e-3) / 1e12})
+    # Gradient accumulation: the same 4-call loop for every contender that has a per-call weight cast
+    # or none (ours FP8 with its cache; torchao and the bf16 contenders call for call).
+    accumulating = {f"{name}_accumulate{SFT_7B_ACCUMULATION}": runs[name][0] for name in
+                    ("eager_bf16", "ours_bf16", "torch_compile_bf16", "torchao_tensorwise", "torchao_rowwise")
+                    if name in runs}
+    for kind in ("current", "delayed"):
+        accumulating[f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}"] = ours_fp8_accumulating(
+            x, w_gate_up, w_down, dy, kind)
+    timings = round_robin(accumulating, reps=max(3, reps // 2), calls=SFT_7B_ACCUMULATION)
+    for name, timing in timings.items():
+        rows.append({"model": model, "tokens": tokens, "impl": name, **timing,
+                     "micro_batches_per_sample": SFT_7B_ACCUMULATION,
+                     "tflops": flops / (timing["p50_ms"] * 1e-3) / 1e12})
     return rows
 
 

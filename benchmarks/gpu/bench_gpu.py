@@ -3,13 +3,19 @@
     python3 -m benchmarks.gpu.bench_gpu --out results.json [--quick]
 
 1. ceilings: device copy bandwidth and bf16 GEMM rate, measured now;
-2. kernels (bf16, 8192 tokens, LLaMA-2 7B/13B/70B widths): ours vs PyTorch eager vs Liger-Kernel,
-   GB/s and fraction of the copy bandwidth (bytes = each input read once + each output written once);
+2. kernels (bf16, 8192 tokens, LLaMA-2 7B/13B/70B widths): ours vs PyTorch eager, the same under
+   torch.compile and Liger-Kernel, each in its users' layout, GB/s and fraction of the copy bandwidth (bytes = each input read once
+   + each output written once);
 3. FFN forward+backward (7B/13B/70B x 2048/8192/16384 tokens): the six GEMMs of our composition
    alone, eager unfused, eager fused gate_up, Liger SwiGLU, ours (recompute on/off), and
    torch.compile at 8192 tokens; time and peak memory;
-4. decoder layer forward+backward at 7B, batch 4 x 2048: ours vs Hugging Face LlamaDecoderLayer
-   eager and patched by Liger; time, model TFLOP/s, peak memory, kernel-time breakdown.
+4. decoder layer forward+backward at 7B (4 x 2048) and Llama-3-8B (2 x 4096): ours vs Hugging Face
+   LlamaDecoderLayer eager, under torch.compile and patched by Liger; time, model TFLOP/s, peak
+   memory, kernel-time breakdown.
+
+Every table is timed round-robin (round_robin: each repeat runs every contender once, the order
+rotated per repeat, at least 3 repeats; median and spread, compared by benchmarks/common.py's
+TIE_RULE).
 
 Our kernels are the csrc/kernels CUDA sources that the Paddle bindings call; torch's cuBLAS and
 SDPA stand in for Paddle's GEMMs and flash attention.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import gc
 import itertools
 import json
 import subprocess
@@ -29,7 +36,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import percentiles
+from benchmarks.common import MIN_REPEATS, percentiles, rotated, summarize_rounds
 from benchmarks.gpu import harness
 from benchmarks.gpu.llama_model import FastDecoderLayer
 
@@ -45,33 +52,94 @@ def _flush_l2():
     _L2_FLUSH.zero_()
 
 
-def _time_once(fn, flush=True) -> float:
-    """One call timed with CUDA events (ms), after evicting L2 so inputs come from HBM."""
+def _time_once(fn, flush=True, calls=1) -> float:
+    """`calls` back-to-back calls timed with CUDA events (ms for all of them), after evicting L2 so
+    inputs come from HBM: one flush and one synchronisation per sample, whatever `calls` is."""
     if flush:
         _flush_l2()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    fn()
+    for _ in range(calls):
+        fn()
     end.record()
     end.synchronize()
     return start.elapsed_time(end)
 
 
 def timeit(fn, reps=20, warmup=3, flush=True):
+    """One contender alone (ceilings, sweeps of one kernel's builds). Tables that compare
+    contenders use round_robin."""
     for _ in range(warmup):
         fn()
     return percentiles([_time_once(fn, flush) for _ in range(reps)])
 
 
+def round_robin(fns: dict, reps=20, warmup=2, calls=1, flush=True, contexts=None):
+    """Every table's timing loop: each repeat times every contender once, in an order rotated by one
+    per repeat (common.rotated), at least common.MIN_REPEATS repeats; a sample is `calls`
+    back-to-back calls after one L2 flush with one synchronisation, the same loop for everyone, and
+    counts ms per call. contexts: {name: context manager factory} entered around that contender's
+    warm-up and each of its samples, outside the CUDA events (e.g. Liger's module-level patch,
+    which must not leak into the Hugging Face eager contender). Returns {name: percentiles + spread}."""
+    reps = max(reps, MIN_REPEATS)
+    contexts = contexts or {}
+    names = list(fns)
+
+    def entered(name):
+        return contexts.get(name, contextlib.nullcontext)()
+
+    for name in names:
+        with entered(name):
+            for _ in range(warmup * calls):
+                fns[name]()
+    samples = {name: [] for name in names}
+    for repeat in range(reps):
+        for name in rotated(names, repeat):
+            with entered(name):
+                samples[name].append(_time_once(fns[name], flush, calls) / calls)
+    return {name: {**percentiles(values), "timing": "round_robin", "calls_per_sample": calls}
+            for name, values in samples.items()}
+
+
 def timeit_interleaved(fns: dict, reps=20, warmup=2):
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            samples[name].append(_time_once(fn))
-    return {name: {**percentiles(values), "timing": "interleaved"} for name, values in samples.items()}
+    """round_robin with one call per sample (the name earlier results were written under)."""
+    return round_robin(fns, reps=reps, warmup=warmup)
+
+
+def round_robin_rebuilt(builders: dict, rounds=MIN_REPEATS, on_round=lambda name, index, row: None):
+    """For contenders too large to be held side by side (whole models with optimizer state): each
+    round builds, measures and frees every contender once, in an order rotated by one per round.
+    builders: {name: () -> {"<metric>_ms": ms, ...; other keys kept from the first round}}; a builder
+    that raises gives that contender an error row. Returns {name: {"<metric>": percentiles over the
+    rounds (median, spread), ..., "rounds": every round's row, ...the first round's other fields}}."""
+    rounds = max(rounds, MIN_REPEATS)
+    names = list(builders)
+    per_round = {name: [] for name in names}
+    errors = {}
+    for index in range(rounds):
+        for name in rotated(names, index):
+            if name in errors:
+                continue
+            try:
+                row = builders[name]()
+            except Exception as error:  # noqa: BLE001
+                errors[name] = {"error": repr(error), "trace": traceback.format_exc()[-2500:], "round": index}
+                row = None
+            gc.collect()
+            torch.cuda.empty_cache()
+            if row is not None:
+                per_round[name].append(row)
+            on_round(name, index, row if row is not None else errors[name])
+    results = {}
+    for name in names:
+        if name in errors and not per_round[name]:
+            results[name] = errors[name]
+            continue
+        timings = [{k[:-3]: v for k, v in r.items() if k.endswith("_ms")} for r in per_round[name]]
+        first = {k: v for k, v in per_round[name][0].items() if not k.endswith("_ms")}
+        results[name] = {**first, **summarize_rounds(timings), "rounds": per_round[name],
+                         **({"error_in_later_round": errors[name]} if name in errors else {})}
+    return results
 
 
 def saved_activation_bytes(fn, inputs):
@@ -183,17 +251,30 @@ def kernel_section(copy_bw, tokens, liger):
     rows = []
 
     def record(op, model, pass_name, nbytes, impls):
+        """Every impl captured in a CUDA graph, then eager launches and graph replays each timed
+        round-robin across the impls (graph replay is the kernel's time, eager adds launches)."""
+        replays = {}
         for name, fn in impls.items():
-            row = {"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes}
             try:
-                row["eager_launch"] = timeit(fn)
-                t = timeit(graphed(fn))
+                fn()  # first-call work (torch.compile, Triton JIT) on the default stream, before capture
+                replays[name] = graphed(fn)
             except Exception as error:  # noqa: BLE001
-                rows.append({**row, "error": repr(error)})
-                continue
+                rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
+                             "error": repr(error)})
+        eager = round_robin({name: impls[name] for name in replays})
+        graph = round_robin(replays)
+        for name, t in graph.items():
             gbps = nbytes / (t["p50_ms"] * 1e-3)
-            rows.append({**row, **t, "timing": "cuda_graph", "GB_per_s": gbps / 1e9,
-                         "fraction_of_copy": gbps / copy_bw})
+            rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
+                         "eager_launch": eager[name], **t, "timing": "cuda_graph_round_robin",
+                         "GB_per_s": gbps / 1e9, "fraction_of_copy": gbps / copy_bw})
+
+    def add_compiled(impls_fwd, impls_fb, eager_fn, inputs, upstream):
+        """torch.compile of the eager function (default mode, static shapes) as one more peer: the
+        tables name it where it is the fastest."""
+        compiled = torch.compile(eager_fn, dynamic=False)
+        impls_fwd["torch_compile"] = fwd_only(compiled, inputs)
+        impls_fb["torch_compile"] = fwd_bwd(compiled, inputs, upstream)
 
     for model, (hidden, inter, heads, kv_heads) in MODELS.items():
         e = 2  # bf16 bytes
@@ -207,6 +288,7 @@ def kernel_section(copy_bw, tokens, liger):
                      "ours_packed": fwd_only(harness.SwiGLU.apply, [packed])}
         impls_fb = {"eager": fwd_bwd(eager, [gate, up], [d_h]), "ours": fwd_bwd(ours_pair, [gate, up], [d_h]),
                     "ours_packed": fwd_bwd(harness.SwiGLU.apply, [packed], [d_h])}
+        add_compiled(impls_fwd, impls_fb, eager, [gate, up], [d_h])
         if liger:
             from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction, LigerSiLUMulFunction
             impls_fwd["liger"] = fwd_only(LigerSiLUMulFunction.apply, [gate, up])
@@ -229,6 +311,7 @@ def kernel_section(copy_bw, tokens, liger):
         ours_norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
         impls_fwd = {"eager": fwd_only(eager_norm, [x, w]), "ours": fwd_only(ours_norm, [x, w])}
         impls_fb = {"eager": fwd_bwd(eager_norm, [x, w], [dy]), "ours": fwd_bwd(ours_norm, [x, w], [dy])}
+        add_compiled(impls_fwd, impls_fb, eager_norm, [x, w], [dy])
         if liger:
             from liger_kernel.ops.rms_norm import LigerRMSNormFunction
             lig = lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)  # noqa: E731
@@ -245,6 +328,7 @@ def kernel_section(copy_bw, tokens, liger):
         impls_fwd = {"eager": fwd_only(eager_add, [x, r, w]), "ours": fwd_only(ours_add, [x, r, w])}
         impls_fb = {"eager": fwd_bwd(eager_add, [x, r, w], [dy, ds]),
                     "ours": fwd_bwd(ours_add, [x, r, w], [dy, ds])}
+        add_compiled(impls_fwd, impls_fb, eager_add, [x, r, w], [dy, ds])
         if liger:
             from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
             lig_add = lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)  # noqa: E731
@@ -255,35 +339,47 @@ def kernel_section(copy_bw, tokens, liger):
         record("fused_add_rms_norm", model, "fwd+bwd", 8 * tokens * hidden * e, impls_fb)
         del x, r, w, dy, ds
 
-        # Rotary on q and k (grouped-query for 70B); each impl in its own natural layout.
+        # Rotary on q and k (grouped-query for 70B), each impl in its users' layout: ours reads the
+        # [b, s, h, d] projection output; Hugging Face's rope (eager, and Liger's, which replaces it)
+        # gets what HF hands it, q/k of [b, h, s, d] shape as transposed views of [b, s, h, d]
+        # (LlamaAttention's view(...).transpose(1, 2)), and upstream gradients in that layout (SDPA's
+        # backward returns them so). Liger 0.8.5 (ops/rope.py) transposes back to [b, s, h, d], which is
+        # then contiguous, and rotates in place (no copy; the leaves here change each call, rotated,
+        # which the timing does not notice); fed contiguous [b, h, s, d] (runs up to 14) it copied q
+        # and k, and the gradients in backward, before rotating.
         batch, seq, d = tokens // 2048, 2048, hidden // heads
         q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
-        q_bhsd, k_bhsd = leaf((batch, heads, seq, d)), leaf((batch, kv_heads, seq, d))
         inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
         emb = torch.cat([torch.outer(torch.arange(seq, device="cuda").float(), inv)] * 2, -1)
         cos32, sin32 = emb.cos().contiguous(), emb.sin().contiguous()
         cos_hf, sin_hf = cos32.to(DT)[None], sin32.to(DT)[None]
         du_q, du_k = torch.randn_like(q_bshd), torch.randn_like(k_bshd)
-        du_qh, du_kh = torch.randn_like(q_bhsd), torch.randn_like(k_bhsd)
+
+        def hf_layout(fn):
+            """fn(q, k) on HF's [b, h, s, d] views of the [b, s, h, d] leaves."""
+            return lambda q, k: fn(q.transpose(1, 2), k.transpose(1, 2))
 
         def eager_rope(q, k):
             c, s = cos_hf.unsqueeze(1), sin_hf.unsqueeze(1)
             rot = lambda x: torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)  # noqa: E731
             return q * c + rot(q) * s, k * c + rot(k) * s
 
+        hf_upstream = [du_q.transpose(1, 2), du_k.transpose(1, 2)]
         ours_rope = lambda q, k: harness.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
-        impls_fwd = {"eager": fwd_only(eager_rope, [q_bhsd, k_bhsd]), "ours": fwd_only(ours_rope, [q_bshd, k_bshd])}
-        impls_fb = {"eager": fwd_bwd(eager_rope, [q_bhsd, k_bhsd], [du_qh, du_kh]),
+        impls_fwd = {"eager": fwd_only(hf_layout(eager_rope), [q_bshd, k_bshd]),
+                     "ours": fwd_only(ours_rope, [q_bshd, k_bshd])}
+        impls_fb = {"eager": fwd_bwd(hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream),
                     "ours": fwd_bwd(ours_rope, [q_bshd, k_bshd], [du_q, du_k])}
+        add_compiled(impls_fwd, impls_fb, hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream)
         if liger:
             from liger_kernel.ops.rope import LigerRopeFunction
-            lig_rope = lambda q, k: LigerRopeFunction.apply(q, k, cos_hf, sin_hf)  # noqa: E731
-            impls_fwd["liger"] = fwd_only(lig_rope, [q_bhsd, k_bhsd])
-            impls_fb["liger"] = fwd_bwd(lig_rope, [q_bhsd, k_bhsd], [du_qh, du_kh])
+            lig_rope = hf_layout(lambda q, k: LigerRopeFunction.apply(q, k, cos_hf, sin_hf))
+            impls_fwd["liger"] = fwd_only(lig_rope, [q_bshd, k_bshd])
+            impls_fb["liger"] = fwd_bwd(lig_rope, [q_bshd, k_bshd], hf_upstream)
         qk_bytes = (q_bshd.numel() + k_bshd.numel()) * e
         record("rotary", model, "fwd", 2 * qk_bytes, impls_fwd)
         record("rotary", model, "fwd+bwd", 4 * qk_bytes, impls_fb)
-        del q_bshd, k_bshd, q_bhsd, k_bhsd
+        del q_bshd, k_bshd, du_q, du_k, hf_upstream
         torch.cuda.empty_cache()
     return rows
 
@@ -652,11 +748,13 @@ def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
         if liger:
             builders["hf_liger"] = liger_layer
         flops = decoder_flops(**shape)
-        results = {}
+        # hf_liger runs under Liger's module-level patch (rope is looked up at call time), entered
+        # around its own calls only; every other contender runs Hugging Face's functions.
+        contexts = {"hf_liger": liger_patched} if liger else {}
+        results, runs = {}, {}
         for name, build in builders.items():
-            patch = liger_patched() if name == "hf_liger" else contextlib.nullcontext()
             try:
-                with patch:
+                with contexts.get(name, contextlib.nullcontext)():
                     fn, params = build()
 
                     def run(fn=fn, params=params):
@@ -666,15 +764,22 @@ def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
                         torch.autograd.backward((out,), (dy,))
 
                     run()  # compile / first-call work outside the timing
-                    t = timeit(run, reps=15)
-                    results[name] = {**t, "peak_bytes": peak_bytes(run),
-                                     "model_tflops": flops / (t["p50_ms"] * 1e-3) / 1e12,
-                                     "kernel_ms": kernel_breakdown(run)}
-                    del fn, params
+                runs[name] = run
             except Exception as error:  # noqa: BLE001
                 results[name] = {"error": repr(error), "trace": traceback.format_exc()[-2000:]}
-            torch.cuda.empty_cache()
-            print(f"decoder {config_name} {name}: {results[name].get('p50_ms', results[name].get('error'))}", flush=True)
+        timings = round_robin(runs, reps=15, contexts=contexts)
+        for name, run in runs.items():
+            try:
+                with contexts.get(name, contextlib.nullcontext)():
+                    results[name] = {**timings[name], "peak_bytes": peak_bytes(run),
+                                     "model_tflops": flops / (timings[name]["p50_ms"] * 1e-3) / 1e12,
+                                     "kernel_ms": kernel_breakdown(run)}
+            except Exception as error:  # noqa: BLE001
+                results[name] = {**timings[name], "error": repr(error), "trace": traceback.format_exc()[-2000:]}
+            print(f"decoder {config_name} {name}: {results[name].get('p50_ms')} ms "
+                  f"(spread {results[name].get('spread_ms', 0):.3f})", flush=True)
+        del runs
+        torch.cuda.empty_cache()
         results["shape"] = {**shape, "flops_convention": "3x forward; causal attention at half; "
                             "FP8 rows count the same (bf16-equivalent) FLOPs"}
         report[config_name] = results

@@ -1,23 +1,33 @@
-"""The optimizer step on the H200: our one-pass AdamW kernel against the three passes of the harness's
-stand-in, on the parameters of the whole-step benchmark's models, every contender in the same run:
+"""The optimizer step on the H200: our one-pass AdamW kernel against stock Paddle's AdamW (the
+optimizer Paddle users run), on the parameters of the whole-step benchmark's models, every
+contender in the same run, timed round-robin:
 
     python3 -m benchmarks.gpu.bench_optimizer --out optimizer.json [--configs llama2_7b_8layers ...]
 
 - ours: llama_model.FusedMasterAdamW, one fastffn_adamw_cuda call per parameter (the kernel
   paddle_fastffn.optim.FastAdamW runs in Paddle): reads the bf16 gradient, the fp32 master, m
   and v, writes master, m, v and the bf16 parameter: 28 bytes per parameter.
-- three_pass: llama_model.MasterWeightAdamW (bench_step's optimizer): bf16 gradients copied into
-  fp32 buffers (6 bytes), torch's fused AdamW on the fp32 masters (28), masters copied back into
-  the bf16 parameters (6): 40 bytes per parameter, and 4 more resident per parameter.
-Both without clipping and with the global-norm clip (max_grad_norm 1.0: ours reads each bf16
-gradient once more for the norm, +2 bytes; torch's clip_grad_norm_ reads the fp32 gradients for
-the norm and scales them in place, +12).
+- paddle: paddle_adamw.PaddleAdamW, stock Paddle's AdamW (paddle.optimizer.AdamW,
+  multi_precision) ported into the harness launch for launch: its AdamWKernelREG, 28 bytes per
+  parameter too, one launch per parameter, beta powers on the host.
+- three_pass: llama_model.MasterWeightAdamW, the harness's stand-in of runs up to 14 (bf16
+  gradients copied into fp32 buffers, torch's fused AdamW on the masters, masters copied back:
+  40 bytes per parameter and 4 more resident); kept to show what that baseline measured.
+Each without clipping and with the global-norm clip (max_grad_norm 1.0). Ours reads each bf16
+gradient once more for the norm and scales it as it reads it (+2 bytes); Paddle's
+ClipGradByGlobalNorm reduces each gradient's squared norm and then scales it in place (+2 read,
++2 read +2 write: +6); torch's clip_grad_norm_ reads the fp32 gradients for the norm and scales
+them in place (+12).
 
 The parameters: embedding, 8 decoder layers with the fast path's fused weights (qkv, o, gate_up,
 down, two norm weights), final norm and LM head, all bf16 (what llama_model.FastLlama trains), at
 bench_step's LLaMA-2-7B and Llama-3-8B widths. Time per step: CUDA events around step() called
 from Python (what a training loop sees) and the step captured in a CUDA graph (the GPU's time);
 the fraction of the device copy bandwidth measured in the same run (bytes as above / time).
+Three contenders' optimizer states do not fit beside each other at Llama-3-8B width, so each
+round builds, times and frees every contender in turn, in an order rotated by one per round
+(bench_gpu.round_robin_rebuilt), at least 3 rounds: median over rounds and spread
+(benchmarks/common.py: TIE_RULE).
 
 --sweep: our kernel also built with each of SWEEP_VARIANTS' build-time knobs (csrc/kernels/cuda/
 adamw.cu), measured beside the default build on the first config without clipping.
@@ -26,6 +36,7 @@ adamw.cu), measured beside the default build on the first config without clippin
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import json
 import time
@@ -33,15 +44,16 @@ import traceback
 
 import torch
 
-import concurrent.futures
-
 from benchmarks.gpu import harness
-from benchmarks.gpu.bench_gpu import ceilings, environment, graphed, timeit
+from benchmarks.gpu.bench_gpu import ceilings, environment, graphed, round_robin_rebuilt, timeit
 from benchmarks.gpu.bench_step import STEP_CONFIGS
 from benchmarks.gpu.llama_model import FusedMasterAdamW, MasterWeightAdamW
+from benchmarks.gpu.paddle_adamw import PaddleAdamW
 
-BYTES_PER_PARAM = {"ours": 28, "three_pass": 40}
-CLIP_BYTES_PER_PARAM = {"ours": 2, "three_pass": 12}
+OPTIMIZERS = {"ours": FusedMasterAdamW, "paddle": PaddleAdamW, "three_pass": MasterWeightAdamW}
+BYTES_PER_PARAM = {"ours": 28, "paddle": 28, "three_pass": 40}
+CLIP_BYTES_PER_PARAM = {"ours": 2, "paddle": 6, "three_pass": 12}
+RESIDENT_BYTES_PER_PARAM = {"ours": 12, "paddle": 12, "three_pass": 16}  # masters, m, v (+ fp32 grads)
 
 
 # Build-time knobs of adamw.cu tried against its defaults (8 blocks per SM, 8 elements per thread).
@@ -59,37 +71,46 @@ def parameter_shapes(hidden, inter, heads, kv_heads, layers, vocab, **_):
 def make_contender(name, shapes, clip, grads):
     """Fresh bf16 parameters (whose .grad are the shared gradients) and the optimizer."""
     params = [(torch.randn(s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_() for s in shapes]
-    cls = FusedMasterAdamW if name == "ours" else MasterWeightAdamW
-    opt = cls(params, lr=1e-5, max_grad_norm=1.0 if clip else None)
+    opt = OPTIMIZERS[name](params, lr=1e-5, max_grad_norm=1.0 if clip else None)
     if name == "three_pass":
         opt.optimizer.param_groups[0]["capturable"] = True  # device step counts: graph capture works
 
     def step():
+        # Paddle's clip scales the shared gradients in place: after the first step their norm is at
+        # most max_norm and the coefficient 1, the same traffic (a copy per step would add 4 bytes per
+        # parameter to every clipped row).
         for p, g in zip(params, grads):
             p.grad = g
         opt.step()
     return params, opt, step
 
 
-def measure(name, shapes, clip, grads, copy_bw, reps):
+def measure(name, shapes, clip, grads, reps):
+    """One round of one contender: {eager_ms, graph_ms} (medians of `reps` steps) and its sizes."""
     params, opt, step = make_contender(name, shapes, clip, grads)
     n = sum(p.numel() for p in params)
     row = {"impl": name, "clip": clip, "parameters": n, "tensors": len(params),
-           "bytes_per_parameter": BYTES_PER_PARAM[name] + (CLIP_BYTES_PER_PARAM[name] if clip else 0)}
-    nbytes = n * row["bytes_per_parameter"]
-    row["eager"] = timeit(step, reps=reps, warmup=3, flush=False)
+           "bytes_per_parameter": BYTES_PER_PARAM[name] + (CLIP_BYTES_PER_PARAM[name] if clip else 0),
+           "resident_optimizer_bytes": n * RESIDENT_BYTES_PER_PARAM[name]}
+    row["eager_ms"] = timeit(step, reps=reps, warmup=3, flush=False)["p50_ms"]
     try:
-        row["graph"] = timeit(graphed(step), reps=reps, warmup=2, flush=False)
+        row["graph_ms"] = timeit(graphed(step), reps=reps, warmup=2, flush=False)["p50_ms"]
     except Exception as error:  # noqa: BLE001
-        row["graph"] = {"error": repr(error), "trace": traceback.format_exc()[-1500:]}
+        row["graph_error"] = {"error": repr(error), "trace": traceback.format_exc()[-1500:]}
+    del params, opt, step
+    return row
+
+
+def with_bandwidth(row, copy_bw):
+    """Adds GB/s and the fraction of the copy bandwidth to each timing of a summarised row."""
+    nbytes = row["parameters"] * row["bytes_per_parameter"]
     for mode in ("eager", "graph"):
-        if "p50_ms" in row[mode]:
+        if isinstance(row.get(mode), dict) and "p50_ms" in row[mode]:
             rate = nbytes / (row[mode]["p50_ms"] * 1e-3)
             row[mode].update({"GB_per_s": rate / 1e9, "fraction_of_copy": rate / copy_bw})
-    row["resident_optimizer_bytes"] = n * (16 if name == "three_pass" else 12)  # masters, m, v (+ fp32 grads)
-    del params, opt, step
-    gc.collect()
-    torch.cuda.empty_cache()
+    if "graph" in row:  # the GPU's time: what common.compare reads
+        row.update({k: row["graph"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")
+                    if k in row["graph"]})
     return row
 
 
@@ -102,11 +123,13 @@ def sweep_section(shapes, grads, copy_bw, reps):
     try:
         for defines, library in [((), None)] + list(zip(SWEEP_VARIANTS, libraries)) + [((), None)]:
             harness._KERNELS = harness.Kernels(library) if library is not None else default
-            row = measure("ours", shapes, False, grads, copy_bw, reps)
+            row = measure("ours", shapes, False, grads, reps)
+            # one measurement per build, in the layout of the report's sweep table
+            row = with_bandwidth({**row, "eager": {"p50_ms": row["eager_ms"]},
+                                  "graph": {"p50_ms": row.get("graph_ms", float("nan"))}}, copy_bw)
             row["defines"] = list(defines)
             rows.append(row)
-            print(f"sweep {defines or 'default'}: graph {row['graph'].get('p50_ms')} ms "
-                  f"({row['graph'].get('fraction_of_copy', 0):.3f} of copy)", flush=True)
+            print(f"sweep {defines or 'default'}: graph {row.get('graph_ms')} ms", flush=True)
     finally:
         harness._KERNELS = default
     return rows
@@ -116,7 +139,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--configs", nargs="+", default=list(STEP_CONFIGS))
-    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--reps", type=int, default=15, help="steps timed per contender per round")
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds (at least 3)")
     parser.add_argument("--sweep", action="store_true", help="also the SWEEP_VARIANTS builds of our kernel")
     parser.add_argument("--sweep-only", action="store_true", help="only the sweep (first config)")
     args = parser.parse_args()
@@ -125,7 +149,9 @@ def main():
               "command": "python3 -m benchmarks.gpu.bench_optimizer " + " ".join(
                   f"--{k} {' '.join(v) if isinstance(v, list) else v}" for k, v in vars(args).items()),
               "note": "ours: fastffn_adamw_cuda through ctypes (the kernel of paddle_fastffn.optim.FastAdamW); "
-                      "three_pass: torch's copies and fused AdamW (the harness's stand-in for Paddle's AdamW)."}
+                      "paddle: stock Paddle's AdamW kernel and ClipGradByGlobalNorm ported into the harness "
+                      "(benchmarks/gpu/paddle_adamw.py); three_pass: torch's copies and fused AdamW (the "
+                      "stand-in of runs up to 14)."}
 
     def save():
         with open(args.out, "w") as f:
@@ -145,19 +171,23 @@ def main():
     for config in ([] if args.sweep_only else args.configs):
         shapes = parameter_shapes(**STEP_CONFIGS[config])
         grads = [(torch.randn(s, device="cuda") * 1e-3).to(torch.bfloat16) for s in shapes]
-        rows = report.setdefault(config, [])
-        for clip in (False, True):
-            for name in ("ours", "three_pass"):
-                try:
-                    row = measure(name, shapes, clip, grads, copy_bw, args.reps)
-                except Exception as error:  # noqa: BLE001
-                    row = {"impl": name, "clip": clip, "error": repr(error), "trace": traceback.format_exc()[-2000:]}
-                rows.append(row)
-                save()
-                print(f"{config} {name} clip={clip}: eager {row.get('eager', {}).get('p50_ms')} ms, graph "
-                      f"{row.get('graph', {}).get('p50_ms')} ms ({row.get('graph', {}).get('fraction_of_copy', 0):.2f} "
-                      f"of copy) at {time.time() - started:.0f}s", flush=True)
-        del grads
+        builders = {f"{name}{'_clip' if clip else ''}":
+                    (lambda name=name, clip=clip, grads=grads: measure(name, shapes, clip, grads, args.reps))
+                    for clip in (False, True) for name in OPTIMIZERS}
+
+        def progress(contender, index, row):
+            """Prints and saves each contender's round (replaced by the summary when all are done)."""
+            print(f"{config} {contender} round {index}: eager {row.get('eager_ms', row.get('error'))} ms, "
+                  f"graph {row.get('graph_ms')} ms at {time.time() - started:.0f}s", flush=True)
+            report.setdefault(config, {}).setdefault("rounds_so_far", []).append(
+                {"contender": contender, "round": index, **row})
+            save()
+
+        results = round_robin_rebuilt(builders, args.rounds, progress)
+        report[config] = {name: with_bandwidth(row, copy_bw) if "parameters" in row else row
+                          for name, row in results.items()}
+        save()
+        del builders, grads  # the next configuration's state needs the memory
         gc.collect()
         torch.cuda.empty_cache()
     save()

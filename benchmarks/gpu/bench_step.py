@@ -9,18 +9,22 @@
 2. step: embedding, 8 decoder layers, final norm, LM head + loss, and AdamW, 8192 tokens per step,
    at LLaMA-2-7B width (vocab 32000, 4 x 2048) and Llama-3-8B width (GQA 32/8, vocab 128256,
    2 x 4096). Ours (llama_model.FastLlama: the Paddle fast path's composition, bf16, and with FP8
-   linears under both recipes; its optimizer is the Paddle path's FastAdamW kernel,
-   llama_model.FusedMasterAdamW: one pass per parameter over bf16 weights and grads, fp32 masters
-   and moments) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by Liger (rope,
-   RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile, all three with bf16
-   weights and fp32 masters (llama_model.MasterWeightAdamW: torch's fused AdamW between copies),
-   and HF + Liger as Hugging Face's Trainer runs bf16 (fp32 weights under torch.autocast, torch's
-   fused AdamW on them: hf_liger_amp). Tokens/s, model TFLOP/s (bf16-equivalent FLOPs for FP8),
-   peak memory, and the forward+backward / optimizer split of each step.
+   linears under both recipes) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by
+   Liger (rope, RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile. All of
+   these keep bf16 weights with fp32 masters and step the same optimizer, the one-pass
+   master-weight AdamW kernel (llama_model.FusedMasterAdamW, framework-neutral; what
+   paddle_fastffn.optim.FastAdamW runs in Paddle): Hugging Face has no stock one-pass master-weight
+   AdamW for bf16 weights, and a different optimizer would make the step compare optimizers.
+   Beside them, HF + Liger as Hugging Face's Trainer runs bf16 (hf_liger_amp: fp32 weights and
+   gradients, the forward under torch.autocast, torch's fused AdamW on the fp32 parameters).
+   Forward+backward and the optimizer are timed apart (CUDA events inside each step) and reported
+   apart; tokens/s, model TFLOP/s (bf16-equivalent FLOPs for FP8) and peak memory.
 
-Contenders run one after another (each holds its own model and optimizer state: two would not
-fit beside each other at Llama-3-8B width), so "ours" is measured again at the end of each
-configuration to show how far the machine drifted during the run.
+Contenders cannot be held side by side (each holds a model and its optimizer state; at Llama-3-8B
+width two do not fit), so the step is timed round-robin over whole contenders: each round builds,
+warms up, times and frees every contender once, in an order rotated by one per round
+(bench_gpu.round_robin_rebuilt), at least 3 rounds; each figure is the median over the rounds of
+each round's median step, with its spread (benchmarks/common.py: TIE_RULE).
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import percentiles
+from benchmarks.common import MIN_REPEATS, percentiles
 from benchmarks.gpu import harness
 from benchmarks.gpu.bench_gpu import (DT, _liger_version, decoder_flops, environment, leaf,
-                                      liger_patched, peak_bytes, timeit_interleaved)
+                                      liger_patched, peak_bytes, round_robin, round_robin_rebuilt)
 
 STEP_CONFIGS = {
     "llama2_7b_8layers": dict(batch=4, seq=2048, hidden=4096, inter=11008, heads=32, kv_heads=32, layers=8,
@@ -94,7 +98,7 @@ def loss_section(vocabs=(32000, 128256), tokens=8192, width=4096, liger=True):
                 runs[name] = (run, peak_bytes(run))
             except Exception as error:  # noqa: BLE001
                 rows.append({"vocab": vocab, "impl": name, "error": repr(error), "trace": traceback.format_exc()[-1500:]})
-        timings = timeit_interleaved({n: r[0] for n, r in runs.items()}, reps=15)
+        timings = round_robin({n: r[0] for n, r in runs.items()}, reps=15)
         for name, (_, peak) in runs.items():
             # peak_bytes: above the inputs and the previous iteration's gradients (freed at the start)
             rows.append({"vocab": vocab, "tokens": tokens, "hidden": width, "impl": name, **timings[name],
@@ -146,9 +150,11 @@ def training_step(forward, model, optimizer):
     return step
 
 
-def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
+def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
     """forward() -> loss; make_optimizer(params) -> the optimizer stepped after each backward.
-    Returns timings (ms per whole step: forward, backward, optimizer), the first losses and memory."""
+    Returns one round's row: the medians over `steps` timed steps of the whole step, its
+    forward+backward and its optimizer part (ms, CUDA events inside each step), the warm-up losses
+    and memory."""
     optimizer = make_optimizer(model.parameters())
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
     step = training_step(forward, model, optimizer)
@@ -174,30 +180,23 @@ def measure_training(forward, model, make_optimizer, steps=10, warmup=3):
         return start.elapsed_time(end), start.elapsed_time(after_backward)
 
     timed = [timed_step() for _ in range(steps)]
-    times = [total for total, _ in timed]
-    parts = {"forward_backward_p50_ms": percentiles([fb for _, fb in timed])["p50_ms"],
-             "optimizer_p50_ms": percentiles([total - fb for total, fb in timed])["p50_ms"]}
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    return {**percentiles(times), **parts, "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
+    return {"step_ms": percentiles([total for total, _ in timed])["p50_ms"],
+            "forward_backward_ms": percentiles([fb for _, fb in timed])["p50_ms"],
+            "optimizer_ms": percentiles([total - fb for total, fb in timed])["p50_ms"],
+            "steps_per_round": steps, "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 
-def master_weight_adamw(params):
-    """AdamW on fp32 masters of the bf16 parameters: torch's fused AdamW between copies
-    (llama_model.MasterWeightAdamW)."""
-    from benchmarks.gpu.llama_model import MasterWeightAdamW
-
-    return MasterWeightAdamW(params, lr=1e-5, weight_decay=0.01)
-
-
 def fused_master_adamw(params):
-    """AdamW on fp32 masters of the bf16 parameters in one pass per parameter: our kernel, the
-    Paddle path's FastAdamW (llama_model.FusedMasterAdamW)."""
+    """AdamW on fp32 masters of the bf16 parameters in one pass per parameter: our framework-neutral
+    kernel, the Paddle path's FastAdamW (llama_model.FusedMasterAdamW), stepped by every contender
+    that keeps bf16 weights."""
     from benchmarks.gpu.llama_model import FusedMasterAdamW
 
     return FusedMasterAdamW(params, lr=1e-5, weight_decay=0.01)
@@ -208,9 +207,10 @@ def fused_torch_adamw(params):
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, fused=True)
 
 
-def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None):
+def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None,
+                 rounds=3):
     """report (a dict) receives each configuration's results as they come; save() after each
-    contender, so a run cut short keeps what it measured."""
+    contender's round, so a run cut short keeps what it measured."""
     from benchmarks.gpu.fp8_ffn import Fp8Recipe
     from benchmarks.gpu.llama_model import FastLlama, shift_labels
 
@@ -232,17 +232,17 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
 
         def hf_eager():
             model = copy.deepcopy(base)
-            return model, lambda: model(input_ids=ids, labels=ids).loss, master_weight_adamw
+            return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
 
         def hf_compile():
             model = copy.deepcopy(base)
             compiled = torch.compile(model)
-            return model, lambda: compiled(input_ids=ids, labels=ids).loss, master_weight_adamw
+            return model, lambda: compiled(input_ids=ids, labels=ids).loss, fused_master_adamw
 
         def hf_liger():  # built and run inside liger_patched (below)
             model = new_hf_model(config)
             model.load_state_dict(base.state_dict())
-            return model, lambda: model(input_ids=ids, labels=ids).loss, master_weight_adamw
+            return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
 
         def hf_liger_amp():
             """Hugging Face Trainer's bf16 mode: fp32 weights and gradients, the forward under
@@ -262,39 +262,51 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
             contenders["hf_liger"] = hf_liger
             contenders["hf_liger_amp"] = hf_liger_amp
         contenders["hf_torch_compile"] = hf_compile
-        contenders["ours_again"] = ours
-        results = report[name] = {}
-        for contender, build in contenders.items():
-            if contender == "hf_torch_compile" and skip_compile_after_s and time.time() - started > skip_compile_after_s:
-                results[contender] = {"skipped": f"time budget: {time.time() - started:.0f} s into the run"}
-                continue
-            patch = (liger_patched(fused_linear_cross_entropy=True) if contender.startswith("hf_liger")
-                     else contextlib.nullcontext())
-            try:
-                with patch:
-                    model, forward, make_optimizer = build()
-                    row = measure_training(forward, model, make_optimizer)
+
+        def measured(contender, build):
+            def run():
+                if (contender == "hf_torch_compile" and skip_compile_after_s
+                        and time.time() - started > skip_compile_after_s):
+                    raise TimeoutError(f"skipped (time budget): {time.time() - started:.0f} s into the run")
+                patch = (liger_patched(fused_linear_cross_entropy=True) if contender.startswith("hf_liger")
+                         else contextlib.nullcontext())
+                try:
+                    with patch:
+                        model, forward, make_optimizer = build()
+                        row = measure_training(forward, model, make_optimizer)
+                finally:
+                    if contender == "hf_torch_compile":
+                        torch._dynamo.reset()  # frees the compiled graphs and the model they hold
                 # The docstring's first paragraph (its first line alone cut run 10's text mid-sentence).
-                row["optimizer"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
+                row["optimizer_used"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
+                return row
+            return run
+
+        def progress(contender, index, row):
+            """Prints each contender's round and saves it (the configuration's summary replaces
+            these rows when its last round is done): a run cut short keeps its rounds."""
+            print(f"step {name} {contender} round {index}: {row.get('step_ms', row.get('error'))} ms "
+                  f"(fwd+bwd {row.get('forward_backward_ms')}, optimizer {row.get('optimizer_ms')}), "
+                  f"peak {row.get('peak_bytes', 0) / 2**30:.2f} GiB at {time.time() - started:.0f}s", flush=True)
+            report.setdefault(name, {}).setdefault("rounds_so_far", []).append(
+                {"contender": contender, "round": index, **row})
+            save()
+
+        results = report[name] = round_robin_rebuilt(
+            {contender: measured(contender, build) for contender, build in contenders.items()}, rounds, progress)
+        for row in results.values():
+            if "step" in row:
+                # p50_ms / spread_ms: the whole step's, what common.compare reads
+                row.update({k: row["step"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")})
                 row["tokens_per_s"] = tokens / (row["p50_ms"] * 1e-3)
                 row["model_tflops"] = flops / (row["p50_ms"] * 1e-3) / 1e12
-                results[contender] = row
-                del model, forward
-            except Exception as error:  # noqa: BLE001
-                results[contender] = {"error": repr(error), "trace": traceback.format_exc()[-2500:]}
-            if contender == "hf_torch_compile":
-                torch._dynamo.reset()
-            gc.collect()
-            torch.cuda.empty_cache()
-            r = results[contender]
-            print(f"step {name} {contender}: {r.get('p50_ms', r.get('error'))} ms, "
-                  f"{r.get('tokens_per_s', 0):.0f} tok/s, peak {r.get('peak_bytes', 0) / 2**30:.2f} GiB, "
-                  f"losses {r.get('first_losses')} at {time.time() - started:.0f}s", flush=True)
-            save()
         results["shape"] = {**shape, "tokens": tokens, "model_flops_per_step": flops,
-                            "optimizer_settings": "each row's 'optimizer' field (lr 1e-5, no clipping, weight decay 0.01)",
+                            "optimizer_settings": "each row's 'optimizer_used' field (lr 1e-5, no clipping, weight decay 0.01)",
                             "flops_convention": "3x forward; causal attention at half; LM head included; "
-                                                "FP8 rows count the same bf16-equivalent FLOPs"}
+                                                "FP8 rows count the same bf16-equivalent FLOPs",
+                            "timing": f"round-robin over whole contenders, {max(rounds, MIN_REPEATS)} rounds, "
+                                      "median of round medians"}
+        save()
         base = None  # the next configuration's model needs the memory
         gc.collect()
         torch.cuda.empty_cache()
@@ -306,6 +318,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--sections", default="loss,step")
     parser.add_argument("--configs", nargs="+", default=list(STEP_CONFIGS))
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the step (at least 3)")
     parser.add_argument("--skip-compile-after-s", type=float, default=None,
                         help="skip torch.compile contenders once the run is this old (device-time budget)")
     args = parser.parse_args()
@@ -329,7 +342,7 @@ def main():
         save()
     if "step" in sections:
         report["step"] = {}
-        step_section(args.configs, liger, args.skip_compile_after_s, started, report["step"], save)
+        step_section(args.configs, liger, args.skip_compile_after_s, started, report["step"], save, args.rounds)
         save()
     print(f"wrote {args.out} in {time.time() - started:.0f}s")
 

@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
 
 import torch
 
+from benchmarks.gpu.build_definition import REPO, definition
 from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def _load_build_definition():
-    """paddle_fastffn/ops/build_definition.py, imported by path: the GPU machine has no Paddle, and
-    the package's __init__ imports it. The loader builds from the same definition."""
-    spec = importlib.util.spec_from_file_location(
-        "paddle_fastffn_build_definition", REPO / "paddle_fastffn" / "ops" / "build_definition.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-definition = _load_build_definition()
 
 # Tests set this: every output buffer starts as NaN, so an element a kernel fails to write shows.
 POISON_OUTPUTS = False

@@ -28,7 +28,7 @@ import traceback
 import torch
 
 from benchmarks.gpu.bench_gpu import FASTFFN_KERNELS, GEMM_KERNEL_MARKS, environment, liger_patched
-from benchmarks.gpu.bench_step import (STEP_CONFIGS, fused_master_adamw, hf_config, master_weight_adamw,
+from benchmarks.gpu.bench_step import (STEP_CONFIGS, fused_master_adamw, hf_config,
                                        new_hf_model, training_step)
 
 OPTIMIZER_MARKS = ("adamw", "adam", "foreach", "multi_tensor", "update_pows")
@@ -186,9 +186,9 @@ def main():
             "ours": ours,
             "ours_fp8_current": lambda: ours("current"),
             "ours_fp8_delayed": lambda: ours("delayed"),
-            "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, master_weight_adamw))(
+            "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
                 _copy_of(base, config)),
-            "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, master_weight_adamw))(
+            "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
                 _copy_of(base, config)),
         }
         results = report[config_name] = {}

@@ -1,0 +1,92 @@
+"""benchmarks/report.py's like-for-like tables name the best peer of each table by measurement and
+apply the tie rule (benchmarks/common.py), from results in the layout bench_step.py and
+bench_optimizer.py write (round-robin summaries: median, spread, repeats)."""
+
+import json
+
+from benchmarks import report
+from benchmarks.common import TIE_RULE, percentiles
+
+ENVIRONMENT = {"date": "2026-12-06T00:00:00+00:00", "device": "NVIDIA H200", "torch": "2.11",
+               "liger_kernel": "0.8.5", "transformers": "4.57"}
+
+
+def table_line(out, prefix, containing=""):
+    """The first rendered table line starting with `prefix` that contains `containing`."""
+    return next(line for chunk in out for line in chunk.splitlines() if line.startswith(prefix) and containing in line)
+
+
+def step_row(step, forward_backward, optimizer, used):
+    summary = percentiles(step)
+    return {**summary, "step": summary, "forward_backward": percentiles(forward_backward),
+            "optimizer": percentiles(optimizer), "tokens_per_s": 8192 / (summary["p50_ms"] * 1e-3),
+            "peak_bytes": 40 * 2**30, "optimizer_used": used}
+
+
+def test_step_table_names_the_fastest_peer_per_part_and_calls_ties(tmp_path, monkeypatch):
+    ours_opt, trainer_opt = "One-pass master-weight AdamW.", "torch fused AdamW on fp32 parameters."
+    step = {"environment": ENVIRONMENT, "command": "python3 -m benchmarks.gpu.bench_step", "step": {
+        "llama2_7b_8layers": {
+            "ours": step_row([160.0, 160.5, 161.0], [144.5, 145.0, 145.5], [15.5, 15.5, 15.5], ours_opt),
+            "hf_liger": step_row([166.0, 166.5, 167.0], [151.0, 151.5, 152.0], [15.5, 15.5, 15.5], ours_opt),
+            # faster whole step than hf_liger but slower forward+backward: each column picks its own peer
+            "hf_liger_amp": step_row([165.0, 165.2, 165.4], [152.0, 152.2, 152.4], [13.0, 13.0, 13.0], trainer_opt),
+            "hf_torch_compile": {"error": "RuntimeError('skipped')"},
+            "shape": {"vocab": 32000}}}}
+    optimizer = {"environment": ENVIRONMENT, "command": "python3 -m benchmarks.gpu.bench_optimizer",
+                 "llama2_7b_8layers": {
+                     name: {"parameters": 1.9e9, "bytes_per_parameter": 28, "graph": {**percentiles(t),
+                            "fraction_of_copy": 0.9}, "eager": percentiles([x + 1 for x in t]), **percentiles(t)}
+                     for name, t in (("ours", [10.0, 10.05, 10.1]), ("paddle", [10.06, 10.08, 10.1]),
+                                     ("three_pass", [14.0, 14.1, 14.2]))}}
+    run = tmp_path / "run15"
+    run.mkdir()
+    (run / "step.json").write_text(json.dumps(step))
+    (run / "optimizer.json").write_text(json.dumps(optimizer))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = []
+    report.like_for_like_sections(out, "run15")
+    text = "\n".join(out)
+    assert TIE_RULE in text
+    ours_step = table_line(out, "| llama2_7b_8layers | ours |")
+    assert "hf_liger_amp: 1.029x, faster" in ours_step  # 165.2 / 160.5, the fastest whole step
+    assert "hf_liger: 1.045x, faster" in ours_step  # 151.5 / 145.0, the fastest forward+backward
+    ours_opt_line = table_line(out, "| llama2_7b_8layers | ours |", "28 B")
+    assert "paddle: 1.003x, tie" in ours_opt_line
+    assert f"ours, hf_liger: {ours_opt.rstrip('.')}" in text and f"hf_liger_amp: {trainer_opt.rstrip('.')}" in text
+    assert "error: RuntimeError('skipped')" in text
+
+
+def timing(samples, **fields):
+    return {**percentiles(samples), **fields}
+
+
+def test_fp8_accumulation_rows_are_compared_only_among_themselves_and_loss_names_compile(tmp_path, monkeypatch):
+    """The 4-call `_accumulate4` loop is a table of its own: ours FP8 accumulating against torchao
+    accumulating, never against single-call rows; the fused loss names torch.compile where it is the
+    fastest peer."""
+    shape = {"model": "llama3_8b", "tokens": 8192}
+    ffn = [{**shape, "impl": "ours_fp8_current", **timing([7.0, 7.1, 7.2])},
+           {**shape, "impl": "torchao_tensorwise", **timing([9.0, 9.1, 9.2])},
+           {**shape, "impl": "torch_compile_bf16", **timing([13.0, 13.1, 13.2])},
+           {**shape, "impl": "ours_fp8_current_accumulate4", **timing([6.0, 6.1, 6.2])},
+           {**shape, "impl": "torchao_tensorwise_accumulate4", **timing([8.9, 9.0, 9.1])},
+           {**shape, "impl": "torchao_rowwise_accumulate4", "error": "RuntimeError('x')"},
+           {**shape, "impl": "six_fp8_gemms_alone", **timing([6.7, 6.75, 6.8])}]
+    loss = [{"vocab": 128256, "impl": "hf_eager", **timing([30.0, 30.1, 30.2])},
+            {"vocab": 128256, "impl": "hf_torch_compile", **timing([20.0, 20.1, 20.2])},
+            {"vocab": 128256, "impl": "liger_flce", **timing([24.0, 24.1, 24.2])},
+            {"vocab": 128256, "impl": "ours", **timing([22.0, 22.1, 22.2])},
+            {"vocab": 128256, "impl": "reference_sizes", "logits_bf16_bytes": 1}]
+    run = tmp_path / "run15"
+    run.mkdir()
+    (run / "fp8_ffn.json").write_text(json.dumps({"environment": ENVIRONMENT, "command": "bench_fp8_ffn", "ffn": ffn}))
+    (run / "step.json").write_text(json.dumps({"environment": ENVIRONMENT, "command": "bench_step", "loss": loss}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = []
+    report.like_for_like_sections(out, "run15")
+    assert "torchao_tensorwise: 1.282x, faster" in table_line(out, "| llama3_8b | 8192 | ours_fp8_current |")
+    assert "torchao_tensorwise_accumulate4: 1.475x, faster" in table_line(
+        out, "| llama3_8b | 8192 | ours_fp8_current_accumulate4 |")
+    assert "error: RuntimeError('x')" in table_line(out, "| llama3_8b | 8192 | torchao_rowwise_accumulate4 |")
+    assert "hf_torch_compile: 0.910x, slower" in table_line(out, "| 128256 | ours |")
