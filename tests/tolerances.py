@@ -163,3 +163,12 @@ def assert_relative_norm_within(actual, expected, budget: float, what: str) -> f
     error = float(np.linalg.norm(a - e) / np.linalg.norm(e))
     assert error <= budget, f"{what}: relative error {error:.4f} over the budget {budget:.4f}"
     return error
+
+
+# The same training continued on the other path (a fast checkpoint resumed by stock PaddleNLP, or
+# the other way round), per-step losses against the uninterrupted run, fp32 on CPU: the fused kernels
+# reorder reductions (1e-7 relative per op) and the differences the first steps left in the
+# weights carry on; the convergence tests measure the two paths within 1e-4 over 24 steps
+# (test_checkpoints_and_convergence), which this keeps. A resume that drops or misplaces the Adam
+# moments moves the next losses by about the learning rate's effect (percent, at lr 1e-2).
+FAST_STOCK_TRAINING_LOSS_RTOL = 1e-4
