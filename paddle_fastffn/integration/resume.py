@@ -357,15 +357,36 @@ def load_fp8_state(model, folder: str, world_size: int = 1, process_index: int =
     return True
 
 
-def check_checkpoint_folder(path, option: str = "resume_from_checkpoint") -> None:
-    """A clear error for a resume from a folder that is not a Trainer checkpoint: it names the path
-    and what is missing (PaddleNLP's own errors name neither, or come after the model loaded)."""
+# The config fields that make a checkpoint another model's (a foreign one loads partly, then fails
+# on a shape deep inside set_state_dict or the optimizer).
+_ARCHITECTURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads")
+
+
+def check_checkpoint_folder(path, model=None, option: str = "resume_from_checkpoint") -> None:
+    """A clear error for a resume from a folder that is not a Trainer checkpoint of `model`: it
+    names the path and what is missing or different (PaddleNLP's own errors come later, from deep
+    inside the load, or name neither)."""
+    import json
+
+    path = str(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{option}={str(path)!r}: no such directory")
+        raise FileNotFoundError(f"{option}={path!r}: no such directory")
     if not os.path.isdir(path):
-        raise NotADirectoryError(f"{option}={str(path)!r} is a file; it must be a Trainer checkpoint folder "
+        raise NotADirectoryError(f"{option}={path!r} is a file; it must be a Trainer checkpoint folder "
                                  f"(checkpoint-<step>, with {TRAINER_STATE_FILE})")
     if not os.path.isfile(os.path.join(path, TRAINER_STATE_FILE)):
         present = sorted(os.listdir(path))[:8]
-        raise FileNotFoundError(f"{option}={str(path)!r} is not a Trainer checkpoint: no {TRAINER_STATE_FILE} in it "
+        raise FileNotFoundError(f"{option}={path!r} is not a Trainer checkpoint: no {TRAINER_STATE_FILE} in it "
                                 f"(it holds {present}); pass a checkpoint-<step> folder that a Trainer saved")
+    config = _base_config(model) if model is not None else None
+    config_file = os.path.join(path, "config.json")
+    if config is None or not os.path.isfile(config_file):
+        return
+    with open(config_file) as f:
+        saved = json.load(f)
+    differing = {name: (saved[name], getattr(config, name, None)) for name in _ARCHITECTURE_FIELDS
+                 if name in saved and saved[name] != getattr(config, name, None)}
+    if differing:
+        raise ValueError(f"{option}={path!r} is a checkpoint of another model: {{field: (checkpoint, this model)}} "
+                         f"= {differing}")
