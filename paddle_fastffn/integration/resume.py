@@ -158,7 +158,7 @@ class StockOptimizerLayout:
         if param in self.to_stock_name:
             name = self.to_stock_name[param]
             if master_weight and isinstance(value, paddle.Tensor):
-                value = _named(value.cpu(), _renamed(value, param, name))
+                value = _named(_host_copy(value), _renamed(value, param, name))
             return {name + tail: value}
         return {key: value}
 
@@ -262,6 +262,12 @@ def _renamed(value, old_param: str, new_param: str) -> str | None:
     if isinstance(value, paddle.Tensor) and isinstance(name, str) and name.startswith(old_param):
         return new_param + name[len(old_param):]
     return None
+
+
+def _host_copy(tensor: paddle.Tensor) -> paddle.Tensor:
+    """A copy in host memory (Tensor.cpu() of a host tensor is the tensor itself)."""
+    copy = tensor.cpu()
+    return copy.clone() if copy.data_ptr() == tensor.data_ptr() else copy
 
 
 def _named(value, name: str | None):

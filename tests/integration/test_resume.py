@@ -165,3 +165,59 @@ def test_unified_checkpoint_resumes_both_ways(tmp_path):
     assert max_relative_loss_difference(to_stock, full) <= FAST_STOCK_TRAINING_LOSS_RTOL
     to_fast = train(tmp_path / "stock_fast", resume_from=tmp_path / "stock" / f"checkpoint-{N}", **unified)
     assert max_relative_loss_difference(to_fast, stock_full) <= FAST_STOCK_TRAINING_LOSS_RTOL
+
+
+def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp_path):
+    """bf16 parameters with fp32 master weights (multi_precision, AMP O2's optimizer) on both paths,
+    one FastAdamW step each on the same elementwise loss: the fast optimizer's state in the stock
+    layout is the stock one, entry by entry (names, master weight names, values), and loads back
+    into a new fast optimizer that continues exactly."""
+    from paddle_fastffn.optim import FastAdamW
+
+    def model_and_optimizer(fast):
+        if fast:
+            paddle_fastffn.apply_fast_ffn_to_llama()
+        else:
+            paddle_fastffn.revert_fast_ffn()
+        paddle.seed(11)
+        model = LlamaForCausalLM(tiny_config(**CONFIG))
+        model.to(dtype="bfloat16")  # Paddle's CPU kernels cannot run a bf16 forward: an elementwise loss
+        return model, FastAdamW(learning_rate=1e-2, parameters=model.parameters(), multi_precision=True)
+
+    def step(model, optimizer):
+        sum((p.astype("float32") ** 3).sum() for p in model.parameters()).backward()
+        optimizer.step()
+        optimizer.clear_grad()
+
+    def entries(state):
+        flat = {k: v for k, v in state.items() if k not in ("master_weights", "LR_Scheduler")}
+        flat.update({f"master_weights/{k}": v for k, v in state["master_weights"].items()})
+        return {k: (getattr(v, "name", None) if k.startswith("master") else None, v.numpy()) for k, v in flat.items()}
+
+    with paddle.utils.unique_name.guard():
+        stock_model, stock_optimizer = model_and_optimizer(fast=False)
+        step(stock_model, stock_optimizer)
+        expected = entries(stock_optimizer.state_dict())
+    with paddle.utils.unique_name.guard():
+        model, optimizer = model_and_optimizer(fast=True)
+        step(model, optimizer)
+        layout = resume.StockOptimizerLayout(model)
+        saved = entries(layout.to_stock(optimizer.state_dict()))
+        assert saved.keys() == expected.keys()
+        for key, (name, value) in saved.items():
+            assert name == expected[key][0], key
+            np.testing.assert_array_equal(value, expected[key][1], err_msg=key)
+        paddle.save(layout.to_stock(optimizer.state_dict()), str(tmp_path / "optimizer.pdopt"))
+        install = layout.from_stock(paddle.load(str(tmp_path / "optimizer.pdopt")))
+        assert entries(install).keys() == entries(optimizer.state_dict()).keys()
+        before = {n: p.clone() for n, p in model.named_parameters()}
+        step(model, optimizer)
+        continued = {n: p.numpy() for n, p in model.named_parameters()}
+    for name, param in model.named_parameters():
+        param.set_value(before[name])
+    with paddle.utils.unique_name.guard():  # the resuming process names its accumulators afresh
+        restored = FastAdamW(learning_rate=1e-2, parameters=model.parameters(), multi_precision=True)
+        restored.set_state_dict(install)
+        step(model, restored)
+    for name, param in model.named_parameters():
+        np.testing.assert_array_equal(param.numpy(), continued[name], err_msg=name)
