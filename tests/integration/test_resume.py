@@ -48,8 +48,9 @@ def collate(rows):
 CONFIG = dict(intermediate_size=192)
 
 
-def train(output_dir, steps=N + M, fast=True, resume_from=None, **overrides):
-    """A Trainer run of the tiny LLaMA for `steps` steps, saving every N; returns the Trainer."""
+def train(output_dir, steps=N + M, fast=True, resume_from=None, lora=False, **overrides):
+    """A Trainer run of the tiny LLaMA (with LoRA adapters on every projection where `lora`) for
+    `steps` steps, saving every N; returns the Trainer."""
     values = dict(output_dir=str(output_dir), max_steps=steps, save_steps=N, save_strategy="steps",
                   logging_steps=1, per_device_train_batch_size=2, learning_rate=1e-2, warmup_steps=1,
                   lr_scheduler_type="cosine", weight_decay=0.01, seed=7, report_to="none", disable_tqdm=True,
@@ -64,6 +65,15 @@ def train(output_dir, steps=N + M, fast=True, resume_from=None, **overrides):
         paddle.seed(11)
         model = LlamaForCausalLM(tiny_config(**CONFIG))
         assert bool(fast_fused_kinds(model)) == (fast and not values.get("unified_checkpoint", False))
+        if lora:
+            from paddlenlp.peft import LoRAConfig, LoRAModel
+
+            # What scripts/run_finetune.py targets: the fused names where the model has them.
+            fused = bool(fast_fused_kinds(model))
+            targets = ([".*qkv_proj.*"] if fused else [".*q_proj.*", ".*k_proj.*", ".*v_proj.*"]) + [".*o_proj.*"]
+            targets += ([".*gate_up_fused_proj.*"] if fused else [".*gate_proj.*", ".*up_proj.*"]) + [".*down_proj.*"]
+            model = LoRAModel(model, LoRAConfig(target_modules=targets, r=4, lora_alpha=8, merge_weights=False))
+            model.mark_only_lora_as_trainable()
         trainer = Trainer(model=model, args=args, train_dataset=Batches(), data_collator=collate)
         trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))
     return trainer
@@ -153,6 +163,16 @@ def test_emulated_fp8_resumes_bit_exactly_with_its_scaling_state(scaling, tmp_pa
         os.remove(resume.fp8_state_file(str(checkpoint)))
         fresh = train(tmp_path / "fresh", resume_from=checkpoint, **fp8)
         assert losses(fresh, after=N) != losses(full, after=N)
+
+
+def test_lora_checkpoints_resume_both_ways(tmp_path):
+    fast, stock = train(tmp_path / "fast", lora=True), train(tmp_path / "stock", fast=False, lora=True)
+    assert_bit_exact(train(tmp_path / "fast_fast", lora=True, resume_from=tmp_path / "fast" / f"checkpoint-{N}"),
+                     fast, "LoRA fast -> fast")
+    to_stock = train(tmp_path / "fast_stock", fast=False, lora=True, resume_from=tmp_path / "fast" / f"checkpoint-{N}")
+    assert max_relative_loss_difference(to_stock, fast) <= FAST_STOCK_TRAINING_LOSS_RTOL
+    to_fast = train(tmp_path / "stock_fast", lora=True, resume_from=tmp_path / "stock" / f"checkpoint-{N}")
+    assert max_relative_loss_difference(to_fast, stock) <= FAST_STOCK_TRAINING_LOSS_RTOL
 
 
 def test_unified_checkpoint_resumes_both_ways(tmp_path):
