@@ -159,6 +159,14 @@ def test_emulated_fp8_resumes_bit_exactly_with_its_scaling_state(scaling, tmp_pa
     resumed = train(tmp_path / "resumed", resume_from=checkpoint, **fp8)
     assert_bit_exact(resumed, full, f"FP8 {scaling}")
     if scaling == "delayed":
+        # Another recipe cannot continue these histories: the error names the fields that differ.
+        with paddle.utils.unique_name.guard():
+            FastFFNTrainingArguments(output_dir=str(tmp_path / "other"), use_fast_ffn=True,
+                                     **{**fp8, "fast_ffn_fp8_scaling": "current"})
+            other = LlamaForCausalLM(tiny_config(**CONFIG))
+        with pytest.raises(ValueError, match=r"another FP8 recipe, \{field: \(saved, now\)\} = \{'scaling': "
+                                             r"\('delayed', 'current'\)\}"):
+            resume.load_fp8_state(other, str(checkpoint))
         # The test can fail: without the scaling state the resumed run warm-starts its scales again.
         os.remove(resume.fp8_state_file(str(checkpoint)))
         fresh = train(tmp_path / "fresh", resume_from=checkpoint, **fp8)
@@ -241,3 +249,14 @@ def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp
         step(model, restored)
     for name, param in model.named_parameters():
         np.testing.assert_array_equal(param.numpy(), continued[name], err_msg=name)
+
+
+def test_optimizer_state_of_another_model_is_named(fast_run):
+    """A stock-layout state with entries for parameters the fast model does not have (a checkpoint
+    of a deeper model) fails with their names, not with Paddle's assertion at the first step."""
+    state = paddle.load(str(fast_run[1] / "optimizer.pdopt"))
+    state["linear_99.w_0_moment1_0"] = paddle.zeros([64, 64])
+    layout = fast_run[0].optimizer._fast_ffn_stock_layout
+    with pytest.raises(ValueError, match=r"1 entries for parameters this model does not have, e.g. "
+                                         r"\['linear_99.w_0_moment1_0'\]"):
+        layout.from_stock(state)
