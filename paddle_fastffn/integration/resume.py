@@ -70,45 +70,23 @@ class StockOptimizerLayout:
     numbers, so each later Linear's stock number is its own plus the parts fused before it."""
 
     def __init__(self, model):
-        from .llama import FUSED_LAYOUTS, _fuse_fn, _split_fn
-
         self.fused: dict[str, _FusedParameter] = {}
         self.to_stock_name: dict[str, str] = {}  # fast parameter name -> stock name (same tensor)
-        fused_kind = {}  # id(fused Linear) -> kind
-        for owner in model.sublayers(include_self=True):
-            kind = getattr(owner, "_fast_ffn_fused", None)
-            if kind:
-                fused_kind[id(getattr(owner, FUSED_LAYOUTS[kind][0]))] = (kind, owner)
-        scopes = {_LAYER_NAME.match(layer.full_name())["scope"] for layer in model.sublayers()
-                  if id(layer) in fused_kind}
-        numbered = []
-        for layer in model.sublayers(include_self=True):
-            match = _LAYER_NAME.match(layer.full_name())
-            if match and match["scope"] in scopes:
-                numbered.append((int(match["index"]), match["scope"], layer))
+        fused = _fused_linears(model)
         shift = 0
-        for index, scope, layer in sorted(numbered, key=lambda item: item[0]):
-            kind, owner = fused_kind.get(id(layer), (None, None))
-            parts = len(FUSED_LAYOUTS[kind][1]) if kind else 1
-            stock_layers = [f"{scope}_{index + shift + j}" for j in range(parts)]
+        for index, scope, layer in _layers_counted_with(model, fused):
+            kind, owner = fused.get(id(layer), (None, None))
+            stock_layers = [f"{scope}_{index + shift + j}" for j in range(_part_count(kind))]
             for param in layer.parameters(include_sublayers=False):
-                suffix = param.name[len(layer.full_name()):]  # ".w_0"
                 if not param.name.startswith(layer.full_name() + "."):
                     continue  # a parameter named by hand: the counter does not name it
+                suffix = param.name[len(layer.full_name()):]  # ".w_0"
                 if kind:
-                    if param is not layer.weight:
-                        raise NotImplementedError(f"paddle_fastffn: the fused {FUSED_LAYOUTS[kind][0]} has a "
-                                                  f"parameter besides its weight ({param.name}); only bias-free "
-                                                  f"fused projections are supported")
-                    config = getattr(owner, "config", None) or model.config
-                    widths, _ = layer._fast_ffn_stock_parts
-                    self.fused[param.name] = _FusedParameter(
-                        tuple(name + suffix for name in stock_layers),
-                        tuple((param.shape[0], width) for width in widths), tuple(param.shape),
-                        _split_fn(kind, config), _fuse_fn(kind, config))
+                    self.fused[param.name] = _fused_parameter(layer, param, kind, owner, model,
+                                                              [name + suffix for name in stock_layers])
                 else:
                     self.to_stock_name[param.name] = stock_layers[0] + suffix
-            shift += parts - 1
+            shift += len(stock_layers) - 1
         self.to_fast_name = {stock: fast for fast, stock in self.to_stock_name.items()}
         self.part_of = {stock: (fast, j) for fast, entry in self.fused.items()
                         for j, stock in enumerate(entry.stock_names)}
@@ -241,6 +219,45 @@ class StockOptimizerLayout:
                              f"model does not have, e.g. {foreign[:3]} (this model's parameters, stock-named: "
                              f"{sorted(self.to_fast_name)[:3]} ...): the checkpoint is of another model or another "
                              f"build order")
+
+
+def _fused_linears(model) -> dict:
+    """{id(fused Linear): (kind, the attention / MLP layer that owns it)} of the fast path's fused
+    projections in `model`."""
+    from .llama import FUSED_LAYOUTS
+
+    return {id(getattr(owner, FUSED_LAYOUTS[owner._fast_ffn_fused][0])): (owner._fast_ffn_fused, owner)
+            for owner in model.sublayers(include_self=True) if getattr(owner, "_fast_ffn_fused", None)}
+
+
+def _layers_counted_with(model, fused: dict) -> list:
+    """[(number, scope, layer)] of the layers named by the fused layers' counter ("linear"), in the
+    order it numbered them (the order they were built)."""
+    scopes = {_LAYER_NAME.match(layer.full_name())["scope"] for layer in model.sublayers() if id(layer) in fused}
+    counted = []
+    for layer in model.sublayers(include_self=True):
+        match = _LAYER_NAME.match(layer.full_name())
+        if match and match["scope"] in scopes:
+            counted.append((int(match["index"]), match["scope"], layer))
+    return sorted(counted, key=lambda item: item[0])
+
+
+def _part_count(kind) -> int:
+    from .llama import FUSED_LAYOUTS
+
+    return len(FUSED_LAYOUTS[kind][1]) if kind else 1
+
+
+def _fused_parameter(layer, param, kind: str, owner, model, stock_names) -> _FusedParameter:
+    from .llama import FUSED_LAYOUTS, _fuse_fn, _split_fn
+
+    if param is not layer.weight:
+        raise NotImplementedError(f"paddle_fastffn: the fused {FUSED_LAYOUTS[kind][0]} has a parameter besides its "
+                                  f"weight ({param.name}); only bias-free fused projections are supported")
+    config = getattr(owner, "config", None) or _base_config(model)
+    widths, _ = layer._fast_ffn_stock_parts
+    return _FusedParameter(tuple(stock_names), tuple((param.shape[0], width) for width in widths),
+                           tuple(param.shape), _split_fn(kind, config), _fuse_fn(kind, config))
 
 
 def _base_config(model):

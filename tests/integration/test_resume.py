@@ -5,7 +5,6 @@ PaddleNLP's Trainer in this process. Each run builds its model and optimizer ins
 unique-name scope, as a new process would: Paddle keys optimizer state by parameter names, which a
 per-process counter hands out (integration/resume.py)."""
 
-import json
 import os
 
 import numpy as np
