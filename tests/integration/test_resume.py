@@ -259,3 +259,11 @@ def test_optimizer_state_of_another_model_is_named(fast_run):
     with pytest.raises(ValueError, match=r"1 entries for parameters this model does not have, e.g. "
                                          r"\['linear_99.w_0_moment1_0'\]"):
         layout.from_stock(state)
+
+
+def test_a_checkpoint_of_the_fused_layout_still_loads(fast_run):
+    """Fast checkpoints saved before the stock layout existed hold the fused names and shapes."""
+    optimizer = fast_run[0].optimizer
+    fused_state = type(optimizer).state_dict(optimizer)  # the class's own, not the stock-layout wrapper
+    assert any(list(v.shape) == [64, 128] for k, v in fused_state.items() if k.startswith("linear_0.w_0_moment"))
+    assert optimizer._fast_ffn_stock_layout.from_stock(fused_state) is fused_state
