@@ -20,12 +20,16 @@ from pathlib import Path
 
 import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
-from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, set_seed
+from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, get_last_checkpoint, set_seed
 from paddlenlp.utils.log import logger
 
 from paddle_fastffn import FastFFNTrainingArguments
+from paddle_fastffn.finetune.arguments import unknown_argument_error
 from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
+from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
+from paddle_fastffn.finetune.visualdl_compat import repair_visualdl_hparams
+from paddle_fastffn.integration.resume import check_checkpoint_folder
 from paddle_fastffn.integration.registry import apply_to_model, family_for
 
 
@@ -97,13 +101,36 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> st
     return tokenizer.decode(ids[start:], skip_special_tokens=True)
 
 
+ARGUMENT_CLASSES = (ModelArgument, DataArgument, FastFFNTrainingArguments)
+
+
 def parse_arguments(argv=None):
-    parser = PdArgumentParser((ModelArgument, DataArgument, FastFFNTrainingArguments))
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].endswith(".json"):
+    parser = PdArgumentParser(ARGUMENT_CLASSES)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_path = argv.pop(0) if argv and argv[0].endswith(".json") else None
+    error = unknown_argument_error(ARGUMENT_CLASSES, json.loads(Path(json_path).read_text()) if json_path else None,
+                                   argv, json_path)
+    if error:
+        raise error
+    if json_path:
         # JSON first, command line after it: the command line wins (PaddleNLP's convention).
-        return parser.common_parse(parser.read_json(argv[0]) + list(argv[1:]), False)
+        return parser.common_parse(parser.read_json(json_path) + argv, False)
     return parser.parse_args_into_dataclasses(argv)
+
+
+def checkpoint_to_resume(training_args, model) -> str | None:
+    """resume_from_checkpoint, else (PaddleNLP's llm script) the last checkpoint-<step> in output_dir
+    unless overwrite_output_dir; checked to be a Trainer checkpoint of `model`."""
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None and training_args.do_train and not training_args.overwrite_output_dir \
+            and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+        if checkpoint is not None:
+            logger.info(f"Checkpoint detected, resuming training at {checkpoint} (--overwrite_output_dir trains "
+                        f"from scratch)")
+    if checkpoint is not None:
+        check_checkpoint_folder(checkpoint, model)
+    return checkpoint
 
 
 def main(argv=None):
@@ -131,6 +158,7 @@ def main(argv=None):
         lora_config = LoRAConfig(target_modules=lora_target_modules(model.config), r=model_args.lora_rank,
                                  lora_alpha=model_args.lora_alpha, merge_weights=False,
                                  dtype=model_args.dtype)
+        set_seed(training_args.seed)  # the adapters depend on the seed, not on what loading the model drew
         model = LoRAModel(model, lora_config)
         model.mark_only_lora_as_trainable()
         model.print_trainable_parameters()
@@ -142,14 +170,17 @@ def main(argv=None):
         tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
         return_tensors="pd"))
     throughput = ThroughputCallback(collator)
+    if "visualdl" in training_args.report_to:
+        repair_visualdl_hparams()
     trainer = Trainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=dev_set,
-                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput])
+                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput],
+                      compute_metrics=token_accuracy, preprocess_logits_for_metrics=argmax_logits)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}
     if training_args.do_train:
         started = time.perf_counter()
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=checkpoint_to_resume(training_args, model))
         seconds = time.perf_counter() - started
         trainer.save_model()
         summary.update(optimizer=type(trainer.optimizer).__name__,
@@ -160,7 +191,7 @@ def main(argv=None):
                        peak_memory_mb=round(peak_memory_mb(), 1), log_history=throughput.history)
     if training_args.do_eval:
         metrics = trainer.evaluate()
-        summary["eval_loss"] = metrics.get("eval_loss")
+        summary.update(eval_loss=metrics.get("eval_loss"), eval_accuracy=metrics.get("eval_accuracy"))
         logger.info(f"eval_loss {summary['eval_loss']}")
     samples = []
     for row in dev_set.rows[: data_args.sample_prompts]:

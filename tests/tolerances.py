@@ -183,3 +183,12 @@ def fp8_model_grad_norm_rtol(num_layers: int) -> float:
     e4m3, e5m2 = TOLERANCES[paddle.float8_e4m3fn][1], TOLERANCES[paddle.float8_e5m2][1]
     per_gemm = math.sqrt(e4m3**2 + e5m2**2) / math.sqrt(3)
     return per_gemm * math.sqrt(2 * num_layers)
+
+
+# The same training continued on the other path (a fast checkpoint resumed by stock PaddleNLP, or
+# the other way round), per-step losses against the uninterrupted run, fp32 on CPU: the fused kernels
+# reorder reductions (1e-7 relative per op) and the differences the first steps left in the
+# weights carry on; the convergence tests measure the two paths within 1e-4 over 24 steps
+# (test_checkpoints_and_convergence), which this keeps. A resume that drops or misplaces the Adam
+# moments moves the next losses by about the learning rate's effect (percent, at lr 1e-2).
+FAST_STOCK_TRAINING_LOSS_RTOL = 1e-4

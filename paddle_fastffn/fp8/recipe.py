@@ -275,7 +275,7 @@ class ScalingState:
 
     def state_dict(self) -> dict:
         return {"scale": self.scale.numpy(), "scale_inv": self.scale_inv.numpy(),
-                "amax_history": self.amax_history.numpy()}
+                "amax_history": self.amax_history.numpy(), "seeded": np.array(self.seeded)}
 
     def set_state_dict(self, state: dict):
         for name in ("scale", "scale_inv", "amax_history"):
@@ -285,8 +285,11 @@ class ScalingState:
                 raise ValueError(f"ScalingState.{name}: shape {list(value.shape)} != {list(target.shape)} "
                                  f"(a different amax_history_len?)")
             paddle.assign(paddle.to_tensor(value), output=target)
-        # A restored history that holds an amax continues it; an empty one warm-starts.
-        self.seeded = bool(np.asarray(state["amax_history"]).any())
+        # `seeded` is saved: a delayed state whose history rolled its only amax out (amax_history_len
+        # 1 rolls it out at every step end) is seeded with an all-zero history, and must not warm-start
+        # again. States saved without it: a history that holds an amax continues, an empty one warm-starts.
+        seeded = state.get("seeded")
+        self.seeded = bool(np.asarray(state["amax_history"]).any() if seeded is None else np.asarray(seeded))
 
     def __repr__(self):
         return (f"ScalingState({self.fmt}, {self.mode}, scale={float(self.scale):g}, "

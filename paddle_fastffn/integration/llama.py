@@ -446,6 +446,18 @@ def _set_state_dict_fusing(original):
     return set_state_dict
 
 
+def fp8_checkpoint_layers(model):
+    """(recipe, {sub-layer name: Fp8Linear or Fp8FFN}) of what computes in FP8 in `model`, attached
+    now where the first forward has not attached it yet (a resume restores the scaling states
+    before any forward); (None, {}) while FP8 is off. A checkpoint saves and restores these."""
+    if _FP8 is None:
+        return None, {}
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, _modeling().LlamaModel):
+            attach_fp8(layer, _FP8)
+    return _FP8, fp8_layers(model)
+
+
 def install_hooks(enabled_options) -> None:
     """Install, once, the hooks of the fast path that must outlive revert(): the construction hook
     (config changes and fused-layer records for models built while `enabled_options()` is not

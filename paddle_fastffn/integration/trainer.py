@@ -8,14 +8,22 @@ paddle_fastffn.optim.FastAdamW, a subclass of paddle.optimizer.AdamW whose per-p
 our one-pass kernel (and whose global-norm clip is folded into it): same arguments, same state
 names, so optimizer checkpoints load both ways with stock PaddleNLP. Other optimizers (args.optim
 other than adamw) are left alone.
+
+Checkpoints (resume.py), installed once with the first apply() and kept after revert() (they act
+only on models with fused projections or FP8 layers, whose checkpoints must stay stock): the
+optimizer the Trainer creates saves and loads the stock layout of its state, and each Trainer
+checkpoint gets the FP8 scaling state beside the weights, restored on resume.
 """
 
 from __future__ import annotations
+
+import os
 
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
 _ORIGINAL = {}
+_CHECKPOINT_HOOKS = {}
 
 
 def _trainer_class():
@@ -35,7 +43,46 @@ def _fast_optimizer_cls_and_kwargs(args):
     return optimizer_cls, kwargs
 
 
+def install_checkpoint_hooks() -> None:
+    """Trainer.create_optimizer, _save_checkpoint and _load_optimizer_and_scheduler, each the
+    original followed by the fast path's part of the checkpoint (resume.py)."""
+    if _CHECKPOINT_HOOKS:
+        return
+
+    from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from . import resume
+
+    trainer = _trainer_class()
+    _CHECKPOINT_HOOKS.update(create_optimizer=trainer.create_optimizer, save_checkpoint=trainer._save_checkpoint,
+                             load_optimizer=trainer._load_optimizer_and_scheduler)
+
+    def create_optimizer(self, lr_scheduler=None):
+        optimizer = _CHECKPOINT_HOOKS["create_optimizer"](self, lr_scheduler)
+        # unified_checkpoint keys optimizer state by the model's structured names: no renaming.
+        if not self.args.unified_checkpoint:
+            resume.install_stock_layout(self.optimizer, self.model)
+        return optimizer
+
+    def _save_checkpoint(self, model, metrics=None):
+        result = _CHECKPOINT_HOOKS["save_checkpoint"](self, model, metrics=metrics)
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        resume.save_fp8_state(self.model, folder, self.args.world_size, self.args.process_index)
+        return result
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        result = _CHECKPOINT_HOOKS["load_optimizer"](self, checkpoint)
+        if checkpoint:
+            resume.load_fp8_state(self.model, checkpoint, self.args.world_size, self.args.process_index)
+        return result
+
+    trainer.create_optimizer = create_optimizer
+    trainer._save_checkpoint = _save_checkpoint
+    trainer._load_optimizer_and_scheduler = _load_optimizer_and_scheduler
+
+
 def apply(options: FastFFNOptions) -> None:
+    install_checkpoint_hooks()
     if not options.fused_optimizer:
         revert()  # imports paddlenlp.trainer only where an earlier apply() patched it
         return
