@@ -594,8 +594,9 @@ def _retarget(patterns, enables, fused_names: dict, other_names: list):
     for pattern, enable in zip(patterns, enables):
         hits = [name for name in fused_names if re.fullmatch(pattern, name)]
         if not hits:
-            new_patterns.append(pattern)
-            new_enables.append(enable)
+            if pattern not in new_patterns:  # a list naming a part and its fused layer: the part once
+                new_patterns.append(pattern)
+                new_enables.append(enable)
             continue
         produced = []
         for kind in [k for k in FUSED_LAYOUTS if k in {fused_names[n] for n in hits}]:
@@ -612,6 +613,7 @@ def _retarget(patterns, enables, fused_names: dict, other_names: list):
             else:
                 candidates = ["(?:" + "|".join(re.escape(_part_name(n, p)) for n in kind_hits for p in chosen) + ")"]
             produced += [c for c in candidates if c not in produced]
+        produced = [c for c in produced if c not in new_patterns]  # LoRAModel would adapt a layer twice
         new_patterns += produced
         new_enables += [None] * len(produced)
     return new_patterns, new_enables

@@ -331,6 +331,11 @@ def test_lora_patterns_naming_fused_layers_are_aimed_at_their_stock_parts():
     assert retarget([".*qkv_proj.*", ".*o_proj.*", ".*gate_up_fused_proj.*", ".*down_proj.*"], [None] * 4,
                     fused, others)[0] == [".*q_proj.*", ".*k_proj.*", ".*v_proj.*", ".*o_proj.*", ".*gate_proj.*",
                                           ".*up_proj.*", ".*down_proj.*"]
+    # A list naming both the fused layer and its parts (PaddleNLP's llm get_lora_target_modules does for
+    # some families) targets each part once: LoRAModel would otherwise adapt it twice, shifting the
+    # adapters' names and random draws away from stock's.
+    assert retarget([".*qkv_proj.*", ".*q_proj.*", ".*k_proj.*", ".*v_proj.*", ".*o_proj.*"], [None] * 5,
+                    fused, others)[0] == [".*q_proj.*", ".*k_proj.*", ".*v_proj.*", ".*o_proj.*"]
     # Patterns that already name stock layers keep their stock meaning (".*v_proj.*" also matches
     # "qkv_proj", but on the stock model it means v_proj only).
     assert retarget([".*v_proj.*"], [None], fused, others)[0] == [".*v_proj.*"]

@@ -39,6 +39,9 @@ KEPT_AFTER_REVERT = {
     ("LlamaDecoderLayer", "__init__"), ("LlamaPretrainedModel", "_init_weights"),
     ("LlamaPretrainedModel", "save_pretrained"), ("LlamaPretrainedModel", "set_state_dict"),
     ("LlamaForCausalLM", "from_pretrained"), ("LoRAModel", "__init__"), ("LoRAModel", "save_pretrained"),
+    # A Trainer resuming a checkpoint of a fused or FP8 model after revert still needs its optimizer
+    # state turned to and from the stock layout, and its FP8 state (integration/resume.py).
+    ("Trainer", "create_optimizer"), ("Trainer", "_save_checkpoint"), ("Trainer", "_load_optimizer_and_scheduler"),
     # Not yet explicit (issue 20, item 4): the FP8 weight cache counts optimizer updates and value
     # writes process-wide, from the first FP8 weight cache on (fp8/weight_cache.py says why).
     ("paddle.Tensor", "set_value"), ("paddle.Tensor", "copy_"), ("paddle.optimizer.Optimizer", "_apply_optimize"),
