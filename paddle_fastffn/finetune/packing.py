@@ -190,7 +190,7 @@ class PackedCollator:
         if dense:
             out["attention_mask"] = mask
         else:
-            from ..ops.packed_attention import PackedSegments
+            from ..ops.varlen_attention import PackedSegments
 
             out["attn_mask_startend_row_indices"] = PackedSegments.from_row_lengths(
                 row_lengths, seq).startend_row_indices()

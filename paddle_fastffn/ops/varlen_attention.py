@@ -207,20 +207,22 @@ def flash_attn_unpadded_ref(query, key, value, cu_seqlens_q, cu_seqlens_k, max_s
                             dropout=0.0, causal=False, return_softmax=False, training=True):
     """flash_attn_unpadded's contract in plain Paddle, for checking the GPU composition on CPU:
     [tokens, heads, head_dim] q (k/v with heads dividing q's), each cu_seqlens interval attends to
-    itself (causal: top-left aligned, equal q/k lengths here), softmax(scale * q k^T) v, fp32 math."""
+    itself (causal: top-left aligned, equal q/k lengths here), softmax(scale * q k^T) v, fp32 math
+    (float64 for float64 inputs)."""
     if dropout != 0.0 or return_softmax:
         raise ValueError(f"{OP}: the reference covers dropout 0 without the softmax")
     if cu_seqlens_q.numpy().tolist() != cu_seqlens_k.numpy().tolist():
         raise ValueError(f"{OP}: the reference covers self-attention (equal q and k intervals)")
     bounds = cu_seqlens_q.numpy().tolist()
     groups = query.shape[1] // key.shape[1]
+    compute = paddle.float64 if query.dtype == paddle.float64 else paddle.float32
     outputs = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end - start > max_seqlen_q or end - start > max_seqlen_k:
             raise ValueError(f"{OP}: a segment of {end - start} tokens exceeds max_seqlen")
-        q_s = query[start:end].astype(paddle.float32).transpose([1, 0, 2])
-        k_s = paddle.repeat_interleave(key[start:end].astype(paddle.float32), groups, axis=1).transpose([1, 0, 2])
-        v_s = paddle.repeat_interleave(value[start:end].astype(paddle.float32), groups, axis=1).transpose([1, 0, 2])
+        q_s = query[start:end].astype(compute).transpose([1, 0, 2])
+        k_s = paddle.repeat_interleave(key[start:end].astype(compute), groups, axis=1).transpose([1, 0, 2])
+        v_s = paddle.repeat_interleave(value[start:end].astype(compute), groups, axis=1).transpose([1, 0, 2])
         scores = paddle.matmul(q_s, k_s, transpose_y=True) * scale
         if causal:
             n = end - start
@@ -242,9 +244,12 @@ def varlen_call_signature_error(varlen_attention) -> str | None:
 
 
 def packed_attention_ref(q, k, v, segments: PackedSegments):
-    """Dense reference: SDPA over the whole row with the block-causal additive mask, fp32."""
+    """Dense reference: SDPA over the whole row with the block-causal additive mask (fp32 math,
+    float64 for float64 inputs)."""
+    compute = paddle.float64 if q.dtype == paddle.float64 else paddle.float32
     mask = paddle.to_tensor(segments.dense_mask())
-    additive = paddle.where(mask, paddle.zeros(mask.shape, paddle.float32),
-                            paddle.full(mask.shape, float(np.finfo(np.float32).min), paddle.float32))
-    compute = [t.astype(paddle.float32) for t in (q, k, v)]
-    return F.scaled_dot_product_attention(*compute, attn_mask=additive).astype(q.dtype)
+    additive = paddle.where(mask, paddle.zeros(mask.shape, compute),
+                            paddle.full(mask.shape, float(np.finfo(np.float64 if compute == paddle.float64
+                                                                   else np.float32).min), compute))
+    return F.scaled_dot_product_attention(*(t.astype(compute) for t in (q, k, v)),
+                                          attn_mask=additive).astype(q.dtype)
