@@ -16,9 +16,11 @@ import pytest
 from llama_fixtures import tiny_model
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.datasets import InTokensMapDataset
+from paddlenlp.transformers.llama import modeling as paddlenlp_modeling
 from tolerances import assert_close
 
 import paddle_fastffn
+from paddle_fastffn import ops
 from paddle_fastffn.finetune.packing import (PackedCollator, PackedDataset, greedy_rows, packed_batches,
                                              sequential_rows)
 
@@ -234,3 +236,28 @@ def test_fast_packed_equals_paddlenlp_zero_padding(examples, llama_tokenizer):
     assert fast_grads.keys() == stock_grads.keys()
     for name, grad in stock_grads.items():
         assert_close(fast_grads[name], grad, paddle.float32, f"d {name}", reduced_rows=sum(LENGTHS))
+
+
+@pytest.mark.parametrize("granularity", ["full", "core_attn"])
+def test_fast_packed_batch_under_recompute(examples, granularity):
+    """PaddleNLP's default non-reentrant recompute replays the layers (or the core attention) in
+    backward: the segments travel as an argument, so the replay keeps the examples apart too."""
+    paddle_fastffn.apply_fast_ffn_to_llama()
+    batch = packed_batches(examples, MAX_LENGTH, batch_size=8)[0][0]
+    plain_loss, plain_grads = losses_and_grads(tiny_model(), batch)
+    model = tiny_model(recompute=True, recompute_granularity=granularity, recompute_use_reentrant=False)
+    model.recompute_enable()  # what PaddleNLP's Trainer does with `recompute: true`
+    calls = []
+    original = paddlenlp_modeling.recompute
+    paddlenlp_modeling.recompute = lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs)
+    try:
+        loss, grads = losses_and_grads(model, batch)
+    finally:
+        paddlenlp_modeling.recompute = original
+    # Each layer recomputed (full: the modeling's recompute wraps each decoder layer, core_attn:
+    # each attention), with the segments as an argument.
+    assert len(calls) == 2 and all(any(isinstance(arg, ops.PackedSegments) for arg in args) for args in calls)
+    assert_close(loss, plain_loss, paddle.float32, "loss under recompute")
+    assert grads.keys() == plain_grads.keys()
+    for name, grad in grads.items():
+        assert_close(grad, plain_grads[name], paddle.float32, f"d {name} under recompute", reduced_rows=sum(LENGTHS))
