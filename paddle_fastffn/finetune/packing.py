@@ -27,12 +27,10 @@ benchmarks and tests); `PackedDataset` + `PackedCollator` are the Trainer's data
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import paddle
 
-from .data import IGNORE_INDEX
+from .data import IGNORE_INDEX, TokenCountingCollator
 
 GREEDY_WINDOW = 500
 FORMS = ("segments", "dense_mask")
@@ -135,36 +133,15 @@ class PackedDataset:
         return sum(len(ids) for ids, _ in self.examples)
 
 
-@dataclass
-class PaddingCount:
-    """Token slots the model computed on vs. real (example) tokens, and labelled tokens."""
-    slots: int = 0
-    real: int = 0
-    labelled: int = 0
-
-    def add(self, slots: int, real: int, labelled: int) -> None:
-        self.slots, self.real, self.labelled = self.slots + slots, self.real + real, self.labelled + labelled
-
-    def waste(self) -> float:
-        """Share of slots holding padding: 1 - real / slots."""
-        return 1.0 - self.real / self.slots if self.slots else 0.0
-
-    def as_dict(self) -> dict:
-        return {"slot_tokens": self.slots, "real_tokens": self.real, "labelled_tokens": self.labelled,
-                "padding_waste": round(self.waste(), 4)}
-
-
 class PackedCollator:
     """Collates PackedDataset rows of one form into paddle tensors (right padding to the batch's
-    longest row, or to a multiple of pad_to_multiple_of), and counts slots, real and labelled
-    tokens in `count` (the run summary's padding waste)."""
+    longest row, or to a multiple of pad_to_multiple_of)."""
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, return_tensors: str = "pd"):
         if return_tensors not in ("pd", "np"):
             raise ValueError(f"packing: `return_tensors` must be 'pd' or 'np', got {return_tensors!r}")
         self.pad_token_id, self.pad_to_multiple_of = int(pad_token_id), pad_to_multiple_of
         self.return_tensors = return_tensors
-        self.count = PaddingCount()
 
     def __call__(self, rows):
         seq = max(len(row["input_ids"]) for row in rows)
@@ -194,8 +171,6 @@ class PackedCollator:
 
             out["attn_mask_startend_row_indices"] = PackedSegments.from_row_lengths(
                 row_lengths, seq).startend_row_indices()
-        real = sum(len(row["input_ids"]) for row in rows)
-        self.count.add(batch * seq, real, int((labels != IGNORE_INDEX).sum()))
         if self.return_tensors == "pd":
             out = {key: paddle.to_tensor(value) for key, value in out.items()}
         return out
@@ -206,11 +181,11 @@ def packed_batches(examples, max_length: int, batch_size: int = 1, greedy: bool 
     """Packed batches of `examples` ((input_ids, labels) pairs or {"input_ids", "labels"} dicts,
     labels shifted, -100 outside the loss), ready for LlamaForCausalLM(**batch): form "segments"
     for the fast path (paddle_fastffn applied), "dense_mask" for stock PaddleNLP. Returns
-    (list of batch dicts of paddle tensors, PaddingCount)."""
+    (list of batch dicts of paddle tensors, the PaddingCount of those batches)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"packing: `batch_size` must be a positive int, got {batch_size!r}")
     dataset = PackedDataset(examples, max_length, greedy=greedy, form=form)
-    collator = PackedCollator(pad_token_id)
+    collator = TokenCountingCollator(PackedCollator(pad_token_id))
     batches = [collator([dataset[i] for i in range(first, min(first + batch_size, len(dataset)))])
                for first in range(0, len(dataset), batch_size)]
-    return batches, collator.count
+    return batches, collator.padding

@@ -261,3 +261,27 @@ def test_fast_packed_batch_under_recompute(examples, granularity):
     assert grads.keys() == plain_grads.keys()
     for name, grad in grads.items():
         assert_close(grad, plain_grads[name], paddle.float32, f"d {name} under recompute", reduced_rows=sum(LENGTHS))
+
+
+def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
+    """scripts/run_finetune.py with zero_padding: stock (PaddleNLP's dense 4-D mask) and fast
+    (segments) train the same per-step losses; greedy_zero_padding packs at least as tightly; each
+    summary reports the padding waste, lower than the padded run's."""
+    from test_run_finetune import demo as build_demo, losses, run
+
+    demo = build_demo.__wrapped__(tmp_path_factory)
+    rows = ("--per_device_train_batch_size", "2", "--max_length", "128")
+    stock = run(demo, tmp_path / "stock", *rows, "--zero_padding", "true", "--use_fast_ffn", "false", steps=4)
+    fast = run(demo, tmp_path / "fast", *rows, "--zero_padding", "true", steps=4)
+    greedy = run(demo, tmp_path / "greedy", *rows, "--greedy_zero_padding", "true", steps=4)
+    padded = run(demo, tmp_path / "padded", steps=4)
+    assert (stock["packing"], fast["packing"], greedy["packing"], padded["packing"]) == (
+        "zero_padding", "zero_padding", "greedy_zero_padding", None)
+    # fp32 on CPU both ways; see test_checkpoints_and_convergence for the tolerance's reasoning.
+    np.testing.assert_allclose(losses(fast), losses(stock), rtol=1e-4)
+    assert fast["padding"] == stock["padding"]
+    for summary in (stock, fast, greedy, padded):
+        count = summary["padding"]
+        assert 0 < count["labelled_tokens"] <= count["real_tokens"] <= count["slot_tokens"]
+        assert count["padding_waste"] == pytest.approx(1 - count["real_tokens"] / count["slot_tokens"], abs=1e-4)
+    assert fast["padding"]["padding_waste"] < padded["padding"]["padding_waste"]
