@@ -10,6 +10,12 @@ math, with one warning per reason. Two repairs come with it: generate() on Paddl
 (prepare_attention_mask_for_generation) and the causal mask of the flash path while decoding with
 a KV cache (fast_scaled_dot_product_attention).
 
+Packed batches (finetune/packing.py): LlamaForCausalLM.forward takes PaddleNLP's
+attn_mask_startend_row_indices; the examples' boundaries (ops.PackedSegments) travel in
+attention_mask's place through LlamaModel (whose mask preparation and is_casual_mask pass them on),
+the decoder layers and recompute, to ops.packed_attention: no [seq, seq] mask is built. A dense 4-D
+block-causal mask (stock zero_padding) still works: it is not causal-looking, so it reaches SDPA.
+
 Fused projections. A model built while the fast path is enabled gets PaddleNLP's own fused
 qkv_proj and gate_up_fused_proj (config.fuse_attention_qkv / fuse_attention_ffn, set before the
 layers read the config; PaddleNLP fuses unfused checkpoints on load). Tensor and pipeline parallel

@@ -148,14 +148,14 @@ def _check_qkv(q, k, v):
 def packed_attention(q, k, v, segments: PackedSegments):
     """Causal attention of each packed example with itself. q: [batch, seq, q_heads, head_dim],
     k/v: [batch, seq, kv_heads, head_dim] (kv_heads | q_heads); -> [batch, seq, q_heads, head_dim].
-    Scale 1/sqrt(head_dim). GPU: flash_attn_unpadded; elsewhere per-group SDPA (CPU: fp32 math,
-    as Paddle's CPU SDPA; half inputs are upcast and the result cast back)."""
+    Scale 1/sqrt(head_dim). GPU, fp16/bf16: flash_attn_unpadded; elsewhere per-group SDPA (CPU: fp32
+    math, as Paddle's CPU SDPA; half inputs are upcast and the result cast back)."""
     _check_qkv(q, k, v)
     batch, seq = q.shape[:2]
     if (segments.batch, segments.seq) != (batch, seq):
         raise ValueError(f"{OP}: the segments tile a {segments.batch} x {segments.seq} batch, q is "
                          f"{batch} x {seq}")
-    if not q.place.is_cpu_place():
+    if not q.place.is_cpu_place() and q.dtype in (paddle.float16, paddle.bfloat16):  # flash attention's dtypes
         from paddle.nn.functional.flash_attention import flash_attn_unpadded
 
         return packed_attention_varlen(q, k, v, segments, flash_attn_unpadded)
