@@ -28,6 +28,7 @@ from paddle_fastffn.finetune.arguments import unknown_argument_error
 from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
 from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
+from paddle_fastffn.finetune.packing import PackedCollator, PackedDataset
 from paddle_fastffn.finetune.visualdl_compat import repair_visualdl_hparams
 from paddle_fastffn.integration.resume import check_checkpoint_folder
 from paddle_fastffn.integration.registry import apply_to_model, family_for
@@ -49,6 +50,8 @@ class DataArgument:
     max_length: int = field(default=256, metadata={"help": "Maximum tokens of prompt + answer."})
     src_length: int = field(default=128, metadata={"help": "Maximum prompt tokens."})
     sample_prompts: int = field(default=3, metadata={"help": "Dev prompts to answer greedily after training."})
+    zero_padding: bool = field(default=False, metadata={"help": "Pack examples into rows of max_length (PaddleNLP's rule: in order, a new row when the next does not fit); position ids restart and attention stays within each example."})
+    greedy_zero_padding: bool = field(default=False, metadata={"help": "Pack greedily: within each run of 500 examples, each goes into the open row with the most room (implies zero_padding)."})
 
 
 def lora_target_modules(config) -> list[str]:
@@ -166,9 +169,20 @@ def main(argv=None):
     data_dir = Path(data_args.dataset_name_or_path)
     train_set = TokenizedDataset(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
     dev_set = TokenizedDataset(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
-    collator = TokenCountingCollator(DataCollatorForSeq2Seq(
-        tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
-        return_tensors="pd"))
+    dev_rows = dev_set.rows  # the jsonl rows, for the sample prompts
+    packing = data_args.zero_padding or data_args.greedy_zero_padding
+    if packing:
+        # The fast path takes each batch's example boundaries (no [seq, seq] mask); stock PaddleNLP
+        # the dense 4-D block-causal mask of its InTokens datasets.
+        form = "segments" if training_args.use_fast_ffn else "dense_mask"
+        train_set, dev_set = (PackedDataset(data.examples, data_args.max_length,
+                                            greedy=data_args.greedy_zero_padding, form=form)
+                              for data in (train_set, dev_set))
+        collator = TokenCountingCollator(PackedCollator(tokenizer.pad_token_id))
+    else:
+        collator = TokenCountingCollator(DataCollatorForSeq2Seq(
+            tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
+            return_tensors="pd"))
     throughput = ThroughputCallback(collator)
     if "visualdl" in training_args.report_to:
         repair_visualdl_hparams()
@@ -188,13 +202,16 @@ def main(argv=None):
                        train_loss=result.training_loss, tokens=collator.tokens,
                        tokens_per_second=round(collator.tokens / seconds, 1),
                        step_time_ms=round(1e3 * seconds / max(result.global_step, 1), 2),
-                       peak_memory_mb=round(peak_memory_mb(), 1), log_history=throughput.history)
+                       peak_memory_mb=round(peak_memory_mb(), 1), log_history=throughput.history,
+                       packing=("greedy_zero_padding" if data_args.greedy_zero_padding else
+                                "zero_padding" if packing else None),
+                       padding=collator.padding.as_dict())
     if training_args.do_eval:
         metrics = trainer.evaluate()
         summary.update(eval_loss=metrics.get("eval_loss"), eval_accuracy=metrics.get("eval_accuracy"))
         logger.info(f"eval_loss {summary['eval_loss']}")
     samples = []
-    for row in dev_set.rows[: data_args.sample_prompts]:
+    for row in dev_rows[: data_args.sample_prompts]:
         prompt = row["src"]
         samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt), "expected": row["tgt"]})
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")

@@ -5,6 +5,8 @@ labels[i] is the token that follows input_ids[i], so the pairs are built shifted
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 IGNORE_INDEX = -100
@@ -50,14 +52,39 @@ class TokenizedDataset:
         return self.examples[index]
 
 
+@dataclass
+class PaddingCount:
+    """Token slots the model computed on (batch x seq of each batch) vs. real (example) tokens, and
+    the labelled tokens among them."""
+    slots: int = 0
+    real: int = 0
+    labelled: int = 0
+
+    def waste(self) -> float:
+        """Share of slots holding padding: 1 - real / slots."""
+        return 1.0 - self.real / self.slots if self.slots else 0.0
+
+    def as_dict(self) -> dict:
+        return {"slot_tokens": self.slots, "real_tokens": self.real, "labelled_tokens": self.labelled,
+                "padding_waste": round(self.waste(), 4)}
+
+
 class TokenCountingCollator:
-    """Wraps a collator and counts the non-padding tokens it hands to the model (for tokens/s)."""
+    """Wraps a collator and counts the non-padding tokens it hands to the model (`tokens`, for
+    tokens/s), and in `padding` the slots, real and labelled tokens of what it returns."""
 
     def __init__(self, collator):
         self.collator = collator
         self.tokens = 0
+        self.padding = PaddingCount()
 
     def __call__(self, features):
-        self.tokens += int(sum(len(f["input_ids"]) for f in features))
-        return self.collator(features)
+        real = int(sum(len(f["input_ids"]) for f in features))
+        self.tokens += real
+        batch = self.collator(features)
+        labels = batch["labels"]
+        self.padding.slots += math.prod(labels.shape)
+        self.padding.real += real
+        self.padding.labelled += int((labels != IGNORE_INDEX).astype("int64").sum())  # paddle or numpy
+        return batch
 

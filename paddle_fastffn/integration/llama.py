@@ -10,6 +10,12 @@ math, with one warning per reason. Two repairs come with it: generate() on Paddl
 (prepare_attention_mask_for_generation) and the causal mask of the flash path while decoding with
 a KV cache (fast_scaled_dot_product_attention).
 
+Packed batches (finetune/packing.py): LlamaForCausalLM.forward takes PaddleNLP's
+attn_mask_startend_row_indices; the examples' boundaries (ops.PackedSegments) travel in
+attention_mask's place through LlamaModel (whose mask preparation and is_casual_mask pass them on),
+the decoder layers and recompute, to ops.packed_attention: no [seq, seq] mask is built. A dense 4-D
+block-causal mask (stock zero_padding) still works: it is not causal-looking, so it reaches SDPA.
+
 Fused projections. A model built while the fast path is enabled gets PaddleNLP's own fused
 qkv_proj and gate_up_fused_proj (config.fuse_attention_qkv / fuse_attention_ffn, set before the
 layers read the config; PaddleNLP fuses unfused checkpoints on load). Tensor and pipeline parallel
@@ -229,13 +235,48 @@ def fast_scaled_dot_product_attention(query_states, config, key_states, value_st
     """modeling.scaled_dot_product_attention, with the causal mask made explicit where PaddleNLP's
     use_flash_attention path drops it (a causal-looking mask becomes None -> is_causal=True) while
     fewer queries than keys are present (decoding with a KV cache): there is_causal=True would let
-    the new token see only the first keys. Training (q_len == kv_len) keeps is_causal=True."""
+    the new token see only the first keys. Training (q_len == kv_len) keeps is_causal=True.
+    A packed batch's segments (ops.PackedSegments, in the mask's place) run ops.packed_attention:
+    each example attends to itself, with no [seq, seq] mask (flash_attn_unpadded on GPU)."""
+    if isinstance(attention_mask, ops.PackedSegments):
+        return _packed_sdpa(query_states, key_states, value_states, attention_mask, output_attentions, alibi,
+                            sequence_parallel, reshard_layer)
     q_len, kv_len = query_states.shape[1], key_states.shape[1]
     if config.use_flash_attention and attention_mask is None and q_len != kv_len:
         attention_mask = _bottom_right_causal_mask(q_len, kv_len, query_states.dtype)
     return _ORIGINALS["sdpa"](query_states, config, key_states, value_states, attention_mask,
                               output_attentions, alibi, sequence_parallel, reshard_layer=reshard_layer,
                               npu_is_casual=npu_is_casual)
+
+
+def _packed_sdpa(query_states, key_states, value_states, segments, output_attentions, alibi, sequence_parallel,
+                 reshard_layer):
+    bsz, q_len, num_heads, head_dim = query_states.shape
+    unsupported = [name for name, used in (("a KV cache", key_states.shape[1] != q_len),
+                                           ("output_attentions", output_attentions), ("alibi", alibi is not None),
+                                           ("sequence parallel", sequence_parallel),
+                                           ("sep parallel", reshard_layer is not None)) if used]
+    if unsupported:
+        raise ValueError(f"paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support "
+                         f"{', '.join(unsupported)}; pass a dense 4-D attention_mask instead")
+    out = ops.packed_attention(query_states, key_states, value_states, segments)
+    return out.reshape([bsz, q_len, num_heads * head_dim])
+
+
+def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_values_length, dtype):
+    """LlamaModel._prepare_decoder_attention_mask, passing a packed batch's segments through to
+    attention (they replace the [batch, 1, seq, seq] mask); other masks as stock."""
+    if isinstance(attention_mask, ops.PackedSegments):
+        return attention_mask
+    return _ORIGINALS["prepare_mask"](attention_mask, input_shape, past_key_values_length, dtype)
+
+
+def fast_is_casual_mask(attention_mask):
+    """modeling.is_casual_mask (LlamaModel asks it on the flash path): a packed batch's segments
+    are not one causal mask."""
+    if isinstance(attention_mask, ops.PackedSegments):
+        return False
+    return _ORIGINALS["is_casual_mask"](attention_mask)
 
 
 def _enable_sdpa(config) -> None:
@@ -689,15 +730,33 @@ def _fused_head_weight(model):
     return weight, transpose, None
 
 
+def _packed_segments(model, attn_mask_startend_row_indices, attention_mask):
+    """The segments of a packed batch (the collator's attn_mask_startend_row_indices), which travel
+    in attention_mask's place through LlamaModel and its decoder layers (recompute included) to
+    fast_scaled_dot_product_attention."""
+    if attention_mask is not None:
+        raise ValueError("paddle_fastffn: pass either attention_mask or attn_mask_startend_row_indices (a packed "
+                         "batch's segments), not both")
+    if getattr(model.config, "alibi", False):
+        raise ValueError("paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support alibi")
+    return ops.PackedSegments.from_startend_row_indices(attn_mask_startend_row_indices)
+
+
 def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                            labels=None, use_cache=False, past_key_values=None, output_attentions=None,
-                           output_hidden_states=None, return_dict=None):
+                           output_hidden_states=None, return_dict=None, attn_mask_startend_row_indices=None):
     """LlamaForCausalLM.forward with the loss of a training step through ops.linear_cross_entropy
-    (logits=None in the result); everything else is the stock forward."""
+    (logits=None in the result), where fused_cross_entropy is on; everything else is the stock
+    forward. attn_mask_startend_row_indices (PaddleNLP's packed-batch key, the causal FlashMask
+    form [batch, 1, seq, 1]) marks where each packed example ends: attention keeps the examples
+    apart without a dense mask (position_ids should restart at each example, as the packing
+    collator gives them)."""
     stock = _ORIGINALS["causal_lm_forward"]
+    if attn_mask_startend_row_indices is not None:
+        attention_mask = _packed_segments(self, attn_mask_startend_row_indices, attention_mask)
     arguments = (input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache, past_key_values,
                  output_attentions, output_hidden_states, return_dict)
-    if labels is None or not self.training:
+    if labels is None or not self.training or _ACTIVE is None or not _ACTIVE.fused_cross_entropy:
         return stock(self, *arguments)
     weight, transpose, reason = _fused_head_weight(self)
     if weight is None:
@@ -985,11 +1044,15 @@ def apply(options: FastFFNOptions, model=None) -> None:
             rotary=modeling.apply_rotary_pos_emb,
             generation_mask=own_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation"),
             sdpa=modeling.scaled_dot_product_attention,
+            prepare_mask=modeling.LlamaModel._prepare_decoder_attention_mask,
+            is_casual_mask=modeling.is_casual_mask,
         )
     _ACTIVE = options
     _ORIGINALS.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
-    modeling.LlamaForCausalLM.forward = (fast_causal_lm_forward if options.fused_cross_entropy
-                                         else _ORIGINALS["causal_lm_forward"])
+    # Always the fast forward: it takes packed batches' segments; the fused loss is its own option.
+    modeling.LlamaForCausalLM.forward = fast_causal_lm_forward
+    modeling.LlamaModel._prepare_decoder_attention_mask = staticmethod(fast_prepare_decoder_attention_mask)
+    modeling.is_casual_mask = fast_is_casual_mask
     modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
     modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
@@ -1038,6 +1101,8 @@ def revert() -> None:
     restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
+    modeling.LlamaModel._prepare_decoder_attention_mask = staticmethod(_ORIGINALS["prepare_mask"])
+    modeling.is_casual_mask = _ORIGINALS["is_casual_mask"]
     _ACTIVE = None
     _WARNED.clear()
 

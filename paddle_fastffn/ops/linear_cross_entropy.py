@@ -102,7 +102,7 @@ class _PendingReadback:
 
 
 def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weight, chunk,
-                            need_d_hidden, need_d_weight):
+                            need_d_hidden, need_d_weight, n_labelled: int):
     """(loss fp32 scalar, d_hidden [T, H] or None, d_weight (fp32; with a single chunk the GEMM's
     dtype) or None, _PendingReadback), float64 throughout for float64 inputs. The gradients are
     those of the mean over the labelled tokens; the readback's factor makes them PaddleNLP's."""
@@ -114,8 +114,6 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
     else:
         compute = paddle.float64 if hidden.dtype == paddle.float64 else paddle.float32
     w = weight if weight.dtype == compute else weight.astype(compute)
-    # The one synchronisation of the forward: the kernel's gradient scale is a host number.
-    n_labelled = int((labels != ignore_index).astype("int64").sum()) if tokens else 0
     label_error = paddle.zeros([1], dtype=paddle.int32)
     with_grad = need_d_hidden or need_d_weight
     # The kernel's scale is an fp32 attribute: float64 inputs take 1 / n in backward instead.
@@ -179,9 +177,10 @@ def _chunked_loss_and_grads(hidden, weight, labels, ignore_index, transpose_weig
 class _LinearCrossEntropy(PyLayer):
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk, need_d_hidden,
-                need_d_weight):
+                need_d_weight, n_labelled):
         loss, d_hidden, d_weight, readback = _chunked_loss_and_grads(
-            hidden, weight, labels, ignore_index, transpose_weight, chunk, need_d_hidden, need_d_weight)
+            hidden, weight, labels, ignore_index, transpose_weight, chunk, need_d_hidden, need_d_weight,
+            n_labelled)
         ctx.grads = (d_hidden, d_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.readback = readback
@@ -201,6 +200,20 @@ class _LinearCrossEntropy(PyLayer):
             grads.append(grad)
         ctx.grads = ctx.readback = None
         return grads[0], grads[1], None
+
+
+def _labelled_rows(hidden2d, labels1d, ignore_index: int):
+    """(hidden rows, labels, their count): the rows whose label is not ignore_index, PaddleFormers' filtered label
+    loss: prompt and padding tokens never reach the LM head GEMMs (gather's backward scatters the
+    labelled rows' gradient into a zero [T, H]). Finding them is the forward's one synchronisation
+    (the kernel's gradient scale, 1 / labelled tokens, is a host number). With no labelled token
+    the rows stay as they are: PaddleNLP's NaN loss with zero gradients."""
+    labelled = paddle.nonzero(labels1d != ignore_index).reshape([-1])
+    count = int(labelled.shape[0])
+    if count == 0 or count == int(labels1d.shape[0]):
+        return hidden2d, labels1d, count
+    # Indexing, not paddle.gather: Paddle's CPU gather has no float16 kernel.
+    return hidden2d[labelled], labels1d[labelled], count
 
 
 def _check_inputs(hidden, weight, labels, transpose_weight, chunk_tokens):
@@ -261,8 +274,9 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     if not _checks.kernel_supports_place(hidden):
         warn_fallback(OP, hidden.place)
         return linear_cross_entropy_ref(hidden, weight, labels, ignore_index, transpose_weight)
-    hidden2d = _checks.contiguous(hidden).reshape([-1, hidden.shape[-1]])
-    labels1d = _checks.contiguous(labels.astype(paddle.int64).reshape([-1]))
+    hidden2d, labels1d, n_labelled = _labelled_rows(_checks.contiguous(hidden).reshape([-1, hidden.shape[-1]]),
+                                                    _checks.contiguous(labels.astype(paddle.int64).reshape([-1])),
+                                                    int(ignore_index))
     vocab = weight.shape[0] if transpose_weight else weight.shape[1]
     chunk = chunk_tokens or default_chunk_tokens(vocab, not hidden.place.is_cpu_place())
     grad_on = paddle.is_grad_enabled()
@@ -270,11 +284,11 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     need_d_weight = grad_on and not weight.stop_gradient
     if not (need_d_hidden or need_d_weight):  # loss only: no graph, no gradient GEMMs
         loss, _, _, readback = _chunked_loss_and_grads(hidden2d, weight, labels1d, int(ignore_index),
-                                                       bool(transpose_weight), chunk, False, False)
+                                                       bool(transpose_weight), chunk, False, False, n_labelled)
         readback.read()  # no backward will: labels are checked here
         return loss
     return _LinearCrossEntropy.apply(hidden2d, weight, labels1d, int(ignore_index),
-                                     bool(transpose_weight), chunk, need_d_hidden, need_d_weight)
+                                     bool(transpose_weight), chunk, need_d_hidden, need_d_weight, n_labelled)
 
 
 def linear_cross_entropy_ref(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor,

@@ -89,3 +89,27 @@ def test_rotary_float64_is_exactly_linear_in_q():
     d_q, _ = grads_of([q_out, k_out], [up_q, paddle.zeros_like(k)], [q, k])
     # For a linear map R, <R q, u> = <q, R^T u>: the backward must be the exact transpose.
     np.testing.assert_allclose(float((q_out * up_q).sum()), float((q * d_q).sum()), rtol=1e-12)
+
+
+def test_packed_rows_with_restarting_positions_equal_each_example_alone():
+    """A packed row (position ids restarting at each example, as the packing collator gives them)
+    rotates each example exactly as the example alone at positions 0..n-1, forward and backward."""
+    lengths = [5, 1, 9, 3]
+    q, k = random_tensor((1, sum(lengths), 4, 16), "float32"), random_tensor((1, sum(lengths), 2, 16), "float32")
+    cos, sin = _cos_sin("plain", 16, 16, q)
+    position_ids = paddle.to_tensor([[p for n in lengths for p in range(n)]], dtype="int64")
+    q_out, k_out = ops.rotary_embedding(q, k, cos, sin, position_ids)
+    d_q, d_k = grads_of([q_out, k_out], [q_out.detach(), k_out.detach()], [q, k])
+    start = 0
+    for n in lengths:
+        q_alone = q[:, start:start + n].detach()
+        k_alone = k[:, start:start + n].detach()
+        q_alone.stop_gradient = k_alone.stop_gradient = False
+        q_ref, k_ref = ops.rotary_embedding(q_alone, k_alone, cos, sin)
+        r_q, r_k = grads_of([q_ref, k_ref], [q_out[:, start:start + n].detach(), k_out[:, start:start + n].detach()],
+                            [q_alone, k_alone])
+        np.testing.assert_array_equal(q_out[:, start:start + n].numpy(), q_ref.numpy())
+        np.testing.assert_array_equal(k_out[:, start:start + n].numpy(), k_ref.numpy())
+        np.testing.assert_array_equal(d_q[:, start:start + n].numpy(), r_q.numpy())
+        np.testing.assert_array_equal(d_k[:, start:start + n].numpy(), r_k.numpy())
+        start += n
