@@ -265,10 +265,16 @@ def _packed_sdpa(query_states, key_states, value_states, segments, output_attent
 
 def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_values_length, dtype):
     """LlamaModel._prepare_decoder_attention_mask, passing a packed batch's segments through to
-    attention (they replace the [batch, 1, seq, seq] mask); other masks as stock."""
+    attention (they replace the [batch, 1, seq, seq] mask); other masks as stock. With
+    fast_ffn_attention off, attention is PaddleNLP's own: the segments become its dense
+    block-causal mask (one info line)."""
     if isinstance(attention_mask, ops.PackedSegments):
-        return attention_mask
-    return _ORIGINALS["prepare_mask"](attention_mask, input_shape, past_key_values_length, dtype)
+        if _ACTIVE is not None and _ACTIVE.attention:
+            return attention_mask
+        _info_once("packed_dense", "fast_ffn_attention is off: packed batches reach PaddleNLP's attention as its "
+                                   "dense [batch, 1, seq, seq] block-causal mask")
+        attention_mask = paddle.to_tensor(attention_mask.dense_mask())
+    return _ORIGINALS["prepare_mask"].__func__(attention_mask, input_shape, past_key_values_length, dtype)
 
 
 def fast_is_casual_mask(attention_mask):
@@ -1044,7 +1050,7 @@ def apply(options: FastFFNOptions, model=None) -> None:
             rotary=modeling.apply_rotary_pos_emb,
             generation_mask=own_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation"),
             sdpa=modeling.scaled_dot_product_attention,
-            prepare_mask=modeling.LlamaModel._prepare_decoder_attention_mask,
+            prepare_mask=own_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask"),
             is_casual_mask=modeling.is_casual_mask,
         )
     _ACTIVE = options
@@ -1101,7 +1107,7 @@ def revert() -> None:
     restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
-    modeling.LlamaModel._prepare_decoder_attention_mask = staticmethod(_ORIGINALS["prepare_mask"])
+    restore_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask", _ORIGINALS["prepare_mask"])
     modeling.is_casual_mask = _ORIGINALS["is_casual_mask"]
     _ACTIVE = None
     _WARNED.clear()

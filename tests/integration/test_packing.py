@@ -197,6 +197,15 @@ def test_fast_packed_dense_mask_reaches_attention(examples):
     check_packed_against_one_by_one(model, examples, "dense_mask", batch_size=8)
 
 
+def test_fast_packed_segments_with_attention_off_take_paddlenlp_attention(examples, info_lines):
+    """fast_ffn_attention off: no attention function is patched, so the segments reach PaddleNLP's own
+    attention as its dense block-causal mask."""
+    paddle_fastffn.apply_fast_ffn_to_llama(attention=False)
+    model = tiny_model()
+    check_packed_against_one_by_one(model, examples, "segments", batch_size=8)
+    assert any("packed batches reach PaddleNLP's attention" in line for line in info_lines)
+
+
 @pytest.fixture(scope="module")
 def llama_tokenizer(tmp_path_factory):
     """A real LlamaTokenizer (PaddleNLP's padding rules: left, 3-D masks padded at the front) from
