@@ -163,3 +163,12 @@ def assert_relative_norm_within(actual, expected, budget: float, what: str) -> f
     error = float(np.linalg.norm(a - e) / np.linalg.norm(e))
     assert error <= budget, f"{what}: relative error {error:.4f} over the budget {budget:.4f}"
     return error
+
+
+# Per-step training losses of the fast path against stock PaddleNLP, both fp32 (CPU), a few optimizer
+# steps of a tiny LLaMA: the fused kernels sum in another order (about 1e-7 relative per op), and
+# the difference reaches the next steps' losses through AdamW's update, which divides by sqrt(v) and
+# so passes a relative change of the gradient on to the parameters unshrunk. Measured on
+# PaddleNLP's llm script (3 steps, SFT and LoRA): at most 8e-8 relative; 24 steps of the tiny model
+# stay within 1e-4 (tests/integration/test_checkpoints_and_convergence.py), which this keeps.
+FP32_TRAINING_LOSS_RTOL = 1e-4

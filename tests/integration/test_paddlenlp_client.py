@@ -1,0 +1,149 @@
+"""PaddleNLP's own fine-tune script (the 2.8 llm/ line, kept unmodified in ../shared/clients beside
+the repository), run as its users run it: stock, and through `python -m paddle_fastffn` with
+`"use_fast_ffn": true` in its own SFT and LoRA JSONs, cut only in paths, sizes and device (CPU:
+fp16 off, tensor_parallel_degree 1, report_to none). Single process and under
+paddle.distributed.launch (2 ranks, gloo)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+from tolerances import FP32_TRAINING_LOSS_RTOL
+
+REPO = Path(__file__).resolve().parents[2]
+# CI clones the repository with a copy of shared/ beside it; a worktree elsewhere names the folder.
+SHARED = Path(os.environ.get("PADDLE_FASTFFN_SHARED", REPO.parent / "shared"))
+CLIENT = SHARED / "clients" / "paddlenlp_llm_v2.8" / "llm"
+
+pytestmark = pytest.mark.skipif(
+    not (CLIENT / "finetune_generation.py").is_file(),
+    reason=f"PaddleNLP's llm/ script is not at {CLIENT} (CI puts shared/ beside the repository; "
+           f"elsewhere set PADDLE_FASTFFN_SHARED to the shared/ folder)")
+
+# The kernels each decoder layer runs on the default fast path, and the fused loss and optimizer.
+FAST_PATH_KERNELS = ("fastffn_rms_norm_fwd", "fastffn_rms_norm_bwd", "fastffn_rotary", "fastffn_swiglu_fwd",
+                     "fastffn_cross_entropy", "fastffn_adamw_")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny PaddleNLP-format LLaMA folder (GQA, 2 layers) with its tokenizer, {"src", "tgt"} data
+    (the format of the script's data.py), and LoRA adapters saved as the script's LoRA flow makes
+    them (its target modules, r=lora_rank, alpha=2*r), for lora_path: stock LoRA draws adapters before
+    the Trainer seeds, so both runs start from these."""
+    from paddlenlp.peft import LoRAConfig, LoRAModel
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from paddle_fastffn.finetune.demo_assets import build
+
+    root = build(tmp_path_factory.mktemp("client"), train=48, dev=8, vocab_size=400, hidden=64, layers=2)
+    model = AutoModelForCausalLM.from_pretrained(str(root / "model"))
+    paddle.seed(11)
+    targets = [f".*{name}.*" for name in ("q_proj", "v_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "up_proj")]
+    lora = LoRAModel(model, LoRAConfig(target_modules=targets, r=8, lora_alpha=16, merge_weights=False,
+                                       dtype="float32", base_model_name_or_path=str(root / "model")))
+    lora.save_pretrained(str(root / "lora_init"))
+    return root
+
+
+def cut_json(name: str, assets: Path, out: Path, **overrides) -> Path:
+    """The shipped llama/<name> with paths, sizes and device cut for a tiny CPU run."""
+    config = json.loads((CLIENT / "llama" / name).read_text())
+    config.update(model_name_or_path=str(assets / "model"), dataset_name_or_path=str(assets / "data"),
+                  output_dir=str(out), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                  per_device_eval_batch_size=4, eval_accumulation_steps=2, max_steps=3, warmup_steps=1,
+                  src_length=32, max_length=64, fp16=False, fp16_opt_level="O1", tensor_parallel_degree=1,
+                  device="cpu", report_to="none")
+    config.update(overrides)
+    path = out.parent / f"{out.name}.json"
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+def run_client(config: Path, plugin: bool, launch: bool = False) -> dict:
+    """Run finetune_generation.py from its own folder, as PaddleNLP documents; returns its per-step
+    losses, the fast path's report (plugin runs) and the log."""
+    out = Path(json.loads(config.read_text())["output_dir"])
+    target = ["finetune_generation.py", str(config)]
+    if launch:
+        target = ["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(out) + "_logs", *target]
+    cmd = [sys.executable, *(["-m", "paddle_fastffn"] if plugin else []), *target]
+    report = out.parent / f"{out.name}_report.{{rank}}.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO), PADDLE_FASTFFN_REPORT=str(report), OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, cwd=CLIENT, capture_output=True, text=True, env=env, timeout=600)
+    logs = result.stdout + result.stderr
+    if launch:
+        logs += "".join(p.read_text() for p in sorted(Path(str(out) + "_logs").glob("workerlog.*")))
+    assert result.returncode == 0, logs[-6000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    reports = [json.loads(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}_report.*.json"))]
+    return {"losses": np.array([row["loss"] for row in state["log_history"] if "loss" in row]),
+            "reports": reports, "log": logs, "out": out}
+
+
+def assert_fast_path_ran(run: dict, ranks: int = 1) -> None:
+    assert len(run["reports"]) == ranks
+    for report in run["reports"]:
+        assert report["use_fast_ffn"] and report["fast_path_layers"] == report["decoder_layers"] == 2, report
+        missing = [k for k in FAST_PATH_KERNELS if not report["kernel_calls"].get(k)]
+        assert not missing, f"compiled ops that never ran: {missing} ({report['kernel_calls']})"
+    assert "paddle_fastffn: 2/2 LLaMA decoder layers on the fast path" in run["log"]
+
+
+def changed_parameters(before: dict, after: dict) -> dict:
+    assert sorted(before) == sorted(after)
+    return {name: not np.array_equal(np.asarray(before[name]), np.asarray(after[name])) for name in before}
+
+
+def test_client_sft_json_trains_on_the_fast_path_with_the_stock_losses(assets, tmp_path):
+    # The shipped SFT JSON: zero_padding, use_flash_attention, recompute (non-reentrant), eval with
+    # compute_metrics (accuracy), load_best_model_at_end.
+    stock = run_client(cut_json("sft_argument.json", assets, tmp_path / "stock"), plugin=False)
+    off = run_client(cut_json("sft_argument.json", assets, tmp_path / "off", use_fast_ffn=False), plugin=True)
+    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True), plugin=True)
+    # The flag false: the plugin is loaded and the script runs stock, bit for bit, no op of ours.
+    np.testing.assert_array_equal(off["losses"], stock["losses"])
+    assert [r["kernel_calls"] for r in off["reports"]] == [{}] and "on the fast path" not in off["log"]
+    assert_fast_path_ran(fast)
+    assert fast["reports"][0]["off"] == {}
+    assert len(fast["losses"]) == 3
+    np.testing.assert_allclose(fast["losses"], stock["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+    # Every parameter stock trains is trained, and saved in the stock layout (unfused names).
+    initial = paddle.load(str(assets / "model" / "model_state.pdparams"))
+    stock_changed = changed_parameters(initial, paddle.load(str(stock["out"] / "model_state.pdparams")))
+    fast_changed = changed_parameters(initial, paddle.load(str(fast["out"] / "model_state.pdparams")))
+    assert all(stock_changed.values())
+    assert fast_changed == stock_changed
+
+
+def test_client_lora_json_trains_on_the_fast_path_with_the_stock_losses(assets, tmp_path):
+    adapters = {"lora_path": str(assets / "lora_init")}
+    stock = run_client(cut_json("lora_argument.json", assets, tmp_path / "stock", **adapters), plugin=False)
+    fast = run_client(cut_json("lora_argument.json", assets, tmp_path / "fast", use_fast_ffn=True, **adapters),
+                      plugin=True)
+    assert_fast_path_ran(fast)
+    # LoRA's adapters sit on PaddleNLP's separate projections; the report says so.
+    assert set(fast["reports"][0]["off"]) == {"fuse_projections", "swiglu_recompute"}
+    np.testing.assert_allclose(fast["losses"], stock["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+    initial = paddle.load(str(assets / "lora_init" / "lora_model_state.pdparams"))
+    stock_changed = changed_parameters(initial, paddle.load(str(stock["out"] / "lora_model_state.pdparams")))
+    fast_changed = changed_parameters(initial, paddle.load(str(fast["out"] / "lora_model_state.pdparams")))
+    assert any(stock_changed.values()) and fast_changed == stock_changed
+
+
+def test_client_under_paddle_distributed_launch(assets, tmp_path):
+    # Data parallel on CPU (gloo): each rank is a process the launcher starts itself, so the plugin
+    # reaches it through PYTHONPATH's sitecustomize (paddle_fastffn/_bootstrap).
+    sizes = dict(max_steps=2)
+    stock = run_client(cut_json("sft_argument.json", assets, tmp_path / "stock", **sizes), plugin=False, launch=True)
+    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True, **sizes),
+                      plugin=True, launch=True)
+    assert_fast_path_ran(fast, ranks=2)
+    assert sorted(r["rank"] for r in fast["reports"]) == [0, 1]
+    np.testing.assert_allclose(fast["losses"], stock["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
