@@ -66,8 +66,62 @@ def extend_paddlenlp_trainer(module) -> None:
             logger.info(report_line(report))
 
     trainer_class.__init__ = init_and_report
+    _load_hub_folders_through_checkpoint()
     if os.environ.get(REPORT_ENV_VAR):
         atexit.register(_write_report, os.environ[REPORT_ENV_VAR])
+
+
+def _hub_llama_folder(path) -> bool:
+    """A local Hugging Face Hub LLaMA folder (torch-format weights), which PaddleNLP 2.8.1's Auto
+    classes cannot load (paddle_fastffn/finetune/checkpoint.py says why)."""
+    from .finetune import checkpoint
+
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        return False
+    config_file = Path(path) / "config.json"
+    return (config_file.is_file() and json.loads(config_file.read_text()).get("model_type") == "llama"
+            and checkpoint.is_hf_checkpoint(path))
+
+
+def _load_hub_folders_through_checkpoint() -> None:
+    """While the fast path is enabled, AutoModelForCausalLM / AutoTokenizer.from_pretrained on a Hub
+    LLaMA folder (as PaddleNLP's llm scripts call them) load it through paddle_fastffn.finetune.checkpoint:
+    the weights converted in memory into the model built from the script's own config (its
+    use_flash_attention, recompute, ... settings), the tokenizer from tokenizer.model. Everything
+    else, and every call while the fast path is off, is PaddleNLP's own."""
+    from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .integration.registry import enabled_options
+
+    model_from_pretrained = AutoModelForCausalLM.from_pretrained.__func__
+    tokenizer_from_pretrained = AutoTokenizer.from_pretrained.__func__
+
+    def model_from_hub_folder(cls, pretrained_model_name_or_path, *args, **kwargs):
+        if enabled_options() is None or args or not _hub_llama_folder(pretrained_model_name_or_path):
+            return model_from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+        from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+        from .finetune import checkpoint
+
+        for local_only in ("from_aistudio", "from_hf_hub", "convert_from_torch", "cache_dir", "subfolder"):
+            kwargs.pop(local_only, None)
+        config = kwargs.pop("config", None) or LlamaConfig.from_pretrained(str(pretrained_model_name_or_path))
+        state_dict = checkpoint.llama_state_dict_from_hf(checkpoint.hf_weight_files(pretrained_model_name_or_path),
+                                                         config)
+        dtype = kwargs.pop("dtype", None) or getattr(config, "dtype", None)
+        return LlamaForCausalLM.from_pretrained(None, config=config, state_dict=state_dict, dtype=dtype, **kwargs)
+
+    def tokenizer_from_hub_folder(cls, pretrained_model_name_or_path, *args, **kwargs):
+        # checkpoint.load_tokenizer calls back in with vocab_file (the Hub's tokenizer.model).
+        if (enabled_options() is None or args or "vocab_file" in kwargs
+                or not _hub_llama_folder(pretrained_model_name_or_path)):
+            return tokenizer_from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+        from .finetune import checkpoint
+
+        return checkpoint.load_tokenizer(pretrained_model_name_or_path)
+
+    AutoModelForCausalLM.from_pretrained = classmethod(model_from_hub_folder)
+    AutoTokenizer.from_pretrained = classmethod(tokenizer_from_hub_folder)
 
 
 def _write_report(path_template: str) -> None:

@@ -71,6 +71,8 @@ def fast_path_report(model, args=None) -> dict:
         if paddle_rope:
             off["rotary"] = (f"use_fused_rope: {paddle_rope}/{len(decoders)} attention layers call Paddle's "
                              f"fused_rotary_position_embedding themselves")
+    if "rms_norm" not in off and llama._device_fused_rms_norm(config):
+        off["rms_norm"] = "use_fused_rms_norm on this device: LlamaRMSNorm keeps its device kernel"
     if "rms_norm" not in off and getattr(config, "sequence_parallel", False):
         notes.append("sequence_parallel: the residual add and post-attention norm stay PaddleNLP's")
     if "fused_cross_entropy" not in off:

@@ -101,10 +101,15 @@ def changed_parameters(before: dict, after: dict) -> dict:
     return {name: not np.array_equal(np.asarray(before[name]), np.asarray(after[name])) for name in before}
 
 
-def test_client_sft_json_trains_on_the_fast_path_with_the_stock_losses(assets, tmp_path):
-    # The shipped SFT JSON: zero_padding, use_flash_attention, recompute (non-reentrant), eval with
-    # compute_metrics (accuracy), load_best_model_at_end.
-    stock = run_client(cut_json("sft_argument.json", assets, tmp_path / "stock"), plugin=False)
+@pytest.fixture(scope="module")
+def stock_sft(assets, tmp_path_factory):
+    """The shipped SFT JSON run stock: zero_padding, use_flash_attention, recompute (non-reentrant),
+    eval with compute_metrics (accuracy), load_best_model_at_end."""
+    return run_client(cut_json("sft_argument.json", assets, tmp_path_factory.mktemp("sft") / "stock"), plugin=False)
+
+
+def test_client_sft_json_trains_on_the_fast_path_with_the_stock_losses(assets, stock_sft, tmp_path):
+    stock = stock_sft
     off = run_client(cut_json("sft_argument.json", assets, tmp_path / "off", use_fast_ffn=False), plugin=True)
     fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True), plugin=True)
     # The flag false: the plugin is loaded and the script runs stock, bit for bit, no op of ours.
@@ -147,3 +152,45 @@ def test_client_under_paddle_distributed_launch(assets, tmp_path):
     assert_fast_path_ran(fast, ranks=2)
     assert sorted(r["rank"] for r in fast["reports"]) == [0, 1]
     np.testing.assert_allclose(fast["losses"], stock["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+
+
+@pytest.mark.parametrize("layout", ["sharded_safetensors", "bin"])
+def test_client_loads_a_hub_folder_with_the_plugin(assets, stock_sft, tmp_path, layout):
+    # Stock 2.8.1 fails on such a folder (its tokenizer wants sentencepiece.bpe.model; the weights
+    # are torch-format); with the plugin the script's AutoModelForCausalLM / AutoTokenizer load it
+    # into the model its own config describes. Same weights and tokenizer, so stock's losses.
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    from hub_checkpoints import save_hub_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(str(assets / "model"))
+    hub = save_hub_checkpoint(model, tmp_path / "hub", layout, tokenizer_model=assets / "spm.model", dtype="float32")
+    assert not (hub / "sentencepiece.bpe.model").exists() and (hub / "tokenizer.model").exists()
+    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True,
+                               model_name_or_path=str(hub)), plugin=True)
+    assert_fast_path_ran(fast)
+    np.testing.assert_allclose(fast["losses"], stock_sft["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+
+
+# PaddleNLP's model switches through the script, on top of the shipped SFT JSON. None changes stock's
+# math on CPU (recompute granularity and reentrancy, attention kernel, fused projections), so each run
+# is held to the stock run of the shipped JSON. use_fused_rope is Paddle's GPU kernel (stock turns it
+# off on CPU); use_fused_rms_norm needs PaddleNLP's fused_ln package in stock (absent: stock fails),
+# and our fused RMSNorm serves it.
+SWITCH_SETS = {
+    "full_attn_fused_everything": dict(recompute_granularity="full_attn", use_fused_rms_norm=True,
+                                       use_fused_rope=True, fuse_attention_qkv=True, fuse_attention_ffn=True),
+    "core_attn_reentrant_no_flash": dict(recompute_granularity="core_attn", recompute_use_reentrant=True,
+                                         use_flash_attention=False),
+}
+
+
+@pytest.mark.parametrize("switches", list(SWITCH_SETS))
+def test_client_switches_take_the_fast_path(assets, stock_sft, tmp_path, switches):
+    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True,
+                               **SWITCH_SETS[switches]), plugin=True)
+    assert_fast_path_ran(fast)
+    assert fast["reports"][0]["off"] == {}
+    if SWITCH_SETS[switches].get("use_fused_rms_norm"):
+        assert "use_fused_rms_norm: paddle_fastffn's fused RMSNorm serves it" in fast["log"]
+    np.testing.assert_allclose(fast["losses"], stock_sft["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
