@@ -2,9 +2,11 @@
 
     python scripts/run_finetune.py configs/demo_tiny_fast.json [--flag value ...]
 
-The PaddleNLP 2.8 llm/ flow: model, data and training-argument dataclasses parsed from a JSON
-file with command-line overrides (PdArgumentParser), jsonl {"src", "tgt"} train/dev files, SFT or
-LoRA, evaluation and saving. `use_fast_ffn: true` patches every LLaMA decoder layer when the model
+The PaddleNLP 2.8 llm/ flow: its complete argument set (paddle_fastffn/finetune/arguments.py: the
+keys of llm/finetune_generation.py and its argument.py, same names, defaults and meaning; keys this
+script does not implement stop it with an error that says what to use) parsed from a JSON file with
+command-line overrides (PdArgumentParser), jsonl {"src", "tgt"} train/dev files, SFT or LoRA,
+evaluation and saving. `use_fast_ffn: true` patches every LLaMA decoder layer when the model
 is built. Logs loss, tokens/s and peak memory, and writes them to <output_dir>/run_summary.json.
 """
 
@@ -15,7 +17,6 @@ import os
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import paddle
@@ -23,28 +24,12 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, set_seed
 from paddlenlp.utils.log import logger
 
-from paddle_fastffn import FastFFNTrainingArguments
-from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer
+from paddle_fastffn.finetune import llm_flow
+from paddle_fastffn.finetune.arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
+                                               model_dtype)
+from paddle_fastffn.finetune.checkpoint import load_model, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
 from paddle_fastffn.integration.registry import apply_to_model, family_for
-
-
-@dataclass
-class ModelArgument:
-    model_name_or_path: str = field(metadata={"help": "A PaddleNLP checkpoint directory or model name, or a Hugging Face Hub LLaMA folder (safetensors or .bin, sharded or not)."})
-    dtype: str = field(default="float32", metadata={"help": "Parameter dtype: float32, bfloat16 or float16."})
-    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
-    lora_rank: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
-    from_hf_hub: bool = field(default=False, metadata={"help": "Unused here (no hub access); kept for PaddleNLP parity."})
-
-
-@dataclass
-class DataArgument:
-    dataset_name_or_path: str = field(metadata={"help": "Directory with train.json and dev.json (jsonl src/tgt)."})
-    max_length: int = field(default=256, metadata={"help": "Maximum tokens of prompt + answer."})
-    src_length: int = field(default=128, metadata={"help": "Maximum prompt tokens."})
-    sample_prompts: int = field(default=3, metadata={"help": "Dev prompts to answer greedily after training."})
 
 
 def lora_target_modules(config) -> list[str]:
@@ -98,7 +83,8 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> st
 
 
 def parse_arguments(argv=None):
-    parser = PdArgumentParser((ModelArgument, DataArgument, FastFFNTrainingArguments))
+    """(generate, quant, model, data, training) arguments, as PaddleNLP's llm script parses them."""
+    parser = PdArgumentParser(ARGUMENT_CLASSES)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0].endswith(".json"):
         # JSON first, command line after it: the command line wins (PaddleNLP's convention).
@@ -107,17 +93,19 @@ def parse_arguments(argv=None):
 
 
 def main(argv=None):
-    model_args, data_args, training_args = parse_arguments(argv)
+    gen_args, quant_args, model_args, data_args, training_args = parse_arguments(argv)
+    check_supported(gen_args, quant_args, model_args, data_args, training_args)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
                 f"options={training_args.fast_ffn_options().as_dict() if training_args.use_fast_ffn else {}}")
 
-    # Tensor parallel: the config tells PaddleNLP to build (and load into) each rank's shards.
-    model, tokenizer = load_model_and_tokenizer(
-        model_args.model_name_or_path, model_args.dtype,
-        tensor_parallel_degree=training_args.tensor_parallel_degree,
-        tensor_parallel_rank=training_args.tensor_parallel_rank)
+    # The model config as PaddleNLP's llm script sets it (its switches, recompute, tensor parallel:
+    # the config tells PaddleNLP to build, and load into, each rank's shards).
+    dtype = model_dtype(model_args, training_args)
+    model = load_model(model_args.model_name_or_path, dtype,
+                       **model_config_overrides(model_args, data_args, training_args))
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
     if training_args.use_fast_ffn:
@@ -125,25 +113,26 @@ def main(argv=None):
         layers = apply_to_model(model, training_args.fast_ffn_options())
         logger.info(f"paddle_fastffn: {layers} decoder layers on the fast path")
 
+    neftune = llm_flow.add_neftune(model, model_args.neftune_noise_alpha) if (
+        training_args.do_train and model_args.neftune) else None
     if model_args.lora:
-        from paddlenlp.peft import LoRAConfig, LoRAModel
-
-        lora_config = LoRAConfig(target_modules=lora_target_modules(model.config), r=model_args.lora_rank,
-                                 lora_alpha=model_args.lora_alpha, merge_weights=False,
-                                 dtype=model_args.dtype)
-        model = LoRAModel(model, lora_config)
-        model.mark_only_lora_as_trainable()
-        model.print_trainable_parameters()
+        model = llm_flow.build_lora_model(model, model_args, training_args, dtype, lora_target_modules(model.config))
 
     data_dir = Path(data_args.dataset_name_or_path)
     train_set = TokenizedDataset(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
     dev_set = TokenizedDataset(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
+    train_rows, dev_rows = train_set, dev_set
+    if data_args.zero_padding:
+        train_rows = llm_flow.zero_padding_dataset(train_set, tokenizer, data_args.max_length)
+        dev_rows = llm_flow.zero_padding_dataset(dev_set, tokenizer, data_args.max_length)
     collator = TokenCountingCollator(DataCollatorForSeq2Seq(
         tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
-        return_tensors="pd"))
+        return_tensors="pd", pad_to_multiple_of=data_args.pad_to_multiple_of))
     throughput = ThroughputCallback(collator)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=dev_set,
-                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput])
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev_rows,
+                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput],
+                      compute_metrics=llm_flow.token_accuracy,
+                      preprocess_logits_for_metrics=llm_flow.predicted_tokens)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}
@@ -151,6 +140,8 @@ def main(argv=None):
         started = time.perf_counter()
         result = trainer.train()
         seconds = time.perf_counter() - started
+        if neftune is not None:
+            neftune.remove()
         trainer.save_model()
         summary.update(optimizer=type(trainer.optimizer).__name__,
                        train_runtime_s=round(seconds, 2), global_steps=result.global_step,

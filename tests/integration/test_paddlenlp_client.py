@@ -101,17 +101,27 @@ def changed_parameters(before: dict, after: dict) -> dict:
     return {name: not np.array_equal(np.asarray(before[name]), np.asarray(after[name])) for name in before}
 
 
+# llama/sft_argument.json ships recompute (non-reentrant), eval with compute_metrics (accuracy) and
+# load_best_model_at_end; its later version beside it (sft_argument.2b13c68.json) adds zero_padding and
+# use_flash_attention (and use_sparse_mask, a key of later PaddleNLP that this argument.py rejects), so
+# the SFT runs add those two. Rows of max_length 64 hold about three of these examples (~20 tokens).
+PACKED = dict(zero_padding=True, use_flash_attention=True)
+
+
+def cut_sft_json(assets: Path, out: Path, **overrides) -> Path:
+    return cut_json("sft_argument.json", assets, out, **{**PACKED, **overrides})
+
+
 @pytest.fixture(scope="module")
 def stock_sft(assets, tmp_path_factory):
-    """The shipped SFT JSON run stock: zero_padding, use_flash_attention, recompute (non-reentrant),
-    eval with compute_metrics (accuracy), load_best_model_at_end."""
-    return run_client(cut_json("sft_argument.json", assets, tmp_path_factory.mktemp("sft") / "stock"), plugin=False)
+    return run_client(cut_sft_json(assets, tmp_path_factory.mktemp("sft") / "stock"), plugin=False)
 
 
 def test_client_sft_json_trains_on_the_fast_path_with_the_stock_losses(assets, stock_sft, tmp_path):
     stock = stock_sft
-    off = run_client(cut_json("sft_argument.json", assets, tmp_path / "off", use_fast_ffn=False), plugin=True)
-    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True), plugin=True)
+    assert "Creating Zero Padding Data Stream" in stock["log"]
+    off = run_client(cut_sft_json(assets, tmp_path / "off", use_fast_ffn=False), plugin=True)
+    fast = run_client(cut_sft_json(assets, tmp_path / "fast", use_fast_ffn=True), plugin=True)
     # The flag false: the plugin is loaded and the script runs stock, bit for bit, no op of ours.
     np.testing.assert_array_equal(off["losses"], stock["losses"])
     assert [r["kernel_calls"] for r in off["reports"]] == [{}] and "on the fast path" not in off["log"]
@@ -127,9 +137,15 @@ def test_client_sft_json_trains_on_the_fast_path_with_the_stock_losses(assets, s
     assert fast_changed == stock_changed
 
 
-def test_client_lora_json_trains_on_the_fast_path_with_the_stock_losses(assets, tmp_path):
+@pytest.fixture(scope="module")
+def stock_lora(assets, tmp_path_factory):
+    return run_client(cut_json("lora_argument.json", assets, tmp_path_factory.mktemp("lora") / "stock",
+                               lora_path=str(assets / "lora_init")), plugin=False)
+
+
+def test_client_lora_json_trains_on_the_fast_path_with_the_stock_losses(assets, stock_lora, tmp_path):
     adapters = {"lora_path": str(assets / "lora_init")}
-    stock = run_client(cut_json("lora_argument.json", assets, tmp_path / "stock", **adapters), plugin=False)
+    stock = stock_lora
     fast = run_client(cut_json("lora_argument.json", assets, tmp_path / "fast", use_fast_ffn=True, **adapters),
                       plugin=True)
     assert_fast_path_ran(fast)
@@ -146,9 +162,8 @@ def test_client_under_paddle_distributed_launch(assets, tmp_path):
     # Data parallel on CPU (gloo): each rank is a process the launcher starts itself, so the plugin
     # reaches it through PYTHONPATH's sitecustomize (paddle_fastffn/_bootstrap).
     sizes = dict(max_steps=2)
-    stock = run_client(cut_json("sft_argument.json", assets, tmp_path / "stock", **sizes), plugin=False, launch=True)
-    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True, **sizes),
-                      plugin=True, launch=True)
+    stock = run_client(cut_sft_json(assets, tmp_path / "stock", **sizes), plugin=False, launch=True)
+    fast = run_client(cut_sft_json(assets, tmp_path / "fast", use_fast_ffn=True, **sizes), plugin=True, launch=True)
     assert_fast_path_ran(fast, ranks=2)
     assert sorted(r["rank"] for r in fast["reports"]) == [0, 1]
     np.testing.assert_allclose(fast["losses"], stock["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
@@ -166,13 +181,13 @@ def test_client_loads_a_hub_folder_with_the_plugin(assets, stock_sft, tmp_path, 
     model = AutoModelForCausalLM.from_pretrained(str(assets / "model"))
     hub = save_hub_checkpoint(model, tmp_path / "hub", layout, tokenizer_model=assets / "spm.model", dtype="float32")
     assert not (hub / "sentencepiece.bpe.model").exists() and (hub / "tokenizer.model").exists()
-    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True,
-                               model_name_or_path=str(hub)), plugin=True)
+    fast = run_client(cut_sft_json(assets, tmp_path / "fast", use_fast_ffn=True, model_name_or_path=str(hub)),
+                      plugin=True)
     assert_fast_path_ran(fast)
     np.testing.assert_allclose(fast["losses"], stock_sft["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
 
 
-# PaddleNLP's model switches through the script, on top of the shipped SFT JSON. None changes stock's
+# PaddleNLP's model switches through the script, on top of the SFT runs' JSON. None changes stock's
 # math on CPU (recompute granularity and reentrancy, attention kernel, fused projections), so each run
 # is held to the stock run of the shipped JSON. use_fused_rope is Paddle's GPU kernel (stock turns it
 # off on CPU); use_fused_rms_norm needs PaddleNLP's fused_ln package in stock (absent: stock fails),
@@ -187,10 +202,64 @@ SWITCH_SETS = {
 
 @pytest.mark.parametrize("switches", list(SWITCH_SETS))
 def test_client_switches_take_the_fast_path(assets, stock_sft, tmp_path, switches):
-    fast = run_client(cut_json("sft_argument.json", assets, tmp_path / "fast", use_fast_ffn=True,
-                               **SWITCH_SETS[switches]), plugin=True)
+    fast = run_client(cut_sft_json(assets, tmp_path / "fast", use_fast_ffn=True, **SWITCH_SETS[switches]),
+                      plugin=True)
     assert_fast_path_ran(fast)
     assert fast["reports"][0]["off"] == {}
     if SWITCH_SETS[switches].get("use_fused_rms_norm"):
         assert "use_fused_rms_norm: paddle_fastffn's fused RMSNorm serves it" in fast["log"]
     np.testing.assert_allclose(fast["losses"], stock_sft["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+
+
+def run_ours(config: Path) -> np.ndarray:
+    """scripts/run_finetune.py on a JSON of PaddleNLP's llm script; its per-step losses."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "run_finetune.py"), str(config)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    out = Path(json.loads(config.read_text())["output_dir"])
+    summary = json.loads((out / "run_summary.json").read_text())
+    return np.array([row["loss"] for row in summary["log_history"]])
+
+
+def test_our_script_takes_the_client_jsons(assets, stock_sft, stock_lora, tmp_path):
+    # The same JSONs (zero_padding by PaddleNLP's InTokens stream, eval accuracy for
+    # metric_for_best_model, LoRA alpha 2 x rank) through scripts/run_finetune.py on the fast path
+    # train as PaddleNLP's own script does stock.
+    sft = run_ours(cut_sft_json(assets, tmp_path / "sft", use_fast_ffn=True, sample_prompts=0))
+    np.testing.assert_allclose(sft, stock_sft["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+    lora = run_ours(cut_json("lora_argument.json", assets, tmp_path / "lora", use_fast_ffn=True, sample_prompts=0,
+                             lora_path=str(assets / "lora_init")))
+    np.testing.assert_allclose(lora, stock_lora["losses"], rtol=FP32_TRAINING_LOSS_RTOL)
+
+
+def test_our_arguments_are_the_client_scripts_argument_set(monkeypatch):
+    """Every key of the llm script's dataclasses (argument.py, and finetune_generation.py's own
+    FinetuneArguments) is a key of scripts/run_finetune.py with the same default."""
+    import dataclasses
+    import importlib
+
+    from paddlenlp.trainer import TrainingArguments as PaddleNLPTrainingArguments
+
+    from paddle_fastffn.finetune import arguments
+
+    monkeypatch.syspath_prepend(str(CLIENT))
+    for name in ("argument", "data", "utils", "finetune_generation"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    client = importlib.import_module("finetune_generation")
+    theirs = [client.GenerateArgument, client.QuantArgument, client.ModelArgument, client.DataArgument,
+              client.FinetuneArguments]
+    ours = {f.name: f for cls in arguments.ARGUMENT_CLASSES for f in dataclasses.fields(cls)}
+    base = {f.name for f in dataclasses.fields(PaddleNLPTrainingArguments)}
+    checked = 0
+    for cls in theirs:
+        for f in dataclasses.fields(cls):
+            if f.name in base:
+                continue
+            assert f.name in ours, f"{cls.__name__}.{f.name} is not a key of scripts/run_finetune.py"
+            assert arguments._default(ours[f.name]) == f.default, (f.name, ours[f.name].default, f.default)
+            assert f"`{f.name}`" in arguments.support_table()
+            checked += 1
+    assert checked == 79  # the 2.8 llm script declares 79 keys beyond PaddleNLP's TrainingArguments
+    for name in ("argument", "data", "utils", "finetune_generation"):
+        sys.modules.pop(name, None)
