@@ -8,6 +8,7 @@ Each field says how run_finetune.py treats it (`support` in its metadata):
 - IMPLEMENTED: run_finetune.py does what PaddleNLP's script does with it;
 - MODEL_CONFIG: set on the model config before the model is built, as PaddleNLP's script does;
 - NO_EFFECT: PaddleNLP's script does not use it either (kept so its JSONs parse);
+- only_with(key): PaddleNLP's script reads it only with `key`, which this script does not support;
 - Unsupported(what to use instead): a value other than the default stops the run with an error
   naming the key (quantisation, prefix tuning, AI Studio, ...).
 
@@ -25,6 +26,11 @@ IMPLEMENTED = "implemented"
 MODEL_CONFIG = "model config"
 NO_EFFECT = "no effect (as in PaddleNLP's script)"
 OURS = "ours (not in PaddleNLP's script)"
+
+
+def only_with(key: str) -> str:
+    """A key PaddleNLP's script reads only together with `key` (which this script does not support)."""
+    return f"read only with `{key}`"
 
 
 @dataclass(frozen=True)
@@ -79,9 +85,9 @@ class ModelArgument:
     recompute_use_reentrant: bool = arg(False, "Reentrant (PyLayer) recompute instead of the saved-tensor hooks.",
                                         MODEL_CONFIG)
     weight_quantize_algo: str = arg(None, "Weight quantisation (nf4, fp4, weight_only_int4/8).", QUANTISATION)
-    weight_blocksize: int = arg(64, "Block size of nf4/fp4 weight quantisation.", NO_EFFECT)
+    weight_blocksize: int = arg(64, "Block size of nf4/fp4 weight quantisation.", only_with("weight_quantize_algo"))
     weight_double_quant: bool = arg(False, "Quantise the nf4/fp4 scales too.", QUANTISATION)
-    weight_double_quant_block_size: int = arg(256, "Block size of the double quantisation.", NO_EFFECT)
+    weight_double_quant_block_size: int = arg(256, "Block size of the double quantisation.", only_with("weight_quantize_algo"))
     lora: bool = arg(False, "Train LoRA adapters instead of all weights.")
     lora_path: str = arg(None, "Start from the LoRA adapters saved in this folder.")
     lora_rank: int = arg(8, "LoRA rank.")
@@ -94,15 +100,15 @@ class ModelArgument:
     vera: bool = arg(False, "VeRA adapters.", Unsupported("PaddleNLP's 2.8 llm script does not build VeRA either; "
                                                           "use lora"))
     prefix_tuning: bool = arg(False, "Prefix tuning.", Unsupported("use lora (LoRA adapters on the fast path)"))
-    prefix_path: str = arg(None, "Prefix-tuning weights to start from.", NO_EFFECT)
-    num_prefix_tokens: int = arg(128, "Prefix tokens of prefix tuning.", NO_EFFECT)
+    prefix_path: str = arg(None, "Prefix-tuning weights to start from.", only_with("prefix_tuning"))
+    num_prefix_tokens: int = arg(128, "Prefix tokens of prefix tuning.", only_with("prefix_tuning"))
     from_aistudio: bool = arg(False, "Load the model from AI Studio.", AISTUDIO)
     save_to_aistudio: bool = arg(False, "Upload the model to AI Studio.", Unsupported(
         "no model hub is reachable here: upload output_dir yourself"))
-    aistudio_repo_id: str = arg(None, "AI Studio repository.", NO_EFFECT)
-    aistudio_repo_private: bool = arg(True, "AI Studio repository is private.", NO_EFFECT)
-    aistudio_repo_license: str = arg("Apache License 2.0", "AI Studio repository licence.", NO_EFFECT)
-    aistudio_token: str = arg(None, "AI Studio token.", NO_EFFECT)
+    aistudio_repo_id: str = arg(None, "AI Studio repository.", only_with("save_to_aistudio"))
+    aistudio_repo_private: bool = arg(True, "AI Studio repository is private.", only_with("save_to_aistudio"))
+    aistudio_repo_license: str = arg("Apache License 2.0", "AI Studio repository licence.", only_with("save_to_aistudio"))
+    aistudio_token: str = arg(None, "AI Studio token.", only_with("save_to_aistudio"))
     neftune: bool = arg(False, "NEFTune: uniform noise on the input embeddings while training.")
     neftune_noise_alpha: float = arg(5.0, "NEFTune noise scale (alpha / sqrt(tokens x hidden)).")
 
@@ -122,7 +128,7 @@ class DataArgument:
         "run PaddleNLP's llm script with `python -m paddle_fastffn` for generation metrics; here evaluation "
         "reports the loss (and accuracy where compute_metrics runs)"))
     save_generation_output: bool = arg(False, "Write the generated answers (with eval_with_do_generation).",
-                                       NO_EFFECT)
+                                       only_with("eval_with_do_generation"))
     lazy: bool = arg(False, "Stream the data (an IterDataset).", Unsupported("lazy false (the data is read "
                                                                              "into memory)"))
     chat_template: str = arg(None, "chat_template.json for multi-turn data.", Unsupported(
@@ -141,40 +147,41 @@ class DataArgument:
 
 @dataclass
 class QuantArgument:
-    quant_type: str = arg("a8w8", "Quantisation type.", NO_EFFECT)
+    quant_type: str = arg("a8w8", "Quantisation type.", only_with("do_ptq"))
     do_qat: bool = arg(False, "Quantisation-aware training.", QUANTISATION)
     do_ptq: bool = arg(False, "Post-training quantisation.", QUANTISATION)
-    ptq_step: int = arg(32, "PTQ steps.", NO_EFFECT)
-    weight_quant_method: str = arg("abs_max_channel_wise", "Weight quantisation method.", NO_EFFECT)
+    ptq_step: int = arg(32, "PTQ steps.", only_with("do_ptq"))
+    weight_quant_method: str = arg("abs_max_channel_wise", "Weight quantisation method.", only_with("do_ptq"))
     shift: bool = arg(False, "Shift before quantising.", QUANTISATION)
-    shift_all_linears: bool = arg(False, "Shift all linears.", NO_EFFECT)
-    shift_sampler: str = arg("ema", "Shift sampler.", NO_EFFECT)
-    shift_step: int = arg(32, "Shift steps.", NO_EFFECT)
+    shift_all_linears: bool = arg(False, "Shift all linears.", only_with("shift"))
+    shift_sampler: str = arg("ema", "Shift sampler.", only_with("shift"))
+    shift_step: int = arg(32, "Shift steps.", only_with("shift"))
     smooth: bool = arg(False, "Smooth before quantising.", QUANTISATION)
-    smooth_all_linears: bool = arg(False, "Smooth all linears.", NO_EFFECT)
-    smooth_sampler: str = arg("none", "Smooth sampler.", NO_EFFECT)
-    smooth_step: int = arg(32, "Smooth steps.", NO_EFFECT)
-    smooth_piecewise_search: bool = arg(False, "Piecewise search for smoothing.", NO_EFFECT)
-    smooth_k_piece: int = arg(3, "Pieces of the K search.", NO_EFFECT)
-    smooth_search_piece: bool = arg(False, "Search the number of pieces.", NO_EFFECT)
+    smooth_all_linears: bool = arg(False, "Smooth all linears.", only_with("smooth"))
+    smooth_sampler: str = arg("none", "Smooth sampler.", only_with("smooth"))
+    smooth_step: int = arg(32, "Smooth steps.", only_with("smooth"))
+    smooth_piecewise_search: bool = arg(False, "Piecewise search for smoothing.", only_with("smooth"))
+    smooth_k_piece: int = arg(3, "Pieces of the K search.", only_with("smooth"))
+    smooth_search_piece: bool = arg(False, "Search the number of pieces.", only_with("smooth"))
     do_gptq: bool = arg(False, "GPTQ.", QUANTISATION)
-    gptq_step: int = arg(8, "GPTQ steps.", NO_EFFECT)
+    gptq_step: int = arg(8, "GPTQ steps.", only_with("do_gptq"))
     do_awq: bool = arg(False, "AWQ search.", QUANTISATION)
     auto_clip: bool = arg(False, "AWQ's auto clip.", QUANTISATION)
-    awq_step: int = arg(8, "AWQ steps.", NO_EFFECT)
-    autoclip_step: int = arg(8, "Auto clip steps.", NO_EFFECT)
+    awq_step: int = arg(8, "AWQ steps.", only_with("do_awq"))
+    autoclip_step: int = arg(8, "Auto clip steps.", only_with("auto_clip"))
 
 
 @dataclass
 class GenerateArgument:
-    top_k: int = arg(1, "Top-k of generation (with eval_with_do_generation).", NO_EFFECT)
-    top_p: float = arg(1.0, "Top-p of generation (with eval_with_do_generation).", NO_EFFECT)
+    top_k: int = arg(1, "Top-k of generation (with eval_with_do_generation).", only_with("eval_with_do_generation"))
+    top_p: float = arg(1.0, "Top-p of generation (with eval_with_do_generation).", only_with("eval_with_do_generation"))
 
 
 @dataclass
 class FinetuneTrainingArguments(FastFFNTrainingArguments):
     """PaddleNLP's TrainingArguments, the fast path's flags, and the llm script's own additions."""
-    benchmark: bool = arg(False, "Log the effective tokens per second (run_finetune.py always logs tokens/s).")
+    benchmark: bool = arg(False, "Log the effective tokens per second.", "tokens/s is always logged here (and written "
+                                                                         "to run_summary.json); the model is saved either way")
     autotuner_benchmark: bool = arg(False, "PaddleNLP's autotuner benchmark mode.", Unsupported(
         "PaddleNLP's llm script (`python -m paddle_fastffn finetune_generation.py ...`)"))
     decay_steps: int = arg(0, "Declared by PaddleNLP's script, which does not use it.", NO_EFFECT)
