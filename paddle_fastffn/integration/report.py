@@ -85,6 +85,14 @@ def fast_path_report(model, args=None) -> dict:
     optim = str(getattr(args, "optim", "adamw")).split(".")[-1].lower()
     if "fused_optimizer" not in off and optim != "adamw":
         off["fused_optimizer"] = f"optim={optim}: the fused update replaces AdamW only"
+    stock = llama.stock_config_values(config) or {}
+    if "attention" not in off and stock.get("use_flash_attention") is False and config.use_flash_attention:
+        notes.append("attention through SDPA where the config says use_flash_attention=false")
+    fused_here = [flag for flag in ("fuse_attention_qkv", "fuse_attention_ffn")
+                  if stock.get(flag) is False and getattr(config, flag, False)]
+    if fused_here:
+        notes.append(f"projections fused where the config says {'/'.join(fused_here)}=false (checkpoints stay "
+                     f"unfused)")
     if options.precision == "fp8" and llama._FP8 is None:
         notes.append("fast_ffn_precision=fp8 cannot run here: bf16 (see the warning above)")
     if getattr(config, "use_recompute", False):

@@ -10,7 +10,12 @@ def test_a_model_built_on_the_fast_path_runs_every_part():
     paddle_fastffn.apply_fast_ffn_to_llama()
     report = fast_path_report(tiny_model())
     assert (report["fast_path_layers"], report["decoder_layers"], report["off"]) == (2, 2, {})
-    assert report_line(report) == "paddle_fastffn: 2/2 LLaMA decoder layers on the fast path; every part on"
+    # What the fast path changed in the config is said, not done silently (fast_ffn_attention and
+    # fast_ffn_fuse_projections; the saved config keeps the stock values).
+    assert report_line(report) == (
+        "paddle_fastffn: 2/2 LLaMA decoder layers on the fast path; every part on; attention through SDPA where the "
+        "config says use_flash_attention=false; projections fused where the config says "
+        "fuse_attention_qkv/fuse_attention_ffn=false (checkpoints stay unfused)")
 
 
 def test_switches_turned_off_and_stock_layers_are_named_with_their_reason():
