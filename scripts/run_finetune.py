@@ -27,6 +27,7 @@ from paddlenlp.utils.log import logger
 from paddle_fastffn.finetune import llm_flow
 from paddle_fastffn.finetune.arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
                                                model_dtype)
+from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
 from paddle_fastffn.finetune.checkpoint import load_model, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
 from paddle_fastffn.integration.registry import apply_to_model, family_for
@@ -106,6 +107,7 @@ def main(argv=None):
     model = load_model(model_args.model_name_or_path, dtype,
                        **model_config_overrides(model_args, data_args, training_args))
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    select_chat_template(tokenizer, model_args.model_name_or_path, data_args.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
     if training_args.use_fast_ffn:
@@ -119,8 +121,11 @@ def main(argv=None):
         model = llm_flow.build_lora_model(model, model_args, training_args, dtype, lora_target_modules(model.config))
 
     data_dir = Path(data_args.dataset_name_or_path)
-    train_set = TokenizedDataset(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
-    dev_set = TokenizedDataset(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
+    # As PaddleNLP's script: a tokenizer with a chat template (the model folder's chat_template.json,
+    # or the chat_template key) tokenizes conversations through it.
+    dataset_class = TokenizedDataset if tokenizer.chat_template is None else ConversationDataset
+    train_set = dataset_class(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
+    dev_set = dataset_class(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
     train_rows, dev_rows = train_set, dev_set
     if data_args.zero_padding:
         train_rows = llm_flow.zero_padding_dataset(train_set, tokenizer, data_args.max_length)
@@ -156,6 +161,8 @@ def main(argv=None):
     samples = []
     for row in dev_set.rows[: data_args.sample_prompts]:
         prompt = row["src"]
+        if not isinstance(prompt, str) or tokenizer.chat_template is not None:
+            break  # the greedy samples are plain single-turn prompts
         samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt), "expected": row["tgt"]})
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")
     summary["samples"] = samples

@@ -131,8 +131,8 @@ class DataArgument:
                                        only_with("eval_with_do_generation"))
     lazy: bool = arg(False, "Stream the data (an IterDataset).", Unsupported("lazy false (the data is read "
                                                                              "into memory)"))
-    chat_template: str = arg(None, "chat_template.json for multi-turn data.", Unsupported(
-        "single-turn {\"src\", \"tgt\"} data, or PaddleNLP's llm script with `python -m paddle_fastffn`"))
+    chat_template: str = arg(None, "The chat template for multi-turn data: a chat_template.json file or its folder, "
+                                   "\"none\" for no template; default: the model folder's chat_template.json if any.")
     task_name_or_path: str = arg(None, "Deprecated name of dataset_name_or_path.")
     intokens: bool = arg(None, "Deprecated name of zero_padding.")
     sample_prompts: int = arg(3, "Dev prompts to answer greedily after training.", OURS)

@@ -281,3 +281,35 @@ def test_our_arguments_are_the_client_scripts_argument_set(monkeypatch):
     assert checked == 79  # the 2.8 llm script declares 79 keys beyond PaddleNLP's TrainingArguments
     for name in ("argument", "data", "utils", "finetune_generation"):
         sys.modules.pop(name, None)
+
+
+def test_chat_template_conversations_tokenize_as_the_client_script_does(assets, monkeypatch):
+    """Multi-turn data through a chat template: scripts/run_finetune.py's tokenization
+    (paddle_fastffn/finetune/chat.py) gives the token ids and labels of the llm script's data.py,
+    rounds dropped and the last round cut where they do not fit."""
+    import copy
+    import importlib
+    from types import SimpleNamespace
+
+    from paddle_fastffn.finetune.chat import tokenize_conversation
+    from paddle_fastffn.finetune.checkpoint import load_tokenizer
+
+    monkeypatch.syspath_prepend(str(CLIENT))
+    monkeypatch.delitem(sys.modules, "data", raising=False)
+    client_data = importlib.import_module("data")
+    tokenizer = load_tokenizer(assets / "model")
+    tokenizer.init_chat_template({"system": "You answer briefly. ",
+                                  "conversation": ["[Round {{index}}] User: {{user}} Bot:", " {{bot}}</s>"]})
+    examples = [
+        {"src": "What is 2 plus 3?", "tgt": "2 plus 3 is 5."},
+        {"src": ["Reverse the word apple.", "And river?"], "tgt": ["elppa", "revir"]},
+        {"src": ["one", "two", "three"], "tgt": ["first answer", "second answer", "third answer"]},
+        {"src": ["Translate to French: " + "cat " * 40], "tgt": ["chat " * 40]},
+    ]
+    for max_length, src_length in ((64, 32), (24, 16)):
+        limits = SimpleNamespace(max_length=max_length, src_length=src_length)
+        for example in examples:
+            theirs = client_data.convert_rounds_example_common(copy.deepcopy(example), tokenizer, limits, is_test=False)
+            ours = tokenize_conversation(tokenizer, copy.deepcopy(example), max_length, src_length)
+            assert ours["input_ids"] == theirs["input_ids"] and ours["labels"] == theirs["labels"], (example, max_length)
+    sys.modules.pop("data", None)
