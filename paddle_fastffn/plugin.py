@@ -39,7 +39,7 @@ USAGE = ("usage: python -m paddle_fastffn SCRIPT.py [ARGS...]\n"
          "Runs SCRIPT (or MODULE) with paddle_fastffn loaded: `use_fast_ffn` and the fast_ffn_* keys parse as\n"
          "fields of PaddleNLP's TrainingArguments, in this process and in the processes it starts.")
 
-_STATE = {"original_arguments": None, "original_trainer_init": None, "report": None}
+_STATE = {"report": None}  # the last Trainer's fast-path report, for PADDLE_FASTFFN_REPORT
 
 
 def extend_paddlenlp_trainer(module) -> None:
@@ -49,11 +49,9 @@ def extend_paddlenlp_trainer(module) -> None:
 
     if module.TrainingArguments is FastFFNTrainingArguments:
         return
-    _STATE["original_arguments"] = module.TrainingArguments
     module.TrainingArguments = FastFFNTrainingArguments
     trainer_class = module.Trainer
     original_init = trainer_class.__init__
-    _STATE["original_trainer_init"] = original_init
 
     def init_and_report(self, *args, **kwargs):
         original_init(self, *args, **kwargs)

@@ -127,17 +127,29 @@ def main(argv=None):
     train_set = dataset_class(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
     dev_set = dataset_class(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
     train_rows, dev_rows = train_set, dev_set
+    generate = data_args.eval_with_do_generation and tokenizer.chat_template is None  # as PaddleNLP's script
+    if generate:  # prompts to answer, the answers as labels (never packed)
+        dev_rows = [llm_flow.prompt_and_answer_ids(tokenizer, row, data_args.max_length, data_args.src_length)
+                    for row in dev_set.rows]
     if data_args.zero_padding:
         train_rows = llm_flow.zero_padding_dataset(train_set, tokenizer, data_args.max_length)
-        dev_rows = llm_flow.zero_padding_dataset(dev_set, tokenizer, data_args.max_length)
+        if not generate:
+            dev_rows = llm_flow.zero_padding_dataset(dev_set, tokenizer, data_args.max_length)
     collator = TokenCountingCollator(DataCollatorForSeq2Seq(
         tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
         return_tensors="pd", pad_to_multiple_of=data_args.pad_to_multiple_of))
     throughput = ThroughputCallback(collator)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev_rows,
-                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput],
-                      compute_metrics=llm_flow.token_accuracy,
-                      preprocess_logits_for_metrics=llm_flow.predicted_tokens)
+    common = dict(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev_rows,
+                  tokenizer=tokenizer, data_collator=collator, callbacks=[throughput])
+    if generate:
+        output_file = (Path(training_args.output_dir) / "generated_output.json"
+                       if data_args.save_generation_output else None)
+        trainer = llm_flow.generation_trainer_class()(
+            **common, gen_args=gen_args, max_length=data_args.max_length,
+            compute_metrics=llm_flow.generation_metrics(tokenizer, output_file))
+    else:
+        trainer = Trainer(**common, compute_metrics=llm_flow.token_accuracy,
+                          preprocess_logits_for_metrics=llm_flow.predicted_tokens)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}

@@ -120,15 +120,16 @@ class DataArgument:
         "built-in datasets need a download: give a folder with train.json / dev.json"))
     zero_padding: bool = arg(False, "Pack examples into rows of max_length (PaddleNLP's InTokens stream: a "
                                     "block-causal mask, positions restarting per example).")
+    greedy_zero_padding: bool = arg(False, "Pack greedily (PaddleNLP 3.x's key): each example into the open row "
+                                           "with the most room.", Unsupported(
+        "greedy packing is not in this build yet (paddle_fastffn.finetune.packing, issue 22); use zero_padding"))
     pad_to_multiple_of: int = arg(None, "Pad each batch to a multiple of this length.")
     src_length: int = arg(1024, "Maximum prompt tokens (cut from the left).")
     max_length: int = arg(2048, "Maximum prompt + answer tokens; the row length of zero_padding.")
-    eval_with_do_generation: bool = arg(False, "Evaluate by generating answers (ROUGE/BLEU) instead of token "
-                                               "accuracy.", Unsupported(
-        "run PaddleNLP's llm script with `python -m paddle_fastffn` for generation metrics; here evaluation "
-        "reports the loss (and accuracy where compute_metrics runs)"))
-    save_generation_output: bool = arg(False, "Write the generated answers (with eval_with_do_generation).",
-                                       only_with("eval_with_do_generation"))
+    eval_with_do_generation: bool = arg(False, "Evaluate by generating answers (ROUGE-1/2/L, BLEU-4) instead of token "
+                                               "accuracy (off with a chat template, as in PaddleNLP's script).")
+    save_generation_output: bool = arg(False, "Write the generated answers to output_dir/generated_output.json "
+                                              "(with eval_with_do_generation).")
     lazy: bool = arg(False, "Stream the data (an IterDataset).", Unsupported("lazy false (the data is read "
                                                                              "into memory)"))
     chat_template: str = arg(None, "The chat template for multi-turn data: a chat_template.json file or its folder, "
@@ -173,8 +174,8 @@ class QuantArgument:
 
 @dataclass
 class GenerateArgument:
-    top_k: int = arg(1, "Top-k of generation (with eval_with_do_generation).", only_with("eval_with_do_generation"))
-    top_p: float = arg(1.0, "Top-p of generation (with eval_with_do_generation).", only_with("eval_with_do_generation"))
+    top_k: int = arg(1, "Top-k of generation (with eval_with_do_generation).")
+    top_p: float = arg(1.0, "Top-p of generation (with eval_with_do_generation).")
 
 
 @dataclass

@@ -28,10 +28,10 @@ def parse(tmp_path, **keys):
     ("prefix_tuning", True, "use lora"),
     ("do_ptq", True, "quantisation"),
     ("weight_quantize_algo", "nf4", "quantisation"),
-    ("eval_with_do_generation", True, "python -m paddle_fastffn"),
     ("lazy", True, "lazy false"),
     ("pipeline_parallel_degree", 2, "Pipe model"),
     ("from_aistudio", True, "model_name_or_path"),
+    ("greedy_zero_padding", True, "issue 22"),
 ])
 def test_unsupported_keys_stop_the_run_naming_the_key(tmp_path, key, value, named):
     parsed = parse(tmp_path, **{key: value})

@@ -313,3 +313,20 @@ def test_chat_template_conversations_tokenize_as_the_client_script_does(assets, 
             ours = tokenize_conversation(tokenizer, copy.deepcopy(example), max_length, src_length)
             assert ours["input_ids"] == theirs["input_ids"] and ours["labels"] == theirs["labels"], (example, max_length)
     sys.modules.pop("data", None)
+
+
+def test_our_script_evaluates_by_generation(assets, tmp_path):
+    # eval_with_do_generation (rouge/bleu on generated answers; the JSON's metric_for_best_model moves
+    # to one of them) and save_generation_output, on the fast path, whose generate() runs on Paddle 3.x
+    # (stock 2.8.1's fails there: its generation mask reaches paddle.where as a float).
+    out = tmp_path / "gen"
+    config = cut_json("lora_argument.json", assets, out, use_fast_ffn=True, sample_prompts=0,
+                      lora_path=str(assets / "lora_init"), eval_with_do_generation=True,
+                      save_generation_output=True, metric_for_best_model="rouge1", max_length=48)
+    run_ours(config)
+    rows = [json.loads(line) for line in (out / "generated_output.json").read_text().splitlines()]
+    references = [json.loads(line)["tgt"] for line in (assets / "data" / "dev.json").read_text().splitlines()]
+    assert [row["tgt"] for row in rows] == references and all(isinstance(row["output"], str) for row in rows)
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    evaluation = [row for row in state["log_history"] if "eval_rouge1" in row]
+    assert evaluation and {"eval_rouge2", "eval_rougel", "eval_bleu4"} <= set(evaluation[0])
