@@ -2,7 +2,7 @@
 
     python scripts/run_finetune.py configs/demo_tiny_fast.json [--flag value ...]
 
-The PaddleNLP 2.8 llm/ flow: its complete argument set (paddle_fastffn/finetune/arguments.py: the
+The PaddleNLP 2.8 llm/ flow: its complete argument set (paddle_fastffn/finetune/llm_arguments.py: the
 keys of llm/finetune_generation.py and its argument.py, same names, defaults and meaning; keys this
 script does not implement stop it with an error that says what to use) parsed from a JSON file with
 command-line overrides (PdArgumentParser), jsonl {"src", "tgt"} train/dev files, SFT or LoRA,
@@ -25,11 +25,12 @@ from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, set_se
 from paddlenlp.utils.log import logger
 
 from paddle_fastffn.finetune import llm_flow
-from paddle_fastffn.finetune.arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
-                                               model_dtype)
 from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
 from paddle_fastffn.finetune.checkpoint import load_model, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
+from paddle_fastffn.finetune.llm_arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
+                                                   model_dtype)
+from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
 from paddle_fastffn.integration.registry import apply_to_model, family_for
 
 
@@ -148,8 +149,7 @@ def main(argv=None):
             **common, gen_args=gen_args, max_length=data_args.max_length,
             compute_metrics=llm_flow.generation_metrics(tokenizer, output_file))
     else:
-        trainer = Trainer(**common, compute_metrics=llm_flow.token_accuracy,
-                          preprocess_logits_for_metrics=llm_flow.predicted_tokens)
+        trainer = Trainer(**common, compute_metrics=token_accuracy, preprocess_logits_for_metrics=argmax_logits)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}

@@ -1,5 +1,5 @@
 """The steps of PaddleNLP's 2.8 llm fine-tune flow that scripts/run_finetune.py takes from the
-keys of paddle_fastffn.finetune.arguments, with PaddleNLP's own classes and their meaning: LoRA
+keys of paddle_fastffn.finetune.llm_arguments, with PaddleNLP's own classes and their meaning: LoRA
 (rslora, LoRA+, PiSSA, quick LoRA, adapters from lora_path), NEFTune, zero_padding."""
 
 from __future__ import annotations
@@ -8,14 +8,18 @@ import math
 
 import paddle
 
-from .arguments import lora_alpha
+from .llm_arguments import lora_alpha
 
 
 def build_lora_model(model, model_args, training_args, dtype: str, target_modules: list[str]):
     """LoRAModel over `model` as PaddleNLP's script builds it (alpha 2 x rank, 4 with rslora, unless
-    lora_alpha), or with the adapters saved in lora_path."""
+    lora_alpha), or with the adapters saved in lora_path. Unlike PaddleNLP's script, the adapters
+    are drawn right after seeding (training_args.seed), so two runs draw the same ones."""
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
+    from paddlenlp.trainer import set_seed
+
+    set_seed(training_args.seed)  # the adapters depend on the seed, not on what loading the model drew
     if model_args.lora_path is not None:
         model = LoRAModel.from_pretrained(model=model, lora_path=model_args.lora_path)
     else:
@@ -53,25 +57,6 @@ def zero_padding_dataset(examples, tokenizer, max_length: int):
     from paddlenlp.datasets import InTokensMapDataset
 
     return InTokensMapDataset(examples, tokenizer=tokenizer, max_length=max_length)
-
-
-def predicted_tokens(logits, labels):
-    """preprocess_logits_for_metrics: the argmax token per position, so evaluation gathers [batch,
-    seq] ids instead of [batch, seq, vocab] logits (what PaddleNLP's CausalLMTrainer does)."""
-    if isinstance(logits, (list, tuple)):
-        logits = logits[0]
-    return logits.argmax(axis=-1)
-
-
-def token_accuracy(eval_preds) -> dict:
-    """compute_metrics of PaddleNLP's llm script: the share of labelled tokens (labels != -100)
-    whose argmax prediction is the label (PaddleNLP's LLaMA labels are already shifted)."""
-    import numpy as np
-
-    predictions = np.asarray(eval_preds.predictions).reshape(-1)
-    labels = np.asarray(eval_preds.label_ids).reshape(-1)
-    labelled = labels != -100
-    return {"accuracy": float((predictions[labelled] == labels[labelled]).mean()) if labelled.any() else 0.0}
 
 
 def prompt_and_answer_ids(tokenizer, row: dict, max_length: int, src_length: int) -> dict:

@@ -1,4 +1,4 @@
-"""scripts/run_finetune.py's arguments (paddle_fastffn/finetune/arguments.py): PaddleNLP's llm keys
+"""scripts/run_finetune.py's arguments (paddle_fastffn/finetune/llm_arguments.py): PaddleNLP's llm keys
 parse, keys it does not implement stop the run naming the key, PaddleNLP's dtype and LoRA alpha
 rules, the NEFTune hook; and `python -m paddle_fastffn`'s usage errors."""
 
@@ -11,7 +11,7 @@ import paddle
 import pytest
 from paddlenlp.trainer import PdArgumentParser
 
-from paddle_fastffn.finetune import arguments, llm_flow
+from paddle_fastffn.finetune import llm_arguments as arguments, llm_flow
 
 REPO = Path(__file__).resolve().parents[2]
 

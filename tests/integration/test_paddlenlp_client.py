@@ -259,7 +259,7 @@ def test_our_arguments_are_the_client_scripts_argument_set(monkeypatch):
 
     from paddlenlp.trainer import TrainingArguments as PaddleNLPTrainingArguments
 
-    from paddle_fastffn.finetune import arguments
+    from paddle_fastffn.finetune import llm_arguments as arguments
 
     monkeypatch.syspath_prepend(str(CLIENT))
     for name in ("argument", "data", "utils", "finetune_generation"):

@@ -12,7 +12,7 @@ Each field says how run_finetune.py treats it (`support` in its metadata):
 - Unsupported(what to use instead): a value other than the default stops the run with an error
   naming the key (quantisation, prefix tuning, AI Studio, ...).
 
-    python -m paddle_fastffn.finetune.arguments    # the table of keys, for the README
+    python -m paddle_fastffn.finetune.llm_arguments    # the table of keys, for the README
 """
 
 from __future__ import annotations
