@@ -171,4 +171,3 @@ def assert_relative_norm_within(actual, expected, budget: float, what: str) -> f
     error = float(np.linalg.norm(a - e) / np.linalg.norm(e))
     assert error <= budget, f"{what}: relative error {error:.4f} over the budget {budget:.4f}"
     return error
-
