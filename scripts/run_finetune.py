@@ -26,7 +26,7 @@ from paddlenlp.utils.log import logger
 
 from paddle_fastffn.finetune import llm_flow
 from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
-from paddle_fastffn.finetune.checkpoint import load_model, load_tokenizer
+from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
 from paddle_fastffn.finetune.llm_arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
                                                    model_dtype)
@@ -105,9 +105,10 @@ def main(argv=None):
     # The model config as PaddleNLP's llm script sets it (its switches, recompute, tensor parallel:
     # the config tells PaddleNLP to build, and load into, each rank's shards).
     dtype = model_dtype(model_args, training_args)
-    model = load_model(model_args.model_name_or_path, dtype,
-                       **model_config_overrides(model_args, data_args, training_args))
-    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(model_args.model_name_or_path, dtype,
+                                                **model_config_overrides(model_args, data_args, training_args))
+    if model_args.tokenizer_name_or_path:
+        tokenizer = load_tokenizer(model_args.tokenizer_name_or_path)
     select_chat_template(tokenizer, model_args.model_name_or_path, data_args.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
