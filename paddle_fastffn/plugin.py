@@ -161,7 +161,7 @@ def _installed_in_site_packages(package_root: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
     load_into_this_process_and_children()
     if argv[0] == "-m":
