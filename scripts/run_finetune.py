@@ -2,9 +2,11 @@
 
     python scripts/run_finetune.py configs/demo_tiny_fast.json [--flag value ...]
 
-The PaddleNLP 2.8 llm/ flow: model, data and training-argument dataclasses parsed from a JSON
-file with command-line overrides (PdArgumentParser), jsonl {"src", "tgt"} train/dev files, SFT or
-LoRA, evaluation and saving. `use_fast_ffn: true` patches every LLaMA decoder layer when the model
+The PaddleNLP 2.8 llm/ flow: its complete argument set (paddle_fastffn/finetune/llm_arguments.py: the
+keys of llm/finetune_generation.py and its argument.py, same names, defaults and meaning; keys this
+script does not implement stop it with an error that says what to use) parsed from a JSON file with
+command-line overrides (PdArgumentParser), jsonl {"src", "tgt"} train/dev files, SFT or LoRA,
+evaluation and saving. `use_fast_ffn: true` patches every LLaMA decoder layer when the model
 is built. Logs loss, tokens/s and peak memory, and writes them to <output_dir>/run_summary.json.
 """
 
@@ -15,7 +17,6 @@ import os
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import paddle
@@ -23,35 +24,18 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, get_last_checkpoint, set_seed
 from paddlenlp.utils.log import logger
 
-from paddle_fastffn import FastFFNTrainingArguments
+from paddle_fastffn.finetune import llm_flow
 from paddle_fastffn.finetune.arguments import unknown_argument_error
-from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer
+from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
+from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
+from paddle_fastffn.finetune.llm_arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
+                                                   model_dtype)
 from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
-from paddle_fastffn.finetune.packing import PackedCollator, PackedDataset
+from paddle_fastffn.finetune.packing import PackedCollator, PackedDataset, is_packed_row
 from paddle_fastffn.finetune.visualdl_compat import repair_visualdl_hparams
-from paddle_fastffn.integration.resume import check_checkpoint_folder
 from paddle_fastffn.integration.registry import apply_to_model, family_for
-
-
-@dataclass
-class ModelArgument:
-    model_name_or_path: str = field(metadata={"help": "A PaddleNLP checkpoint directory or model name, or a Hugging Face Hub LLaMA folder (safetensors or .bin, sharded or not)."})
-    dtype: str = field(default="float32", metadata={"help": "Parameter dtype: float32, bfloat16 or float16."})
-    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
-    lora_rank: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
-    from_hf_hub: bool = field(default=False, metadata={"help": "Unused here (no hub access); kept for PaddleNLP parity."})
-
-
-@dataclass
-class DataArgument:
-    dataset_name_or_path: str = field(metadata={"help": "Directory with train.json and dev.json (jsonl src/tgt)."})
-    max_length: int = field(default=256, metadata={"help": "Maximum tokens of prompt + answer."})
-    src_length: int = field(default=128, metadata={"help": "Maximum prompt tokens."})
-    sample_prompts: int = field(default=3, metadata={"help": "Dev prompts to answer greedily after training."})
-    zero_padding: bool = field(default=False, metadata={"help": "Pack examples into rows of max_length (PaddleNLP's rule: in order, a new row when the next does not fit); position ids restart and attention stays within each example."})
-    greedy_zero_padding: bool = field(default=False, metadata={"help": "Pack greedily: within each run of 500 examples, each goes into the open row with the most room (implies zero_padding)."})
+from paddle_fastffn.integration.resume import check_checkpoint_folder
 
 
 def lora_target_modules(config) -> list[str]:
@@ -104,10 +88,9 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> st
     return tokenizer.decode(ids[start:], skip_special_tokens=True)
 
 
-ARGUMENT_CLASSES = (ModelArgument, DataArgument, FastFFNTrainingArguments)
-
-
 def parse_arguments(argv=None):
+    """(generate, quant, model, data, training) arguments, as PaddleNLP's llm script parses them; an
+    unknown key stops the run naming it and the nearest known one."""
     parser = PdArgumentParser(ARGUMENT_CLASSES)
     argv = list(sys.argv[1:] if argv is None else argv)
     json_path = argv.pop(0) if argv and argv[0].endswith(".json") else None
@@ -137,17 +120,21 @@ def checkpoint_to_resume(training_args, model) -> str | None:
 
 
 def main(argv=None):
-    model_args, data_args, training_args = parse_arguments(argv)
+    gen_args, quant_args, model_args, data_args, training_args = parse_arguments(argv)
+    check_supported(gen_args, quant_args, model_args, data_args, training_args)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
                 f"options={training_args.fast_ffn_options().as_dict() if training_args.use_fast_ffn else {}}")
 
-    # Tensor parallel: the config tells PaddleNLP to build (and load into) each rank's shards.
-    model, tokenizer = load_model_and_tokenizer(
-        model_args.model_name_or_path, model_args.dtype,
-        tensor_parallel_degree=training_args.tensor_parallel_degree,
-        tensor_parallel_rank=training_args.tensor_parallel_rank)
+    # The model config as PaddleNLP's llm script sets it (its switches, recompute, tensor parallel:
+    # the config tells PaddleNLP to build, and load into, each rank's shards).
+    dtype = model_dtype(model_args, training_args)
+    model, tokenizer = load_model_and_tokenizer(model_args.model_name_or_path, dtype,
+                                                **model_config_overrides(model_args, data_args, training_args))
+    if model_args.tokenizer_name_or_path:
+        tokenizer = load_tokenizer(model_args.tokenizer_name_or_path)
+    select_chat_template(tokenizer, model_args.model_name_or_path, data_args.chat_template)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.unk_token
     if training_args.use_fast_ffn:
@@ -155,40 +142,53 @@ def main(argv=None):
         layers = apply_to_model(model, training_args.fast_ffn_options())
         logger.info(f"paddle_fastffn: {layers} decoder layers on the fast path")
 
+    neftune = llm_flow.add_neftune(model, model_args.neftune_noise_alpha) if (
+        training_args.do_train and model_args.neftune) else None
     if model_args.lora:
-        from paddlenlp.peft import LoRAConfig, LoRAModel
-
-        lora_config = LoRAConfig(target_modules=lora_target_modules(model.config), r=model_args.lora_rank,
-                                 lora_alpha=model_args.lora_alpha, merge_weights=False,
-                                 dtype=model_args.dtype)
-        set_seed(training_args.seed)  # the adapters depend on the seed, not on what loading the model drew
-        model = LoRAModel(model, lora_config)
-        model.mark_only_lora_as_trainable()
-        model.print_trainable_parameters()
+        model = llm_flow.build_lora_model(model, model_args, training_args, dtype, lora_target_modules(model.config))
 
     data_dir = Path(data_args.dataset_name_or_path)
-    train_set = TokenizedDataset(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
-    dev_set = TokenizedDataset(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
-    dev_rows = dev_set.rows  # the jsonl rows, for the sample prompts
+    # As PaddleNLP's script: a tokenizer with a chat template (the model folder's chat_template.json,
+    # or the chat_template key) tokenizes conversations through it.
+    dataset_class = TokenizedDataset if tokenizer.chat_template is None else ConversationDataset
+    train_set = dataset_class(tokenizer, data_dir / "train.json", data_args.max_length, data_args.src_length)
+    dev_set = dataset_class(tokenizer, data_dir / "dev.json", data_args.max_length, data_args.src_length)
+    train_rows, dev_rows = train_set, dev_set
+    generate = data_args.eval_with_do_generation and tokenizer.chat_template is None  # as PaddleNLP's script
+    if generate:  # prompts to answer, the answers as labels (never packed)
+        dev_rows = [llm_flow.prompt_and_answer_ids(tokenizer, row, data_args.max_length, data_args.src_length)
+                    for row in dev_set.rows]
     packing = data_args.zero_padding or data_args.greedy_zero_padding
     if packing:
-        # The fast path takes each batch's example boundaries (no [seq, seq] mask); stock PaddleNLP
-        # the dense 4-D block-causal mask of its InTokens datasets.
+        # Rows of up to max_length (PaddleNLP's zero_padding rule, or the greedy one). The fast path
+        # takes each batch's example boundaries (no [seq, seq] mask); stock PaddleNLP the dense 4-D
+        # block-causal mask of its InTokens datasets.
         form = "segments" if training_args.use_fast_ffn else "dense_mask"
-        train_set, dev_set = (PackedDataset(data.examples, data_args.max_length,
-                                            greedy=data_args.greedy_zero_padding, form=form)
-                              for data in (train_set, dev_set))
-        collator = TokenCountingCollator(PackedCollator(tokenizer.pad_token_id))
-    else:
-        collator = TokenCountingCollator(DataCollatorForSeq2Seq(
-            tokenizer=tokenizer, padding=True, max_length=data_args.max_length, label_pad_token_id=-100,
-            return_tensors="pd"))
+        train_rows = PackedDataset(train_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
+                                   form=form)
+        if not generate:
+            dev_rows = PackedDataset(dev_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
+                                     form=form)
+    collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True, max_length=data_args.max_length,
+                                     label_pad_token_id=-100, return_tensors="pd",
+                                     pad_to_multiple_of=data_args.pad_to_multiple_of)
+    if packing:  # packed rows; with eval_with_do_generation the evaluation's prompts stay plain
+        plain, packed = collate, PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of)
+        collate = lambda rows: packed(rows) if is_packed_row(rows[0]) else plain(rows)  # noqa: E731
+    collator = TokenCountingCollator(collate)
     throughput = ThroughputCallback(collator)
     if "visualdl" in training_args.report_to:
         repair_visualdl_hparams()
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=dev_set,
-                      tokenizer=tokenizer, data_collator=collator, callbacks=[throughput],
-                      compute_metrics=token_accuracy, preprocess_logits_for_metrics=argmax_logits)
+    common = dict(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev_rows,
+                  tokenizer=tokenizer, data_collator=collator, callbacks=[throughput])
+    if generate:
+        output_file = (Path(training_args.output_dir) / "generated_output.json"
+                       if data_args.save_generation_output else None)
+        trainer = llm_flow.generation_trainer_class()(
+            **common, gen_args=gen_args, max_length=data_args.max_length,
+            compute_metrics=llm_flow.generation_metrics(tokenizer, output_file))
+    else:
+        trainer = Trainer(**common, compute_metrics=token_accuracy, preprocess_logits_for_metrics=argmax_logits)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}
@@ -196,6 +196,8 @@ def main(argv=None):
         started = time.perf_counter()
         result = trainer.train(resume_from_checkpoint=checkpoint_to_resume(training_args, model))
         seconds = time.perf_counter() - started
+        if neftune is not None:
+            neftune.remove()
         trainer.save_model()
         summary.update(optimizer=type(trainer.optimizer).__name__,
                        train_runtime_s=round(seconds, 2), global_steps=result.global_step,
@@ -213,6 +215,8 @@ def main(argv=None):
     samples = []
     for row in dev_rows[: data_args.sample_prompts]:
         prompt = row["src"]
+        if not isinstance(prompt, str) or tokenizer.chat_template is not None:
+            break  # the greedy samples are plain single-turn prompts
         samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt), "expected": row["tgt"]})
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")
     summary["samples"] = samples

@@ -53,6 +53,14 @@ FP8_FFN_BUDGET = fp8_ffn_budget.FP8_FFN_BUDGET
 # still fails a run whose calibration lags (delayed scaling without the warm start: 2.5%).
 FP8_TRAINING_LOSS_RTOL = 2.0**-6
 
+# Per-step training losses of the fast path against stock PaddleNLP, both fp32 (CPU), a few optimizer
+# steps of a tiny LLaMA: the fused kernels sum in another order (about 1e-7 relative per op), and
+# the difference reaches the next steps' losses through AdamW's update, which divides by sqrt(v) and
+# so passes a relative change of the gradient on to the parameters unshrunk. Measured on
+# PaddleNLP's llm script (3 steps, SFT and LoRA): at most 8e-8 relative; 24 steps of the tiny model
+# stay within 1e-4 (tests/integration/test_checkpoints_and_convergence.py), which this keeps.
+FP32_TRAINING_LOSS_RTOL = 1e-4
+
 
 def tolerance(dtype, reduced_rows: int = 1) -> tuple[float, float]:
     """Tolerance for an output; `reduced_rows` > 1 for gradients summed over rows (weight grads):

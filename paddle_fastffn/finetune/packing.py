@@ -133,6 +133,11 @@ class PackedDataset:
         return sum(len(ids) for ids, _ in self.examples)
 
 
+def is_packed_row(row: dict) -> bool:
+    """A PackedDataset row (either form), as opposed to one plain tokenized example."""
+    return "seq_lens" in row or np.ndim(row.get("attention_mask", ())) >= 2
+
+
 class PackedCollator:
     """Collates PackedDataset rows of one form into paddle tensors (right padding to the batch's
     longest row, or to a multiple of pad_to_multiple_of)."""

@@ -5,7 +5,7 @@ LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused 
 the same sub-layers and parameters. LoRA's LoRALinear sub-layers keep working (the MLP calls its
 sub-layers; the single fused `swiglu_down_proj` kernel path is only taken when down_proj is a plain
 Linear), and so do tensor parallel layers (each rank applies SwiGLU to its own shard). What the
-fused path does not cover (fused_ln, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's
+fused path does not cover (NPU/XPU fused norms, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's
 math, with one warning per reason. Two repairs come with it: generate() on Paddle 3.x
 (prepare_attention_mask_for_generation) and the causal mask of the flash path while decoding with
 a KV cache (fast_scaled_dot_product_attention).
@@ -100,12 +100,24 @@ def _same_dtype(x: paddle.Tensor, weight: paddle.Tensor) -> bool:
     return x.dtype == weight.dtype
 
 
+def _device_fused_rms_norm(config) -> bool:
+    """use_fused_rms_norm on NPU / XPU: PaddleNLP's device kernels stay. On CPU and GPU our fused
+    kernel serves the flag, in place of PaddleNLP's fused_ln (an extra package, absent on CPU,
+    where stock then fails at the first forward)."""
+    from paddlenlp.utils.tools import get_env_device
+
+    return bool(config.use_fused_rms_norm) and get_env_device() not in ("cpu", "gpu")
+
+
 def fast_rms_norm_forward(self, hidden_states):
-    """LlamaRMSNorm.forward through the fused kernel (same numerics); stock for the fused_ln,
-    NPU and XPU paths the config asks for, and when the input and weight dtypes differ."""
+    """LlamaRMSNorm.forward through the fused kernel (same numerics); stock for the NPU and XPU
+    fused norms the config asks for, and when the input and weight dtypes differ."""
     if self.config.use_fused_rms_norm:
-        _warn_once("fused_ln", "use_fused_rms_norm is set: LlamaRMSNorm keeps PaddleNLP's fused_ln path")
-        return _ORIGINALS["rms_norm"](self, hidden_states)
+        if _device_fused_rms_norm(self.config):
+            _info_once("device_rms_norm", "use_fused_rms_norm on this device: LlamaRMSNorm keeps its device kernel")
+            return _ORIGINALS["rms_norm"](self, hidden_states)
+        _info_once("fused_ln", "use_fused_rms_norm: paddle_fastffn's fused RMSNorm serves it (PaddleNLP's fused_ln "
+                               "package is not needed)")
     if not _same_dtype(hidden_states, self.weight):
         _warn_once("norm_dtype", f"RMSNorm input {hidden_states.dtype} and weight {self.weight.dtype} differ "
                                  f"(AMP O1): those norms keep PaddleNLP's math")
@@ -159,7 +171,7 @@ def _can_fuse_add_norm(layer) -> bool:
     norm = layer.post_attention_layernorm
     return (
         _ACTIVE is not None and _ACTIVE.rms_norm and not layer.sequence_parallel
-        and type(norm).__name__ == "LlamaRMSNorm" and not norm.config.use_fused_rms_norm
+        and type(norm).__name__ == "LlamaRMSNorm" and not _device_fused_rms_norm(norm.config)
     )
 
 
