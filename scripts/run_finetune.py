@@ -25,7 +25,7 @@ from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, get_la
 from paddlenlp.utils.log import logger
 
 from paddle_fastffn.finetune import llm_flow
-from paddle_fastffn.finetune.arguments import unknown_argument_error
+from paddle_fastffn.finetune.argument_errors import unknown_argument_error
 from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
 from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
