@@ -213,7 +213,7 @@ def main(argv=None):
         summary.update(eval_loss=metrics.get("eval_loss"), eval_accuracy=metrics.get("eval_accuracy"))
         logger.info(f"eval_loss {summary['eval_loss']}")
     samples = []
-    for row in dev_rows[: data_args.sample_prompts]:
+    for row in dev_set.rows[: data_args.sample_prompts]:
         prompt = row["src"]
         if not isinstance(prompt, str) or tokenizer.chat_template is not None:
             break  # the greedy samples are plain single-turn prompts
