@@ -46,7 +46,9 @@ class Cell:
     fast: dict = field(default_factory=dict)  # fast_ffn_* TrainingArguments fields
     patch_after: bool = False  # stock model first, apply_fast_ffn_to_llama(model) after
     lora: bool = False
-    packed: bool = False  # PaddleNLP zero_padding rows: 4-D block-causal mask, position ids restart
+    # PaddleNLP zero_padding rows, position ids restarting: "dense_mask" (its 4-D block-causal mask on
+    # both sides) or "segments" (the fast side gets the examples' boundaries, as our script hands them)
+    packed: str | None = None
     batch_size: int = 4
     grad_accum: int = 1
     # LM head tied to the input embedding, [V, H] used transposed (tie_weights() after loading)
@@ -71,8 +73,10 @@ CELLS = [
     Cell("patched_after_build_recompute", patch_after=True, config=FULL_RECOMPUTE, recompute=True),
     Cell("lora", lora=True),
     Cell("lora_recompute", lora=True, config=FULL_RECOMPUTE, recompute=True),
-    Cell("zero_padding", packed=True),
-    Cell("zero_padding_recompute", packed=True, config=FULL_RECOMPUTE, recompute=True),
+    Cell("zero_padding", packed="dense_mask"),
+    Cell("zero_padding_recompute", packed="dense_mask", config=FULL_RECOMPUTE, recompute=True),
+    Cell("zero_padding_segments", packed="segments"),
+    Cell("zero_padding_segments_recompute", packed="segments", config=FULL_RECOMPUTE, recompute=True),
     Cell("grad_accumulation_4", batch_size=1, grad_accum=4),
     Cell("tied_embeddings", tied=True),
     Cell("fused_cross_entropy_off", fast=dict(fast_ffn_fused_cross_entropy=False)),
@@ -110,10 +114,14 @@ def _padded_row(prompt, answer):
             "attention_mask": np.array([1] * len(inputs) + [0] * pad, dtype="int64")}
 
 
-def _packed_rows(examples):
+def _packed_rows(examples, segments: bool = False):
     """PaddleNLP's zero_padding rows (InTokensMapDataset + its collator): examples concatenated into
     rows of up to SEQ tokens, position ids restarting per example, a [1, SEQ, SEQ] block-causal mask
-    that keeps examples apart (padding attends to nothing but itself)."""
+    that keeps examples apart (padding attends to nothing but itself). segments: the examples'
+    boundaries instead of the mask (`attn_mask_startend_row_indices`, what our script hands the
+    fast path; the padding at a row's end is one more segment)."""
+    from paddle_fastffn.ops import PackedSegments
+
     rows, current = [], []
     for prompt, answer in examples:
         if sum(len(p) + len(a) - 1 for p, a in current) + len(prompt) + len(answer) - 1 > SEQ:
@@ -123,11 +131,12 @@ def _packed_rows(examples):
     rows.append(current)
     out = []
     for row in rows:
-        ids, labels, positions = [], [], []
+        ids, labels, positions, lengths = [], [], [], []
         mask = np.zeros((SEQ, SEQ), dtype="bool")
         for prompt, answer in row:
             example = _padded_row(prompt, answer)
             n = int(example["attention_mask"].sum())
+            lengths.append(n)
             start = len(ids)
             mask[start:start + n, start:start + n] = np.tril(np.ones((n, n), dtype="bool"))
             ids += example["input_ids"][:n].tolist()
@@ -136,16 +145,22 @@ def _packed_rows(examples):
         for i in range(len(ids), SEQ):
             mask[i, i] = True
         pad = SEQ - len(ids)
-        out.append({"input_ids": np.array(ids + [0] * pad, dtype="int64"),
-                    "labels": np.array(labels + [-100] * pad, dtype="int64"),
-                    "position_ids": np.array(positions + list(range(pad)), dtype="int64"),
-                    "attention_mask": mask[None]})
+        packed = {"input_ids": np.array(ids + [0] * pad, dtype="int64"),
+                  "labels": np.array(labels + [-100] * pad, dtype="int64"),
+                  "position_ids": np.array(positions + list(range(pad)), dtype="int64")}
+        if segments:
+            packed["attn_mask_startend_row_indices"] = PackedSegments.from_row_lengths([lengths], SEQ).startend_row_indices()[0]
+        else:
+            packed["attention_mask"] = mask[None]
+        out.append(packed)
     return out
 
 
-def rows_for(cell: Cell) -> list[dict]:
+def rows_for(cell: Cell, fast: bool = False) -> list[dict]:
     examples = _examples(cell.model["vocab_size"])
-    return _packed_rows(examples) if cell.packed else [_padded_row(p, a) for p, a in examples]
+    if cell.packed:
+        return _packed_rows(examples, segments=fast and cell.packed == "segments")
+    return [_padded_row(p, a) for p, a in examples]
 
 
 def collate(features):
@@ -361,10 +376,10 @@ def measure(cell: Cell) -> dict:
 
     import paddle_fastffn
 
-    rows = rows_for(cell)
     with tempfile.TemporaryDirectory() as tmp:
         result = {}
         for side in ("stock", "fast"):
+            rows = rows_for(cell, fast=side == "fast")
             with paddle.utils.unique_name.guard():
                 calls_before = dict(_loader.CALL_COUNTS)
                 args, model = build(cell, side == "fast", os.path.join(tmp, side))
