@@ -60,9 +60,14 @@ def _compiler_identity() -> str:
     return subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+def openmp_link_flags() -> list[str]:
+    """Paddle's own OpenMP runtime (build_definition.paddle_openmp_link_flags says why)."""
+    return definition.paddle_openmp_link_flags(Path(paddle.__file__).parent / "libs")
+
+
 def cache_key(cuda: bool) -> str:
     csrc_root()  # a clear error when the sources are missing
-    digest = hashlib.sha256(definition.source_digest().encode())
+    digest = hashlib.sha256(definition.source_digest(openmp_link_flags()).encode())
     digest.update(paddle.__version__.encode())
     digest.update(paddle.version.commit.encode())
     digest.update(_compiler_identity().encode())
@@ -87,7 +92,7 @@ def _build(directory: Path, cuda: bool) -> None:
         load(name=LIBRARY_NAME, sources=[str(s) for s in definition.paddle_sources(cuda)],
              extra_cxx_cflags=definition.CXX_FLAGS,
              extra_cuda_cflags=definition.CUDA_FLAGS if cuda else None,
-             extra_ldflags=definition.LD_FLAGS + (definition.CUDA_LIBRARIES if cuda else []),
+             extra_ldflags=openmp_link_flags() + (definition.CUDA_LIBRARIES if cuda else []),
              extra_include_paths=[str(d) for d in definition.include_dirs() + (
                  definition.cuda_include_dirs() + definition.cublas_include_dirs() if cuda else [])],
              build_directory=str(directory), verbose=bool(os.environ.get("PADDLE_FASTFFN_VERBOSE")))
