@@ -115,8 +115,8 @@ def padded_batches(examples: list[dict], batch_size: int, pad_id: int = 0) -> li
 
 
 def labelled_tokens(batch: dict) -> int:
-    """Tokens that carry a label: what effective tokens/s counts."""
-    return int((batch["labels"] != IGNORE_INDEX).sum())
+    """Tokens that carry a label: what effective tokens/s counts (numpy or framework arrays)."""
+    return int((np.asarray(batch["labels"]) != IGNORE_INDEX).sum())
 
 
 def padding_waste(batches: list[dict]) -> float:

@@ -4,7 +4,7 @@ lengths, PaddleNLP's truncation, labels on response tokens), one contender after
 each repeat (the first alternates between repeats), on 1 and 2 threads.
 
     python -m benchmarks.cpu.bench_lengths [--profiles gsm8k oasst1_zh] [--threads 1 2]
-        [--examples 96] [--repeats 5] [--results-dir DIR]
+        [--examples 24 12] [--repeats 5] [--results-dir DIR]
 
 A contender is a way to build batches plus a model setting (stock PaddleNLP or use_fast_ffn), so
 packed rows (PaddleNLP zero_padding, the fast packed path) are two more entries of CONTENDERS.
@@ -18,6 +18,7 @@ and end (the machine is shared).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -37,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4, vocab_size=600, max_position_embeddings=2048, rms_norm_eps=1e-5,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+MAX_LENGTH = 2048  # PaddleNLP's default max_length, which the length profiles' truncation uses
 LEARNING_RATE = 1e-3
 MODEL_SEED = 7
 
@@ -54,10 +56,24 @@ def padded(examples, batch_size):
     return sft_lengths.padded_batches(examples, batch_size, pad_id=DEMO_MODEL["pad_token_id"])
 
 
+def packed(form: str):
+    """Rows of up to MAX_LENGTH tokens, PaddleNLP zero_padding's sequential rule, one row a step
+    (paddle_fastffn.finetune.packing: "dense_mask" for stock, "segments" for the fast path)."""
+    def build(examples, batch_size):
+        from paddle_fastffn.finetune import packing
+
+        return packing.packed_batches(examples, MAX_LENGTH, batch_size=1, form=form,
+                                      pad_token_id=DEMO_MODEL["pad_token_id"])[0]
+    return build
+
+
 CONTENDERS = {
     "stock_padded": Contender("stock_padded", padded, use_fast_ffn=False),
     "fast_padded": Contender("fast_padded", padded, use_fast_ffn=True),
 }
+if importlib.util.find_spec("paddle_fastffn.finetune.packing") is not None:  # the packing work (issue 22)
+    CONTENDERS["stock_zero_padding"] = Contender("stock_zero_padding", packed("dense_mask"), use_fast_ffn=False)
+    CONTENDERS["fast_packed"] = Contender("fast_packed", packed("segments"), use_fast_ffn=True)
 
 
 def build_model_and_optimizer(contender: Contender):
@@ -85,7 +101,7 @@ def train(model, optimizer, batches) -> list[float]:
 
     losses = []
     for batch in batches:
-        loss = model(**{k: paddle.to_tensor(v) for k, v in batch.items()})[0]
+        loss = model(**{k: v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v) for k, v in batch.items()})[0]
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -107,7 +123,7 @@ def worker(args) -> dict:
     import paddle
 
     profile = sft_lengths.load_profile(args.profile)
-    order = sft_lengths.example_order(len(profile.prompt), seed=args.seed, limit=args.examples)
+    order = sft_lengths.example_order(len(profile.prompt), seed=args.seed, limit=args.examples[0])
     examples = sft_lengths.make_examples(profile, order, DEMO_MODEL["vocab_size"], seed=args.seed)
     contenders = [CONTENDERS[name] for name in args.contenders]
     batches = {c.name: c.build_batches(examples, args.batch_size) for c in contenders}
@@ -130,7 +146,7 @@ def worker(args) -> dict:
             "seconds_every_repeat": seconds, "spread": (max(seconds) - min(seconds)) / median,
             "cpu_seconds_median": statistics.median(r["cpu_seconds"] for r in runs[c.name]),
             "labelled_tokens": tokens, "effective_tokens_per_second": tokens / median,
-            "batches": len(batches[c.name]), "padding_waste": sft_lengths.padding_waste(batches[c.name]),
+            "batches": len(batches[c.name]), "token_slots": sum(b["input_ids"].size for b in batches[c.name]),
             "first_losses": runs[c.name][0]["losses"][:3], "use_fast_ffn": c.use_fast_ffn,
             "fast_ffn_options": c.fast_ffn_options}
     return {"profile": args.profile, "threads": int(os.environ.get("OMP_NUM_THREADS", "0")),
@@ -138,9 +154,9 @@ def worker(args) -> dict:
             "examples": len(examples), "rows": rows}
 
 
-def run_worker(args, profile: str, threads: int) -> dict:
+def run_worker(args, profile: str, examples: int, threads: int) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.cpu.bench_lengths", "--worker", "--profile", profile,
-           "--examples", str(args.examples), "--repeats", str(args.repeats), "--batch-size",
+           "--examples", str(examples), "--repeats", str(args.repeats), "--batch-size",
            str(args.batch_size), "--seed", str(args.seed), "--contenders", *args.contenders]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     out = subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True).stdout
@@ -151,7 +167,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", nargs="+", default=["gsm8k", "oasst1_zh"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--examples", type=int, default=96, help="examples per profile (shuffled, seed)")
+    parser.add_argument("--examples", nargs="+", type=int, default=[24, 12],
+                        help="examples of each profile, in --profiles order (the first N after a seeded shuffle)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -164,7 +181,10 @@ def main():
         print(json.dumps(worker(args)))
         return
     load_start = os.getloadavg()
-    results = [run_worker(args, profile, threads) for threads in args.threads for profile in args.profiles]
+    if len(args.examples) != len(args.profiles):
+        parser.error(f"--examples needs one count per profile ({len(args.profiles)}), got {args.examples}")
+    results = [run_worker(args, profile, examples, threads) for threads in args.threads
+               for profile, examples in zip(args.profiles, args.examples)]
     load_end = os.getloadavg()
     print(f"\n{'profile':12s}{'threads':>8s}{'contender':>16s}{'median s':>10s}{'spread':>8s}{'eff tok/s':>11s}"
           f"{'vs stock':>9s}")
@@ -185,7 +205,7 @@ def main():
                  "(random ids, PaddleNLP truncation src 1024 / max 2048); seconds for all batches of "
                  "one repeat; effective tokens/s = labelled tokens / median seconds"),
         "load_average": {"start": load_start, "end": load_end},
-        "batch_size": args.batch_size, "examples_per_profile": args.examples, "repeats": args.repeats,
+        "batch_size": args.batch_size, "examples_per_profile": dict(zip(args.profiles, args.examples)), "repeats": args.repeats,
         "results": results}, results_dir=args.results_dir)
     print(f"wrote {path}")
 

@@ -14,24 +14,17 @@ its threshold, so this measures the kernels as built.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import paddle
 
 from benchmarks.common import cpu_model, write_results
 from paddle_fastffn import ops
+from paddle_fastffn.ops._loader import openmp_runtime
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 256, 704, 8, 4, 32  # the demo model
-
-
-def openmp_runtime():
-    """The OpenMP runtime the compiled ops call (Paddle's libiomp5 where the wheel ships it)."""
-    libiomp5 = Path(paddle.__file__).parent / "libs" / "libiomp5.so"
-    return ctypes.CDLL(str(libiomp5) if libiomp5.is_file() else "libgomp.so.1")
 
 
 def leaf(shape):

@@ -60,9 +60,23 @@ def _compiler_identity() -> str:
     return subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+def paddle_libs() -> Path:
+    return Path(paddle.__file__).parent / "libs"
+
+
 def openmp_link_flags() -> list[str]:
     """Paddle's own OpenMP runtime (build_definition.paddle_openmp_link_flags says why)."""
-    return definition.paddle_openmp_link_flags(Path(paddle.__file__).parent / "libs")
+    return definition.paddle_openmp_link_flags(paddle_libs())
+
+
+def openmp_runtime():
+    """The OpenMP runtime the compiled ops call, as a ctypes library (omp_set_num_threads and
+    omp_get_max_threads act on the pool the kernels share with Paddle): Paddle's libiomp5 where the
+    wheel ships it, else libgomp."""
+    import ctypes
+
+    libiomp5 = paddle_libs() / "libiomp5.so"
+    return ctypes.CDLL(str(libiomp5) if libiomp5.is_file() else "libgomp.so.1")
 
 
 def cache_key(cuda: bool) -> str:

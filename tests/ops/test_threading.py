@@ -3,10 +3,8 @@ thread count; build_definition.paddle_openmp_link_flags), and a kernel split acr
 computes what the single-threaded one does (kernels below cpu_common.h's size threshold always run
 on one thread, so the op tests at small shapes never reach the split)."""
 
-import ctypes
 import shutil
 import subprocess
-from pathlib import Path
 
 import paddle
 import pytest
@@ -16,11 +14,7 @@ from paddle_fastffn import ops
 from paddle_fastffn.ops import _loader
 from tolerances import assert_close
 
-PADDLE_IOMP5 = Path(paddle.__file__).parent / "libs" / "libiomp5.so"
-
-
-def openmp_runtime():
-    return ctypes.CDLL(str(PADDLE_IOMP5) if PADDLE_IOMP5.is_file() else "libgomp.so.1")
+PADDLE_IOMP5 = _loader.paddle_libs() / "libiomp5.so"
 
 
 @pytest.mark.skipif(not PADDLE_IOMP5.is_file(), reason="this Paddle wheel ships no libiomp5 (it uses libgomp)")
@@ -34,7 +28,7 @@ def test_kernels_link_paddles_openmp_runtime():
 
 
 def run_with_threads(threads: int, fn):
-    runtime = openmp_runtime()
+    runtime = _loader.openmp_runtime()
     before = runtime.omp_get_max_threads()
     runtime.omp_set_num_threads(threads)
     try:
