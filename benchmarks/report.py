@@ -75,6 +75,30 @@ def cpu_sections(out):
         out.append("")
 
 
+def cpu_lengths_section(out):
+    lengths = _load("cpu_lengths.json")
+    if not lengths:
+        return
+    out.append(f"## CPU fine-tune on real SFT lengths ({lengths['device']['cpu']}, {lengths['device']['cores']} cores)\n")
+    load = lengths["load_average"]
+    out.append(f"`{lengths['command']}` on {lengths['date']}. {lengths['what']}. Median of "
+               f"{lengths['repeats']} repeats, contenders alternated within each repeat; spread = "
+               f"(max - min) / median; load average {load['start'][0]:.1f} at start, {load['end'][0]:.1f} "
+               f"at end (shared machine).\n")
+    rows = []
+    for result in lengths["results"]:
+        stock = result["rows"]["stock_padded"]
+        for name, row in result["rows"].items():
+            rows.append([result["profile"], result["threads"], name, result["examples"],
+                         f"{row['seconds_median']:.1f}", f"{row['spread']:.0%}",
+                         f"{row['effective_tokens_per_second']:.0f}",
+                         f"{stock['seconds_median'] / row['seconds_median']:.2f}x",
+                         f"{stock['cpu_seconds_median'] / row['cpu_seconds_median']:.2f}x"])
+    out.append(_table(["profile", "threads", "contender", "examples", "median s", "spread",
+                       "labelled tokens/s", "vs stock padded (wall)", "vs stock padded (CPU time)"], rows))
+    out.append("")
+
+
 def run_header(out, title, run):
     """A section's title and the run it comes from: command, date, device, versions, ceilings."""
     env, ceil = run["environment"], run["ceilings"]
@@ -1049,6 +1073,7 @@ def main():
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
     like_for_like_sections(out, RUN15)
+    cpu_lengths_section(out)
     run14_sections(out)
     run13_sections(out)
     run12_sections(out)

@@ -60,9 +60,28 @@ def _compiler_identity() -> str:
     return subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+def paddle_libs() -> Path:
+    return Path(paddle.__file__).parent / "libs"
+
+
+def openmp_link_flags() -> list[str]:
+    """Paddle's own OpenMP runtime (build_definition.paddle_openmp_link_flags says why)."""
+    return definition.paddle_openmp_link_flags(paddle_libs())
+
+
+def openmp_runtime():
+    """The OpenMP runtime the compiled ops call, as a ctypes library (omp_set_num_threads and
+    omp_get_max_threads act on the pool the kernels share with Paddle): Paddle's libiomp5 where the
+    wheel ships it, else libgomp."""
+    import ctypes
+
+    libiomp5 = paddle_libs() / "libiomp5.so"
+    return ctypes.CDLL(str(libiomp5) if libiomp5.is_file() else "libgomp.so.1")
+
+
 def cache_key(cuda: bool) -> str:
     csrc_root()  # a clear error when the sources are missing
-    digest = hashlib.sha256(definition.source_digest().encode())
+    digest = hashlib.sha256(definition.source_digest(openmp_link_flags()).encode())
     digest.update(paddle.__version__.encode())
     digest.update(paddle.version.commit.encode())
     digest.update(_compiler_identity().encode())
@@ -87,7 +106,7 @@ def _build(directory: Path, cuda: bool) -> None:
         load(name=LIBRARY_NAME, sources=[str(s) for s in definition.paddle_sources(cuda)],
              extra_cxx_cflags=definition.CXX_FLAGS,
              extra_cuda_cflags=definition.CUDA_FLAGS if cuda else None,
-             extra_ldflags=definition.LD_FLAGS + (definition.CUDA_LIBRARIES if cuda else []),
+             extra_ldflags=openmp_link_flags() + (definition.CUDA_LIBRARIES if cuda else []),
              extra_include_paths=[str(d) for d in definition.include_dirs() + (
                  definition.cuda_include_dirs() + definition.cublas_include_dirs() if cuda else [])],
              build_directory=str(directory), verbose=bool(os.environ.get("PADDLE_FASTFFN_VERBOSE")))

@@ -48,7 +48,7 @@ def host_simd_flags() -> list[str]:
 # sqrtf (for errno on negative inputs) in the AdamW loop, leaving it scalar (-fopt-info-vec).
 CXX_FLAGS = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fno-trapping-math", "-fno-math-errno",
              "-Wno-unused-function"] + host_simd_flags()
-LD_FLAGS = ["-fopenmp"]
+LD_FLAGS = ["-fopenmp"]  # the harness's link (libgomp); the Paddle build links paddle_openmp_link_flags()
 CUDA_FLAGS = ["-O3", "-std=c++17", "--use_fast_math", *gencode_flags()]
 # Libraries the CUDA kernels link against, beyond the CUDA runtime.
 CUDA_LIBRARIES: list[str] = ["-ldl"]  # gemm.cu dlopens cuBLASLt (in libc itself from glibc 2.34)
@@ -60,6 +60,29 @@ CUDA_LIBRARIES: list[str] = ["-ldl"]  # gemm.cu dlopens cuBLASLt (in libc itself
 PADDLE_NVCC_PREFIX = ["-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU", "-ccbin", "cc", "-Xcompiler", "-fPIC",
                       "--expt-relaxed-constexpr", "-DNVCC"]
 PADDLE_CXX_DEFINES = ["-D_GLIBCXX_USE_CXX11_ABI=1"]
+
+
+def paddle_openmp_link_flags(paddle_libs: Path) -> list[str]:
+    """Link the CPU kernels against the OpenMP runtime Paddle itself uses, so that one thread pool
+    serves Paddle's kernels and ours.
+
+    Paddle's x86 wheels (3.3.1) ship Intel's libiomp5 in paddle/libs, and libpaddle, libphi_core,
+    libdnnl and MKL bind their GOMP_*/omp_* calls to it (LD_DEBUG=bindings). Linked with plain
+    -fopenmp, our kernels bound to the system libgomp instead: a second pool whose workers spin
+    (GOMP_SPINCOUNT) while Paddle's iomp5 workers spin for KMP_BLOCKTIME (200 ms) after each of its
+    regions, each set stealing cores from the other between the many small kernels of a step. It
+    also ignored Paddle's thread count: Paddle sets OMP_NUM_THREADS=1 when unset, after libgomp has
+    already read the environment (libgomp: 2 threads, iomp5: 1 on the 2-core machine).
+    Measured (benchmarks/cpu/bench_lengths.py, 2-core dev machine, OMP_NUM_THREADS=2, demo-size
+    model, batches of 4 padded, stock and fast alternated, median of 5; the machine was shared):
+    the libgomp build trained 24 GSM8K-length examples in 15.7 s vs stock's 11.8 s (0.75x,
+    results/cpu_lengths_before_libgomp.json); this build, right after, 9.3 s vs 11.2 s (1.21x) and
+    12 oasst1-zh-length examples 33.8 s vs 40.6 s (1.20x; results/cpu_lengths_after_2t.json).
+    libiomp5 implements GCC's GOMP_* entry points, so -fopenmp code runs on it unchanged. Wheels
+    without libiomp5 (OpenBLAS builds) use libgomp themselves: plain -fopenmp is theirs."""
+    if (Path(paddle_libs) / "libiomp5.so").is_file():
+        return [f"-L{paddle_libs}", "-Wl,--no-as-needed", "-liomp5", "-Wl,--as-needed"]
+    return ["-fopenmp"]
 
 
 def csrc_root() -> Path:

@@ -31,7 +31,7 @@ template <typename T, typename G, bool kMaster>
 void adamw(const AdamwStep& s, int64_t n, T* param, const G* grad, float* master, float* moment1,
            float* moment2) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t end = std::min(n, (c + 1) * kChunk);
 #pragma omp simd

@@ -37,7 +37,7 @@ void cross_entropy(const fastffn_cross_entropy_args& a, T* logits, const int64_t
                    float* loss) {
   using C = compute_t<T>;
   const int64_t vocab = a.vocab;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(a.rows * vocab))
   for (int64_t r = 0; r < a.rows; ++r) {
     T* x = logits + r * a.row_stride;
     const int64_t y = labels[r];

@@ -18,7 +18,7 @@ template <typename T>
 void rms_norm_fwd(const fastffn_rms_norm_args& a, const T* x, const T* residual, const T* weight,
                   T* out, T* sum_out, float* rstd) {
   const int64_t n = a.cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(a.rows * n))
   for (int64_t r = 0; r < a.rows; ++r) {
     const T* xr = x + r * n;
     T* outr = out + r * n;
@@ -54,7 +54,7 @@ template <typename T>
 void rms_norm_bwd(const fastffn_rms_norm_args& a, const T* x, const T* weight, const float* rstd,
                   const T* d_out, const T* d_sum, T* d_x, T* d_weight) {
   const int64_t n = a.cols;
-  const int threads = omp_get_max_threads();
+  const int threads = parallel_threads(a.rows * n);
   std::vector<compute_t<T>> partial(static_cast<size_t>(threads) * n, 0.f);
   std::vector<compute_t<T>> w(n);
   for (int64_t c = 0; c < n; ++c) w[c] = to_float(weight[c]);

@@ -40,7 +40,8 @@ void rotary(const fastffn_rotary_args& a, const T* q, const T* k, const float* c
   const int64_t d = a.head_dim;
   const int64_t q_out_stride = a.q_out_token_stride ? a.q_out_token_stride : a.q_heads * d;
   const int64_t k_out_stride = a.k_out_token_stride ? a.k_out_token_stride : a.k_heads * d;
-#pragma omp parallel for schedule(static)
+  const int64_t elements = tokens * (a.q_heads + a.k_heads) * d;
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(elements))
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = position_ids ? position_ids[t] : t % a.seq;
     const float* c = cos + p * d;

@@ -11,7 +11,7 @@ template <typename T>
 void swiglu_fwd(const fastffn_swiglu_args& a, T* out, int64_t out_stride) {
   const T* gate = static_cast<const T*>(a.gate);
   const T* up = static_cast<const T*>(a.up);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(a.rows * a.cols))
   for (int64_t r = 0; r < a.rows; ++r) {
     const T* g = gate + r * a.gate_row_stride;
     const T* u = up + r * a.up_row_stride;
@@ -32,7 +32,7 @@ void swiglu_bwd(const fastffn_swiglu_args& a, const T* d_out, int64_t d_out_stri
                 int64_t recomputed_stride) {
   const T* gate = static_cast<const T*>(a.gate);
   const T* up = static_cast<const T*>(a.up);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(a.rows * a.cols))
   for (int64_t r = 0; r < a.rows; ++r) {
     const T* g = gate + r * a.gate_row_stride;
     const T* u = up + r * a.up_row_stride;
