@@ -340,28 +340,30 @@ class QKVRotary(torch.autograd.Function):
     QKV output alive as long as attention keeps v for its backward (2/3 of it dead weight)."""
 
     @staticmethod
-    def forward(ctx, qkv, heads, kv_heads, cos, sin):
+    def forward(ctx, qkv, heads, kv_heads, cos, sin, position_ids=None):
+        """position_ids: None (positions 0..seq-1) or int64 [b, s] (packed rows: restarting per
+        example), read by the kernel, which flags out-of-table positions as the Paddle binding."""
         b, s, width = qkv.shape
         d = width // (heads + 2 * kv_heads)
         q = qkv[..., : heads * d].view(b, s, heads, d)
         k = qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d)
         v = qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).contiguous()
-        q_rot, k_rot = kernels().rotary(q, k, cos, sin)
-        ctx.save_for_backward(cos, sin)
+        q_rot, k_rot = kernels().rotary(q, k, cos, sin, position_ids)
+        ctx.save_for_backward(cos, sin, position_ids)
         ctx.dims = (heads, kv_heads, d)
         return q_rot, k_rot, v
 
     @staticmethod
     def backward(ctx, d_q, d_k, d_v):
-        cos, sin = ctx.saved_tensors
+        cos, sin, position_ids = ctx.saved_tensors
         heads, kv_heads, d = ctx.dims
         b, s = d_q.shape[:2]
         d_qkv = torch.empty(b, s, (heads + 2 * kv_heads) * d, dtype=d_q.dtype, device=d_q.device)
-        kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, inverse=True,
+        kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, position_ids, inverse=True,
                          q_out=d_qkv[..., : heads * d].view(b, s, heads, d),
                          k_out=d_qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d))
         d_qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).copy_(d_v)
-        return d_qkv, None, None, None, None
+        return d_qkv, None, None, None, None, None
 
 
 class SwiGLUDownProj(torch.autograd.Function):
@@ -527,11 +529,12 @@ class LinearCrossEntropy(torch.autograd.Function):
     128k vocabulary divided by the token count would underflow fp16) and apply 1/n in the GEMMs."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, grad_enabled):
+    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, grad_enabled, n_labelled):
+        """n_labelled: the labelled rows' count, found by linear_cross_entropy's gather (the
+        forward's one synchronisation)."""
         tokens, width = hidden.shape
         vocab = weight.shape[0] if transpose_weight else weight.shape[1]
         chunk = chunk_tokens or max(1, GPU_CHUNK_BYTES // (4 * vocab))
-        n_labelled = int((labels != ignore_index).sum().item())  # the forward's one synchronisation
         mean_scale = 1.0 / n_labelled if n_labelled else 1.0
         kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
         w = weight.t() if transpose_weight else weight  # [H, V] view
@@ -587,12 +590,27 @@ class LinearCrossEntropy(torch.autograd.Function):
         scale = _read_back(ctx.pending, d_loss)  # one copy to the host per step, as the Paddle op
         grads = [None if g is None else (g if scale == 1.0 else g.mul_(scale)).to(dtype)
                  for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
-        return grads[0], grads[1], None, None, None, None, None
+        return grads[0], grads[1], None, None, None, None, None, None
+
+
+def labelled_rows(hidden2d, labels1d, ignore_index: int):
+    """(hidden rows, labels, their count): the rows whose label is not ignore_index, as the Paddle
+    op's _labelled_rows (PaddleFormers' filtered label loss): prompt and padding tokens never reach
+    the LM head GEMMs (indexing's backward scatters the labelled rows' gradient into a zero
+    [T, H]). Finding them is the forward's one synchronisation. With no labelled token, or every
+    token labelled, the rows stay as they are."""
+    labelled = torch.nonzero(labels1d != ignore_index).reshape(-1)
+    count = int(labelled.shape[0])
+    if count == 0 or count == labels1d.shape[0]:
+        return hidden2d, labels1d, count
+    return hidden2d[labelled], labels1d[labelled], count
 
 
 def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
     """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
-    -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits."""
-    hidden2d = hidden.reshape(-1, hidden.shape[-1])
-    return LinearCrossEntropy.apply(hidden2d, weight, labels.reshape(-1).long().contiguous(), ignore_index,
-                                    transpose_weight, chunk_tokens, torch.is_grad_enabled())
+    -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits. Only the
+    labelled rows reach the LM head (labelled_rows), as in the Paddle op."""
+    hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
+                                                   labels.reshape(-1).long().contiguous(), ignore_index)
+    return LinearCrossEntropy.apply(hidden2d, weight, labels1d.contiguous(), ignore_index, transpose_weight,
+                                    chunk_tokens, torch.is_grad_enabled(), n_labelled)

@@ -10,7 +10,10 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
   the same list on CPU).
 - FastLlama: embedding, the decoder layers, the final RMSNorm and the fused linear cross-entropy
   (PaddleNLP's LM head layout [H, V] and its criterion: mean over labelled tokens, labels already
-  shifted by the data pipeline), what the patched LlamaForCausalLM computes in a training step.
+  shifted by the data pipeline; only labelled rows reach the head), what the patched
+  LlamaForCausalLM computes in a training step. Packed rows (zero_padding) add position ids for
+  rotary and the segments' cu_seqlens for attention: FlexAttention with a document mask stands in
+  for Paddle's flash_attn_unpadded (packed_attention).
 - MasterWeightAdamW: AdamW over fp32 master copies of 16-bit parameters (PaddleNLP's AMP O2 with
   multi_precision): grads cast into fp32 buffers, torch's fused AdamW, parameters copied back.
 - FusedMasterAdamW: the same interface on our one-pass AdamW kernel (what paddle_fastffn.optim's
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -90,13 +94,16 @@ class FastDecoderLayer(torch.nn.Module):
         st["x"] = self._linear(st["x"], self.w_qkv, "qkv")
 
     def rotary(self, st):
-        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"])
+        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"],
+                                                            st.get("position_ids"))
 
     def attention(self, st):
         b, s, _ = st["residual"].shape
-        out = F.scaled_dot_product_attention(st["q"].transpose(1, 2), st["k"].transpose(1, 2),
-                                             st["v"].transpose(1, 2), is_causal=True,
-                                             enable_gqa=self.heads != self.kv_heads)
+        q, k, v = (st[name].transpose(1, 2) for name in ("q", "k", "v"))
+        if st.get("block_mask") is not None:  # a packed batch: each example attends to itself
+            out = packed_attention(q, k, v, st["block_mask"])
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
         st["x"] = out.transpose(1, 2).reshape(b, s, -1)
 
     def o_proj(self, st):
@@ -118,8 +125,8 @@ class FastDecoderLayer(torch.nn.Module):
     def residual_add(self, st):
         st["x"] = st["residual"] + st["x"]
 
-    def forward(self, hidden, cos, sin):
-        state = {"x": hidden, "cos": cos, "sin": sin}
+    def forward(self, hidden, cos, sin, position_ids=None, block_mask=None):
+        state = {"x": hidden, "cos": cos, "sin": sin, "position_ids": position_ids, "block_mask": block_mask}
         for step in self.steps:
             getattr(self, step)(state)
         return state["x"]
@@ -134,6 +141,48 @@ def rope_tables(hf_config, seq: int, device="cuda"):
     probe = torch.zeros(1, seq, 1, device=device, dtype=torch.float32)
     cos, sin = rope(probe, torch.arange(seq, device=device)[None])
     return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+
+_FLEX_ATTENTION = None
+
+
+def packed_attention(q, k, v, block_mask):
+    """Causal attention of each packed example with itself: torch's FlexAttention (compiled, as
+    Hugging Face's flex_attention integration runs it) with a document block mask, the stand-in
+    for Paddle's flash_attn_unpadded over cu_seqlens (no flash-attn varlen build exists for the
+    GPU machine's torch). q: [b, hq, s, d], k/v: [b, hk, s, d] -> [b, hq, s, d]."""
+    global _FLEX_ATTENTION
+    if _FLEX_ATTENTION is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX_ATTENTION = torch.compile(flex_attention)
+    return _FLEX_ATTENTION(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def document_mask_mod(cu_seqlens, batch: int, seq: int, device="cuda"):
+    """FlexAttention's mask_mod of a packed [batch, seq]: query i sees key j when both lie in the
+    same cu_seqlens interval (host ints over the flattened batch) and j <= i, what
+    flash_attn_unpadded computes with causal=True over those intervals."""
+    bounds = np.asarray(cu_seqlens)
+    if bounds.ndim != 1 or bounds[0] != 0 or bounds[-1] != batch * seq or (np.diff(bounds) <= 0).any():
+        raise ValueError(f"cu_seqlens must rise from 0 to batch * seq = {batch * seq} (a row's padding is a segment "
+                         f"of its own), got {bounds.tolist()[:8]}... of {bounds.size}")
+    cu = torch.as_tensor(bounds, dtype=torch.int32).to(device)  # one copy, as Paddle's to_tensor of cu_seqlens
+    tokens = torch.arange(batch * seq, dtype=torch.int32, device=cu.device)
+    document = torch.searchsorted(cu[1:], tokens, right=True).view(batch, seq)
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (document[b, q_idx] == document[b, kv_idx]) & (kv_idx <= q_idx)
+    return same_document_causal
+
+
+def document_block_mask(cu_seqlens, batch: int, seq: int):
+    """document_mask_mod's BlockMask on the GPU, built compiled, as Hugging Face's
+    flex_attention_mask builds its packed-sequence mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(document_mask_mod(cu_seqlens, batch, seq), B=batch, H=None, Q_LEN=seq, KV_LEN=seq,
+                             device="cuda", _compile=True)
 
 
 class FastLlama(torch.nn.Module):
@@ -162,11 +211,20 @@ class FastLlama(torch.nn.Module):
         for layer in self.layers:
             layer.invalidate_fp8_weights()
 
-    def forward(self, input_ids, labels):
-        cos, sin = self._tables(input_ids.shape[1], input_ids.device)
+    def forward(self, input_ids, labels, position_ids=None, cu_seqlens=None):
+        """A packed batch (Paddle's zero_padding rows) also passes position_ids [B, S] (restarting
+        per example, on the device) and cu_seqlens (host int32 [segments + 1] over the flattened
+        batch, PackedSegments' form, which the Paddle path reads to the host from the collator's
+        row indices each forward; a row's padding is a segment of its own): rotary reads the
+        positions, attention keeps
+        each segment to itself (packed_attention), as the Paddle path's ops.packed_attention does
+        with the collator's attn_mask_startend_row_indices."""
+        seq = input_ids.shape[1]
+        cos, sin = self._tables(seq, input_ids.device)
+        block_mask = None if cu_seqlens is None else document_block_mask(cu_seqlens, *input_ids.shape)
         x = F.embedding(input_ids, self.embed)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, position_ids, block_mask)
         x = harness.RMSNorm.apply(x, self.w_norm, self.eps)
         return harness.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
 
