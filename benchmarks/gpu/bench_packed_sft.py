@@ -25,6 +25,8 @@ its loss is the mean over them:
   `--padded-batch-size` examples padded to their longest (its default collator) with their
   attention_mask, gradient accumulation over the step (num_items_in_batch = the step's labelled
   tokens, so the summed loss is the same mean).
+Hugging Face forwards run with use_cache=False, as a training forward: with its KV cache on, Hugging
+Face does not detect packed sequences and the padding-free row would attend across examples.
 
 Hugging Face contenders get the labels pre-shifted as `shift_labels` (which Liger's and Hugging
 Face's losses use in place of shifting `labels`), so no example loses its last label to the shift. Every contender steps the
@@ -75,6 +77,23 @@ def hf_model(attn_implementation: str, base):
     return model
 
 
+def hf_padding_free_loss(model, flat):
+    """Hugging Face's padding-free forward: one row, position ids restarting per example, no
+    attention_mask. use_cache=False as in training: with a KV cache Hugging Face skips its
+    packed-sequence detection (masking_utils._preprocess_mask_arguments) and every example would
+    attend to the ones before it in the row."""
+    return model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], labels=flat["labels"],
+                 shift_labels=flat["labels"], use_cache=False).loss
+
+
+def hf_padded_loss(model, batch, labelled_tokens):
+    """One padded micro-batch's share of the step's loss: its sum over labelled tokens divided by
+    the step's labelled tokens (num_items_in_batch, as Hugging Face's Trainer under gradient
+    accumulation)."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                 shift_labels=batch["labels"], num_items_in_batch=labelled_tokens, use_cache=False).loss
+
+
 def contenders(base, step):
     """{name: () -> (model, forward, make_optimizer)} over the step's three layouts."""
     from benchmarks.gpu.llama_model import FastLlama
@@ -90,8 +109,7 @@ def contenders(base, step):
 
     def hf_liger_padding_free():
         model = hf_model("flex_attention", base)
-        return model, lambda: model(input_ids=flat["input_ids"], position_ids=flat["position_ids"],
-                                    labels=flat["labels"], shift_labels=flat["labels"]).loss, fused_master_adamw
+        return model, lambda: hf_padding_free_loss(model, flat), fused_master_adamw
 
     def hf_liger_padded():
         model = hf_model("sdpa", base)
@@ -103,13 +121,10 @@ def contenders(base, step):
             tokens / the step's labelled tokens (num_items_in_batch, Hugging Face's Trainer)."""
             earlier = None
             for batch in padded[:-1]:
-                loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             labels=batch["labels"], shift_labels=batch["labels"], num_items_in_batch=labelled).loss
+                loss = hf_padded_loss(model, batch, labelled)
                 loss.backward()
                 earlier = loss.detach() if earlier is None else earlier + loss.detach()
-            last = padded[-1]
-            loss = model(input_ids=last["input_ids"], attention_mask=last["attention_mask"],
-                         labels=last["labels"], shift_labels=last["labels"], num_items_in_batch=labelled).loss
+            loss = hf_padded_loss(model, padded[-1], labelled)
             return loss if earlier is None else loss + earlier
         return model, forward, fused_master_adamw
 

@@ -1,0 +1,71 @@
+"""The packed-SFT benchmark's contenders compute the same loss on the same work
+(benchmarks/gpu/bench_packed_sft.py), checked on CPU with a tiny fp32 Hugging Face LLaMA: the
+padding-free row (sdpa and FlexAttention, restarting position ids) and the padded micro-batches
+with num_items_in_batch give the loss of running every example on its own; and ours' document
+mask over PackedSegments' cu_seqlens is PaddleNLP's block-causal mask. Skipped where torch or
+transformers is missing (the CPU CI; the GPU machine runs it). FlexAttention has no backward on
+CPU: losses only here, the gradients are tests/gpu/test_packed_sft.py's."""
+
+import numpy as np
+import pytest
+
+from benchmarks import sft_packed_steps
+from benchmarks.sft_lengths import make_example, pad_to_longest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# fp32 on CPU, the same sums in another order: a few fp32 roundings of a loss of ~7.
+LOSS_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def step():
+    rng = np.random.default_rng(0)
+    examples = [make_example(n, p, rng, 1000) for n, p in ((9, 3), (17, 5), (6, 2), (12, 4), (20, 8))]
+    rows = [[0, 1], [2, 3, 4]]
+    tensor = lambda d: {k: torch.as_tensor(v) for k, v in d.items() if isinstance(v, np.ndarray)}  # noqa: E731
+    return {"examples": [tensor(e) for e in examples],
+            "packed": sft_packed_steps.packed_layout(examples, rows),
+            "flat": tensor(sft_packed_steps.flattened_layout(examples)),
+            "padded": [tensor(pad_to_longest(examples[i:i + 2])) for i in range(0, len(examples), 2)],
+            "labelled": sum(int((e["labels"] != -100).sum()) for e in examples)}
+
+
+def tiny_model(attn_implementation):
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=1000, num_hidden_layers=2,
+                                      max_position_embeddings=128, tie_word_embeddings=False)
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).float()
+
+
+@torch.no_grad()
+def test_hf_padding_free_and_padded_losses_are_the_per_example_loss(step):
+    from benchmarks.gpu.bench_packed_sft import hf_padded_loss, hf_padding_free_loss
+
+    sdpa = tiny_model("sdpa")
+    per_example = sum(hf_padded_loss(sdpa, {**e, "input_ids": e["input_ids"][None], "labels": e["labels"][None],
+                                            "attention_mask": torch.ones_like(e["input_ids"])[None]},
+                                     step["labelled"]) for e in step["examples"])
+    padded = sum(hf_padded_loss(sdpa, batch, step["labelled"]) for batch in step["padded"])
+    free_sdpa = hf_padding_free_loss(sdpa, step["flat"])
+    free_flex = hf_padding_free_loss(tiny_model("flex_attention"), step["flat"])
+    expected = per_example.item()
+    for name, loss in (("padded", padded), ("padding-free sdpa", free_sdpa), ("padding-free flex", free_flex)):
+        assert loss.item() == pytest.approx(expected, rel=LOSS_RTOL), name
+
+
+def test_document_mask_is_the_block_causal_mask_of_the_segments(step):
+    from torch.nn.attention.flex_attention import create_mask
+
+    from benchmarks.gpu.llama_model import document_mask_mod
+
+    rows, seq = step["packed"]["input_ids"].shape
+    segments = sft_packed_steps.PackedSegments(step["packed"]["segment_lengths"], rows, seq)
+    mask = create_mask(document_mask_mod(step["packed"]["cu_seqlens"], rows, seq, device="cpu"), rows, None, seq,
+                       seq, device="cpu")
+    np.testing.assert_array_equal(mask.numpy(), segments.dense_mask())
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        document_mask_mod(step["packed"]["cu_seqlens"][:-1], rows, seq, device="cpu")
