@@ -1,0 +1,84 @@
+"""Ours on packed rows (llama_model.FastLlama with position ids and cu_seqlens: rotary at restarting
+positions, FlexAttention with the document mask, the fused loss on labelled rows only) computes the
+loss and gradients of Hugging Face's LlamaForCausalLM run on every example on its own, in fp32; and
+the packed-SFT benchmark's three contenders agree on their first loss in bf16 (same weights, same
+examples), which is what makes its tokens/s comparable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_checks import close  # noqa: E402
+
+from benchmarks import sft_packed_steps  # noqa: E402
+from benchmarks.sft_lengths import make_example  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_hf(dtype):
+    from transformers.models.llama import modeling_llama
+
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_attention_heads=4,
+                                      num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=128,
+                                      vocab_size=1000, num_hidden_layers=2, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = modeling_llama.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model.to(dtype)
+
+
+def _packed_step():
+    """Seven examples of awkward lengths in two zero_padding rows of 64 (the second padded)."""
+    rng = np.random.default_rng(3)
+    examples = [make_example(n, p, rng, 1000) for n, p in ((13, 4), (29, 7), (21, 2), (5, 3), (17, 9), (9, 1), (11, 6))]
+    rows = sft_packed_steps.sequential_rows([len(e["input_ids"]) for e in examples], 64)
+    return examples, rows, sft_packed_steps.packed_layout(examples, rows)
+
+
+def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32():
+    from benchmarks.gpu.llama_model import FastLlama
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    examples, rows, packed = _packed_step()
+    real = sum(len(e["input_ids"]) for e in examples)
+    assert len(rows) == 2 and real < packed["input_ids"].size  # the second row ends in a padding segment
+    hf = _tiny_hf(torch.float32)
+    ours = FastLlama(hf)
+    labelled = sum(int((e["labels"] != -100).sum()) for e in examples)
+    ref = 0
+    for e in examples:  # each example alone; the sum over labelled tokens / the step's labelled tokens
+        ids, labels = (torch.as_tensor(e[k], device="cuda")[None] for k in ("input_ids", "labels"))
+        ref = ref + hf(input_ids=ids, labels=labels, shift_labels=labels, num_items_in_batch=labelled,
+                       use_cache=False).loss
+    ref.backward()
+    device = {k: torch.as_tensor(packed[k], device="cuda") for k in ("input_ids", "labels", "position_ids")}
+    got = ours(device["input_ids"], device["labels"], device["position_ids"], packed["cu_seqlens"])
+    got.backward()
+    close(got, ref, torch.float32, "loss")
+    pairs = ((ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
+             (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
+             (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
+             (ours.layers[1].w_down.grad, hf.model.layers[1].mlp.down_proj.weight.grad, "d_w_down[1]"),
+             (ours.layers[0].w_qkv.grad[:256], hf.model.layers[0].self_attn.q_proj.weight.grad, "d_w_q[0]"),
+             (ours.layers[0].w_qkv.grad[256:384], hf.model.layers[0].self_attn.k_proj.weight.grad, "d_w_k[0]"))
+    for g, r, name in pairs:
+        close(g, r, torch.float32, name, reduced_rows=128)
+
+
+def test_fast_llama_packed_rejects_cu_seqlens_that_do_not_tile_the_batch():
+    from benchmarks.gpu.llama_model import FastLlama
+
+    _, _, packed = _packed_step()
+    ours = FastLlama(_tiny_hf(torch.bfloat16))
+    device = {k: torch.as_tensor(packed[k], device="cuda") for k in ("input_ids", "labels", "position_ids")}
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ours(device["input_ids"], device["labels"], device["position_ids"], packed["cu_seqlens"][:-1])
