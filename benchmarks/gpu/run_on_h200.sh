@@ -12,6 +12,11 @@
 #   profile      kernel timeline of the whole step, ours vs peers (profile_step, FASTFFN_PROFILE_ARGS)
 #                -> profile_step.json/.log
 #   convergence  FP8 vs bf16 training of a ~100M LLaMA (FASTFFN_CONVERGENCE_ARGS) -> convergence.json/.log
+#   packed_sft   packed SFT step on the GSM8K and oasst1-zh length profiles: ours packed vs HF + Liger
+#                padding-free (FlexAttention) and padded (bench_packed_sft, FASTFFN_PACKED_SFT_ARGS)
+#                -> packed_sft.json/.log. Needs the length profiles in the tree (the device has no
+#                /work/shared): before the call, `mkdir -p .sft_lengths && cp /work/shared/data/sft_lengths_*.json
+#                .sft_lengths/` and carry [".whl", ".sft_lengths"] (FASTFFN_SFT_LENGTHS_DIR overrides).
 #   remeasure    = tests,step,optimizer,decoder,kernels,fp8: every table round-robin with median and spread
 #                (issue 20 item 6), the report's run-15 files.
 # Every table is timed round-robin (benchmarks/gpu/bench_gpu.py: round_robin, round_robin_rebuilt).
@@ -28,8 +33,8 @@ OUT=${OUT:-$PWD/gpu_out}
 RUN=${FASTFFN_RUN:-remeasure}
 RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
-declare -A SECONDS_ESTIMATE=([tests]=45 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
-                            [fp8]=170 [profile]=150 [convergence]=420)
+declare -A SECONDS_ESTIMATE=([tests]=70 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
+                            [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # Outside the working tree, so that a warm machine keeps the build across calls.
@@ -74,6 +79,9 @@ run_section() {
            | tee "$OUT/fp8_ffn.log" | tail -60 ;;
     profile) python3 -m benchmarks.gpu.profile_step --out "$OUT/profile_step.json" ${FASTFFN_PROFILE_ARGS:-} 2>&1 \
                | tee "$OUT/profile_step.log" | tail -20 ;;
+    packed_sft) FASTFFN_SFT_LENGTHS_DIR=${FASTFFN_SFT_LENGTHS_DIR:-$PWD/.sft_lengths} \
+                  python3 -m benchmarks.gpu.bench_packed_sft --out "$OUT/packed_sft.json" ${FASTFFN_PACKED_SFT_ARGS:-} 2>&1 \
+                  | tee "$OUT/packed_sft.log" | tail -40 ;;
     convergence) python3 -m benchmarks.gpu.convergence --out "$OUT/convergence.json" ${FASTFFN_CONVERGENCE_ARGS:-} 2>&1 \
                    | tee "$OUT/convergence.log" | tail -30 ;;
     *) echo "unknown section $1" ;;

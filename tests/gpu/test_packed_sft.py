@@ -1,8 +1,8 @@
 """Ours on packed rows (llama_model.FastLlama with position ids and cu_seqlens: rotary at restarting
 positions, FlexAttention with the document mask, the fused loss on labelled rows only) computes the
-loss and gradients of Hugging Face's LlamaForCausalLM run on every example on its own, in fp32; and
-the packed-SFT benchmark's three contenders agree on their first loss in bf16 (same weights, same
-examples), which is what makes its tokens/s comparable."""
+loss and gradients of Hugging Face's LlamaForCausalLM run on every example on its own, in fp32.
+(The peers' layouts are checked on CPU in tests/benchmarks_logic/test_packed_sft_contenders.py; the
+benchmark records every contender's first bf16 loss and their relative differences.)"""
 
 from __future__ import annotations
 
