@@ -1016,11 +1016,53 @@ def like_for_like_fp8(out, run):
     out.append("")
 
 
+def like_for_like_packed_sft(out, run):
+    """bench_packed_sft's table: per length profile, each contender's step on the same examples, and
+    ours packed against each peer in labelled tokens/s with issue 22's targets."""
+    out.append("### Packed SFT step on real length profiles (LLaMA-2-7B width, 8 layers, rows of "
+               f"{run['model']['seq']} tokens)\n")
+    out.append(_run_line(run))
+    out.append("A step is a fixed set of examples (those of the first zero_padding rows of the profile in shuffled order, "
+               "PaddleNLP's truncation, labels on responses only); every contender trains the same ids and labels, so "
+               "the labelled tokens per step are equal and tokens/s compare step times. ours_packed: FastLlama on the "
+               "zero_padding rows, FlexAttention with a document mask over cu_seqlens standing in for Paddle's "
+               "flash_attn_unpadded; hf_liger_padding_free: Hugging Face + Liger, flex_attention, one flattened row "
+               "(DataCollatorWithFlattening); hf_liger_padded: Hugging Face + Liger, sdpa, micro-batches padded to "
+               "their longest with gradient accumulation. Every contender steps the one-pass master-weight AdamW "
+               "kernel. ms = median over round-robin rounds of each round's median step (spread).\n")
+    rows, verdicts = [], []
+    for profile, section in run["packed_sft"].items():
+        step, results = section["step"], section.get("results", {})
+        for name, r in results.items():
+            if not timed(r):
+                rows.append([profile, name, _median(r)] + [""] * 6)
+                continue
+            slots = step["token_slots"][r["layout"]]
+            rows.append([profile, name, _median(r), _median(r["forward_backward"]), _median(r["optimizer"]),
+                         f"{r['labelled_tokens_per_s']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}",
+                         f"{slots} ({1 - step['real_tokens'] / slots:.0%} padding)", f"{r['first_losses'][0]:.4f}"])
+        for peer, c in section.get("comparison", {}).items():
+            verdicts.append([profile, peer, f"{c['speedup']:.3f}x ({c['verdict']})", f"{c['target']:.2f}x",
+                             "met" if c["meets_target"] else "not met", f"{c['first_loss_relative_difference']:.1e}"])
+        out.append(f"{profile}: {step['examples']} examples, {step['labelled_tokens']} labelled of "
+                   f"{step['real_tokens']} tokens per step; packed {step['packed_shape']}, padded micro-batches of "
+                   f"{step['padded_batch_size']}.\n")
+    out.append(_table(["profile", "contender", "step ms (spread)", "fwd+bwd ms", "optimizer ms", "labelled tokens/s",
+                       "peak GiB", "token slots", "first loss"], rows))
+    out.append("")
+    if verdicts:
+        out.append(_table(["profile", "ours_packed vs", "speedup (labelled tokens/s)", "target", "met",
+                           "first-loss difference"], verdicts))
+        out.append("")
+
+
 def like_for_like_sections(out, run):
-    """The run folder's tables (any of gpu_bench.json, step.json, optimizer.json, fp8_ffn.json)."""
+    """The run folder's tables (any of gpu_bench.json, step.json, optimizer.json, fp8_ffn.json,
+    packed_sft.json)."""
     load = _run_loader(run)
     bench, step, optimizer, fp8 = load("gpu_bench.json"), load("step.json"), load("optimizer.json"), load("fp8_ffn.json")
-    if not (bench or step or optimizer or fp8):
+    packed_sft = load("packed_sft.json")
+    if not (bench or step or optimizer or fp8 or packed_sft):
         return
     out.append(f"## GPU {run}: like for like (peers as their users set them up; {run}/README.md)\n")
     out.append(f"Each row: the median over round-robin repeats and, in parentheses, their spread; `vs best peer` "
@@ -1037,6 +1079,8 @@ def like_for_like_sections(out, run):
         like_for_like_optimizer(out, optimizer)
     if fp8 and "ffn" in fp8:
         like_for_like_fp8(out, fp8)
+    if packed_sft and "packed_sft" in packed_sft:
+        like_for_like_packed_sft(out, packed_sft)
 
 
 def plot_kernels(gpu) -> list[Path]:

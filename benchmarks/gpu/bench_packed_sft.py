@@ -51,12 +51,14 @@ import torch
 from benchmarks.common import MIN_REPEATS, compare
 from benchmarks.gpu.bench_gpu import _liger_version, environment, liger_patched, round_robin_rebuilt
 from benchmarks.gpu.bench_step import fused_master_adamw, hf_config, measure_training, new_hf_model
+from benchmarks import sft_lengths
 from benchmarks.sft_packed_steps import ROW_TOKENS, build_step
 
 # LLaMA-2-7B width, 8 layers; seq is the longest position a row can hold (rope tables, HF config).
 MODEL = dict(hidden=4096, inter=11008, heads=32, kv_heads=32, layers=8, vocab=32000, seq=ROW_TOKENS)
 PROFILES = ("gsm8k", "oasst1_zh")
-CONTENDERS = ("ours_packed", "hf_liger_padding_free", "hf_liger_padded")
+# Each contender and the layout of the step it trains (sft_packed_steps.StepBatches).
+CONTENDERS = {"ours_packed": "packed", "hf_liger_padding_free": "flattened", "hf_liger_padded": "padded"}
 # Issue 22's targets for ours_packed in labelled tokens/s (ratios of step times on equal work).
 TARGETS = {"hf_liger_padded": 1.8, "hf_liger_padding_free": 1.15}
 
@@ -153,6 +155,7 @@ def profile_section(profile, args, report, save, started):
                 model, forward, make_optimizer = builders[name]()
                 row = measure_training(forward, model, make_optimizer, steps=args.steps)
             row["optimizer_used"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
+            row["layout"] = CONTENDERS[name]
             return row
         return run
 
@@ -217,6 +220,12 @@ def main():
     unknown = sorted(set(args.contenders) - set(CONTENDERS))
     if unknown:
         parser.error(f"--contenders: unknown {unknown}; choose from {list(CONTENDERS)}")
+    missing = [name for name in args.profiles if name in sft_lengths.PROFILES
+               and not (sft_lengths.DATA_DIR / sft_lengths.PROFILES[name]).exists()]
+    if missing:
+        raise SystemExit(f"length profiles {missing} not found in {sft_lengths.DATA_DIR}: copy "
+                         f"/work/shared/data/sft_lengths_*.json into .sft_lengths/ and carry it, or set "
+                         f"FASTFFN_SFT_LENGTHS_DIR")
     if _liger_version() is None:
         raise SystemExit("liger-kernel is missing: carry its wheel (shared/gpu.md); the peers need it")
     torch.backends.cuda.matmul.allow_tf32 = True

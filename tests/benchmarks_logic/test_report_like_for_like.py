@@ -90,3 +90,37 @@ def test_fp8_accumulation_rows_are_compared_only_among_themselves_and_loss_names
         out, "| llama3_8b | 8192 | ours_fp8_current_accumulate4 |")
     assert "error: RuntimeError('x')" in table_line(out, "| llama3_8b | 8192 | torchao_rowwise_accumulate4 |")
     assert "hf_torch_compile: 0.910x, slower" in table_line(out, "| 128256 | ours |")
+
+
+def packed_row(step_ms, layout, first_loss):
+    summary = percentiles(step_ms)
+    return {**summary, "step": summary, "forward_backward": percentiles([t - 20 for t in step_ms]),
+            "optimizer": percentiles([20.0] * len(step_ms)), "labelled_tokens_per_s": 10558 / (summary["p50_ms"] * 1e-3),
+            "peak_bytes": 50 * 2**30, "first_losses": [first_loss], "layout": layout}
+
+
+def test_packed_sft_table_reports_each_layouts_work_and_the_targets(tmp_path, monkeypatch):
+    from benchmarks.common import compare
+
+    step = {"examples": 85, "labelled_tokens": 10558, "real_tokens": 15910, "packed_shape": [4, 3993],
+            "padded_batch_size": 8, "token_slots": {"packed": 15972, "flattened": 15910, "padded": 22264}}
+    results = {"ours_packed": packed_row([300.0, 301.0, 302.0], "packed", 10.40),
+               "hf_liger_padding_free": packed_row([340.0, 341.0, 342.0], "flattened", 10.41),
+               "hf_liger_padded": {"error": "OutOfMemoryError()"}}
+    comparison = {"hf_liger_padding_free": {**compare(results["ours_packed"], results["hf_liger_padding_free"]),
+                                            "target": 1.15, "meets_target": False,
+                                            "first_loss_relative_difference": 0.01 / 10.41}}
+    run = tmp_path / "run15"
+    run.mkdir()
+    (run / "packed_sft.json").write_text(json.dumps({
+        "environment": ENVIRONMENT, "command": "python3 -m benchmarks.gpu.bench_packed_sft", "model": {"seq": 4096},
+        "packed_sft": {"gsm8k": {"step": step, "results": results, "comparison": comparison}}}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = []
+    report.like_for_like_sections(out, "run15")
+    ours = table_line(out, "| gsm8k | ours_packed |")
+    assert "15972 (0% padding)" in ours and "10.4000" in ours and "35076" in ours  # 10558 / 0.301 s
+    assert "15910 (0% padding)" in table_line(out, "| gsm8k | hf_liger_padding_free |")
+    assert "error: OutOfMemoryError()" in table_line(out, "| gsm8k | hf_liger_padded |")
+    verdict = table_line(out, "| gsm8k | hf_liger_padding_free |", "x (")
+    assert "1.133x (faster)" in verdict and "1.15x" in verdict and "not met" in verdict
