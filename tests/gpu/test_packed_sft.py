@@ -11,28 +11,15 @@ import pytest
 import torch
 
 from gpu_checks import close  # noqa: E402
+from test_fp8_linear_and_model import _hf_model, _tiny_config  # noqa: E402
 
 from benchmarks import sft_packed_steps  # noqa: E402
 from benchmarks.sft_lengths import make_example  # noqa: E402
 
-transformers = pytest.importorskip("transformers")
-
 
 def _tiny_hf(dtype):
-    from transformers.models.llama import modeling_llama
-
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_attention_heads=4,
-                                      num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=128,
-                                      vocab_size=1000, num_hidden_layers=2, tie_word_embeddings=False)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = modeling_llama.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model.to(dtype)
+    """The fp8 model tests' tiny LLaMA (GQA 4/2), two layers."""
+    return _hf_model(_tiny_config(num_hidden_layers=2), dtype)
 
 
 def _packed_step():
