@@ -96,6 +96,22 @@ def hf_padded_loss(model, batch, labelled_tokens):
                  shift_labels=batch["labels"], num_items_in_batch=labelled_tokens, use_cache=False).loss
 
 
+def accumulating_forward(model, micro_batches, labelled_tokens):
+    """forward() over padded micro-batches with gradient accumulation: every micro-batch but the
+    last runs its backward inside; the returned loss is the last one's (whose backward the
+    training step runs) plus the earlier ones' values, so it is the step's loss. Each micro-batch's
+    loss is its sum over labelled tokens / the step's labelled tokens (hf_padded_loss)."""
+    def forward():
+        earlier = None
+        for batch in micro_batches[:-1]:
+            loss = hf_padded_loss(model, batch, labelled_tokens)
+            loss.backward()
+            earlier = loss.detach() if earlier is None else earlier + loss.detach()
+        loss = hf_padded_loss(model, micro_batches[-1], labelled_tokens)
+        return loss if earlier is None else loss + earlier
+    return forward
+
+
 def contenders(base, step):
     """{name: () -> (model, forward, make_optimizer)} over the step's three layouts."""
     from benchmarks.gpu.llama_model import FastLlama
@@ -115,20 +131,7 @@ def contenders(base, step):
 
     def hf_liger_padded():
         model = hf_model("sdpa", base)
-
-        def forward():
-            """Gradient accumulation: every micro-batch but the last runs its backward here; the
-            returned loss is the last one's (whose backward the step runs) plus the earlier ones'
-            values, so it is the step's loss. Each micro-batch's loss is its sum over labelled
-            tokens / the step's labelled tokens (num_items_in_batch, Hugging Face's Trainer)."""
-            earlier = None
-            for batch in padded[:-1]:
-                loss = hf_padded_loss(model, batch, labelled)
-                loss.backward()
-                earlier = loss.detach() if earlier is None else earlier + loss.detach()
-            loss = hf_padded_loss(model, padded[-1], labelled)
-            return loss if earlier is None else loss + earlier
-        return model, forward, fused_master_adamw
+        return model, accumulating_forward(model, padded, labelled), fused_master_adamw
 
     return {"ours_packed": ours_packed, "hf_liger_padding_free": hf_liger_padding_free,
             "hf_liger_padded": hf_liger_padded}

@@ -32,6 +32,12 @@ def step():
             "labelled": sum(int((e["labels"] != -100).sum()) for e in examples)}
 
 
+def alone(example):
+    """One example as a padded batch of one (no padding)."""
+    return {"input_ids": example["input_ids"][None], "labels": example["labels"][None],
+            "attention_mask": torch.ones_like(example["input_ids"])[None]}
+
+
 def tiny_model(attn_implementation):
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=1000, num_hidden_layers=2,
@@ -46,15 +52,32 @@ def test_hf_padding_free_and_padded_losses_are_the_per_example_loss(step):
     from benchmarks.gpu.bench_packed_sft import hf_padded_loss, hf_padding_free_loss
 
     sdpa = tiny_model("sdpa")
-    per_example = sum(hf_padded_loss(sdpa, {**e, "input_ids": e["input_ids"][None], "labels": e["labels"][None],
-                                            "attention_mask": torch.ones_like(e["input_ids"])[None]},
-                                     step["labelled"]) for e in step["examples"])
+    per_example = sum(hf_padded_loss(sdpa, alone(e), step["labelled"]) for e in step["examples"])
     padded = sum(hf_padded_loss(sdpa, batch, step["labelled"]) for batch in step["padded"])
     free_sdpa = hf_padding_free_loss(sdpa, step["flat"])
     free_flex = hf_padding_free_loss(tiny_model("flex_attention"), step["flat"])
     expected = per_example.item()
     for name, loss in (("padded", padded), ("padding-free sdpa", free_sdpa), ("padding-free flex", free_flex)):
         assert loss.item() == pytest.approx(expected, rel=LOSS_RTOL), name
+
+
+def test_padded_gradient_accumulation_is_the_per_example_step(step):
+    """hf_liger_padded's forward (backward of every micro-batch but the last inside, the last by the
+    training step) leaves the gradients of the per-example loss, and returns the step's loss."""
+    from benchmarks.gpu.bench_packed_sft import accumulating_forward, hf_padded_loss
+
+    model = tiny_model("sdpa")
+    loss = accumulating_forward(model, step["padded"], step["labelled"])()
+    loss.backward()
+    accumulated = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = sum(hf_padded_loss(model, alone(e), step["labelled"]) for e in step["examples"])
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=LOSS_RTOL)
+    for got, (name, p) in zip(accumulated, model.named_parameters()):
+        # fp32 sums of the same terms in another order (micro-batch by micro-batch): a few ulps of
+        # the largest gradient element
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5 * p.grad.abs().max().item(), msg=name)
 
 
 def test_document_mask_is_the_block_causal_mask_of_the_segments(step):
