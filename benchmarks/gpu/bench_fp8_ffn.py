@@ -366,7 +366,7 @@ def main():
     for row in report["ffn"]:
         if "p50_ms" in row:
             print(f"{row['model']:11s} {row['tokens']:6d} {row['impl']:22s} {row['p50_ms']:8.3f} ms "
-                  f"{row['tflops']:7.1f} TFLOP/s  saved {(row['saved_activation_bytes'] or 0) / 2**30:.3f} GiB")
+                  f"{row['tflops']:7.1f} TFLOP/s  saved {(row.get('saved_activation_bytes') or 0) / 2**30:.3f} GiB")  # accumulate rows have none
         else:
             print(f"{row['model']:11s} {row['tokens']:6d} {row['impl']:22s} ERROR {row['error'][:200]}")
 
