@@ -176,6 +176,20 @@ def _hf_model(config, dtype):
     return model.to(dtype)
 
 
+def gradient_pairs(ours, hf) -> list:
+    """(ours, Hugging Face's, name) for the gradients the FastLlama-vs-HF tests compare: embedding,
+    LM head (ours [H, V]), final norm, a down projection and the q and k rows of the fused QKV."""
+    attention = hf.model.layers[0].self_attn
+    q_rows = attention.q_proj.weight.shape[0]
+    k_rows = attention.k_proj.weight.shape[0]
+    return [(ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
+            (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
+            (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
+            (ours.layers[1].w_down.grad, hf.model.layers[1].mlp.down_proj.weight.grad, "d_w_down[1]"),
+            (ours.layers[0].w_qkv.grad[:q_rows], attention.q_proj.weight.grad, "d_w_q[0]"),
+            (ours.layers[0].w_qkv.grad[q_rows:q_rows + k_rows], attention.k_proj.weight.grad, "d_w_k[0]")]
+
+
 def test_fast_llama_loss_and_gradients_match_hugging_face_in_fp32():
     """FastLlama (embedding, the composition's layers, final norm, fused linear cross-entropy on
     the [H, V] head) computes LlamaForCausalLM's loss and gradients, labels shifted outside."""
@@ -193,12 +207,7 @@ def test_fast_llama_loss_and_gradients_match_hugging_face_in_fp32():
     got.backward()
     # fp32 throughout: only summation orders differ; the longest reduction is the vocabulary's.
     close(got, ref, torch.float32, "loss")
-    pairs = ((ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
-             (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
-             (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
-             (ours.layers[1].w_down.grad, hf.model.layers[1].mlp.down_proj.weight.grad, "d_w_down[1]"),
-             (ours.layers[0].w_qkv.grad[:256], hf.model.layers[0].self_attn.q_proj.weight.grad, "d_w_q[0]"))
-    for g, r, name in pairs:
+    for g, r, name in gradient_pairs(ours, hf):
         close(g, r, torch.float32, name, reduced_rows=1000)
 
 

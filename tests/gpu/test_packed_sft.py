@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu_checks import close  # noqa: E402
-from test_fp8_linear_and_model import _hf_model, _tiny_config  # noqa: E402
+from test_fp8_linear_and_model import _hf_model, _tiny_config, gradient_pairs  # noqa: E402
 
 from benchmarks import sft_packed_steps  # noqa: E402
 from benchmarks.sft_lengths import make_example  # noqa: E402
@@ -51,13 +51,7 @@ def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32():
     got = ours(device["input_ids"], device["labels"], device["position_ids"], packed["cu_seqlens"])
     got.backward()
     close(got, ref, torch.float32, "loss")
-    pairs = ((ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
-             (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
-             (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
-             (ours.layers[1].w_down.grad, hf.model.layers[1].mlp.down_proj.weight.grad, "d_w_down[1]"),
-             (ours.layers[0].w_qkv.grad[:256], hf.model.layers[0].self_attn.q_proj.weight.grad, "d_w_q[0]"),
-             (ours.layers[0].w_qkv.grad[256:384], hf.model.layers[0].self_attn.k_proj.weight.grad, "d_w_k[0]"))
-    for g, r, name in pairs:
+    for g, r, name in gradient_pairs(ours, hf):
         close(g, r, torch.float32, name, reduced_rows=128)
 
 
