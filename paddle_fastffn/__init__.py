@@ -3,11 +3,8 @@ fine-tuning LLaMA-style models with PaddleNLP. Public API only; see README.md.""
 
 from __future__ import annotations
 
-from . import ops
-from .integration import FastFFNOptions, supported_model_types
-from .integration import disable as revert_fast_ffn
-from .integration import enable as _enable
-from .integration.registry import apply_to_model as _apply_to_model
+# Nothing Paddle is imported here: paddle_fastffn.core (the framework-neutral layer) is imported by
+# the torch GPU harness on a machine without Paddle. The public names below load on first use.
 
 __version__ = "0.1.0"
 
@@ -38,24 +35,36 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
 
     precision="fp8": the decoder layers' linear GEMMs in FP8 (FastFFNOptions.precision), with the
     recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...)."""
+    from .integration import FastFFNOptions, enable
+    from .integration.registry import apply_to_model
+
     options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
                              fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute,
                              save_fused_checkpoint=save_fused_checkpoint,
                              fused_cross_entropy=fused_cross_entropy, fused_optimizer=fused_optimizer,
                              precision=precision, **fp8_options)
     if model is None:
-        _enable(options)
+        enable(options)
         return 0
-    return _apply_to_model(model, options)
+    return apply_to_model(model, options)
 
 
 def __getattr__(name):
-    # Imported lazily: it pulls in paddlenlp.trainer, which plain op users do not need.
+    # Imported on first use (PEP 562): Paddle for ops and the integration; paddlenlp.trainer for
+    # FastFFNTrainingArguments, which plain op users do not need.
+    import importlib
+
+    if name == "ops":
+        return importlib.import_module(".ops", __name__)
+    if name in ("FastFFNOptions", "supported_model_types"):
+        return getattr(importlib.import_module(".integration", __name__), name)
+    if name == "revert_fast_ffn":
+        return importlib.import_module(".integration", __name__).disable
     if name == "FastFFNTrainingArguments":
         from .integration.training_args import FastFFNTrainingArguments
 
         return FastFFNTrainingArguments
-    raise AttributeError(name)
+    raise AttributeError(f"module 'paddle_fastffn' has no attribute {name!r}")
 
 
 __all__ = ["FastFFNOptions", "FastFFNTrainingArguments", "apply_fast_ffn_to_llama", "ops",
