@@ -40,6 +40,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import os
 import sys
 import time
 import traceback
@@ -234,6 +235,7 @@ def main():
                         "lora_parameters": plan.lora_parameter_count(**shape), "lora_rank": plan.LORA_RANK,
                         "lora_alpha": plan.LORA_ALPHA, "lora_targets": list(plan.LORA_TARGETS)},
               "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory,
+              "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"),
               "persistent_state_bytes": {w: plan.persistent_state_bytes(w, **shape) for w in workloads},
               "packages": {name: importable(name) for name in ("peft", "accelerate", "liger_kernel")},
               "conventions": {
