@@ -248,6 +248,58 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
         close(got_t, want, torch.float32, f"decoder layer {name}", reduced_rows=688)
 
 
+def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
+    """The LoRA layer the full-depth benchmark times (LLAMA_DECODER_LAYER_UNFUSED: unfused
+    projections, each W x + scaling * B A x over a frozen W, two-input SwiGLU) computes Hugging
+    Face's LlamaDecoderLayer with the adapters merged into its weights (W + scaling * B A), an
+    independent reference: the output and d_x equal, and each adapter's gradients are the merged
+    weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
+    transformers = pytest.importorskip("transformers")
+    import copy
+
+    from transformers.models.llama import modeling_llama
+
+    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_attention_heads=4,
+                                      num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.float32)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    lora = LoraSettings(rank=4, alpha=8)
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
+    assert fast.steps == FastDecoderLayer.UNFUSED_STEPS
+    assert not any(p.requires_grad for n, p in fast.named_parameters() if not n.startswith("lora_"))
+    merged = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, _, path in UNFUSED_PROJECTIONS:
+            fast.lora_b[name].normal_(0, 0.05)  # B starts at zero: give the adapters something to add
+            merged.get_submodule(path).weight += lora.scaling * fast.lora_b[name] @ fast.lora_a[name]
+    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
+    x = rand((2, 33, 256), torch.float32).requires_grad_()
+    position_ids = torch.arange(33, device="cuda").expand(2, 33)
+    cos, sin = rope(x, position_ids)
+    out = merged(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos, sin))
+    ref = out[0] if isinstance(out, tuple) else out
+    got = fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+    d_y = rand(ref.shape, torch.float32)
+    merged_weights = [merged.get_submodule(path).weight for _, _, path in UNFUSED_PROJECTIONS]
+    ref_grads = torch.autograd.grad(ref, [x] + merged_weights, d_y)
+    adapters = [t for name, _, _ in UNFUSED_PROJECTIONS for t in (fast.lora_a[name], fast.lora_b[name])]
+    grads = torch.autograd.grad(got, [x] + adapters, d_y)
+    close(got, ref, torch.float32, "lora decoder layer out", reduced_rows=688)
+    close(grads[0], ref_grads[0], torch.float32, "lora decoder layer d_x", reduced_rows=688)
+    for i, (name, _, _) in enumerate(UNFUSED_PROJECTIONS):
+        d_w = ref_grads[1 + i]
+        a, b = fast.lora_a[name].detach(), fast.lora_b[name].detach()
+        close(grads[1 + 2 * i], lora.scaling * b.t() @ d_w, torch.float32, f"d_lora_A {name}", reduced_rows=688)
+        close(grads[2 + 2 * i], lora.scaling * d_w @ a.t(), torch.float32, f"d_lora_B {name}", reduced_rows=688)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
 def test_qkv_rotary_gradient_lands_in_one_buffer(dtype, heads):

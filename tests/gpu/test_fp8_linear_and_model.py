@@ -155,6 +155,55 @@ def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind
     assert ours.fp8["qkv"].cache.quantizations >= 1 and ours.fp8["ffn"].cache.quantizations >= 2
 
 
+def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_bf16():
+    """The full-depth benchmark's FP8 LoRA layer (each projection's frozen base GEMM through
+    fp8_linear, delayed scaling, adapters in bf16) against the same LoRA layer in bf16: seven FP8
+    linears, two chains of them per half (q/k/v -> o, gate/up -> down), the decoder budget. The
+    frozen weights are quantised once (no re-quantisation after an optimizer step: Paddle's
+    WeightCache keeps a copy until its weight changes)."""
+    from transformers.models.llama import modeling_llama
+
+    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings, rope_tables
+
+    config = _tiny_config()
+    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 1 / math.sqrt(p.shape[-1])) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    cos, sin = rope_tables(config, 64)
+    lora = LoraSettings(rank=8, alpha=16)
+    torch.manual_seed(3)
+    bf16 = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
+    ours = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, fp8_recipe=Fp8Recipe("delayed", amax_history_len=4),
+                            lora=lora).to("cuda")
+    with torch.no_grad():
+        for name, _, _ in UNFUSED_PROJECTIONS:
+            bf16.lora_b[name].normal_(0, 0.05)
+            ours.lora_a[name].copy_(bf16.lora_a[name])
+            ours.lora_b[name].copy_(bf16.lora_b[name])
+    x = torch.randn(2, 64, 256, device="cuda").to(torch.bfloat16)
+    dy = torch.randn(2, 64, 256, device="cuda").to(torch.bfloat16)
+
+    def run(layer):
+        xi = x.clone().requires_grad_()
+        out = layer(xi, cos, sin)
+        out.backward(dy)
+        return out.detach() - x, xi.grad, layer.lora_a["q"].grad, layer.lora_b["down"].grad
+
+    ref = run(bf16)
+    for step in range(3):  # delayed: two calibration steps first
+        for p in ours.parameters():
+            p.grad = None
+        got = run(ours)
+        ours.invalidate_fp8_weights()
+    for g, r, name in zip(got, ref, ("layer output - residual", "d_x", "d_lora_A q", "d_lora_B down")):
+        assert torch.isfinite(g).all(), name
+        err = rel_err(g, r)
+        print(f"fp8 lora {name}: fp8 vs bf16 {err:.4f} (budget {DECODER_FP8_BUDGET:.3f})")
+        assert err <= DECODER_FP8_BUDGET, f"fp8 lora {name}: {err}"
+    assert all(ours.fp8[name].cache.quantizations == 1 for name, _, _ in UNFUSED_PROJECTIONS)
+
+
 def _scaling_states(layer):
     """{name.role: ScalingState} of a FastDecoderLayer's FP8 linears and FFN."""
     from benchmarks.gpu.fp8_ffn import ScalingState
