@@ -212,13 +212,11 @@ def test_swiglu_down_proj_matches_eager_in_fp32(recompute):
     close(grads[1], ref_grads[1], torch.float32, "d_w_down", reduced_rows=34)
 
 
-def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
-    """The decoder layer the benchmark times (the shared composition, step by step) computes what
-    Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
+def fp32_hf_decoder_layer():
+    """A Hugging Face LlamaDecoderLayer in fp32 (GQA 4/2 heads, hidden 256, intermediate 688) with
+    random weights and norms, TF32 off."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
-
-    from benchmarks.gpu.llama_model import FastDecoderLayer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -229,14 +227,31 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5)
-    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    return config, hf
+
+
+def hf_and_fast_outputs(config, hf, fast):
+    """(x, Hugging Face's output, ours) on the same random input [2, 33, 256] with rope tables from
+    Hugging Face's rotary embedding."""
+    from transformers.models.llama import modeling_llama
+
     rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
     x = rand((2, 33, 256), torch.float32).requires_grad_()
     position_ids = torch.arange(33, device="cuda").expand(2, 33)
     cos, sin = rope(x, position_ids)
     out = hf(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos, sin))
     ref = out[0] if isinstance(out, tuple) else out
-    got = fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+    return x, ref, fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+
+
+def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
+    """The decoder layer the benchmark times (the shared composition, step by step) computes what
+    Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
+    from benchmarks.gpu.llama_model import FastDecoderLayer
+
+    config, hf = fp32_hf_decoder_layer()
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    x, ref, got = hf_and_fast_outputs(config, hf, fast)
     d_y = rand(ref.shape, torch.float32)
     ref_grads = torch.autograd.grad(ref, [x, hf.self_attn.q_proj.weight, hf.mlp.down_proj.weight], d_y)
     grads = torch.autograd.grad(got, [x, fast.w_qkv, fast.w_down], d_y)
@@ -254,22 +269,11 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
     Face's LlamaDecoderLayer with the adapters merged into its weights (W + scaling * B A), an
     independent reference: the output and d_x equal, and each adapter's gradients are the merged
     weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
-    transformers = pytest.importorskip("transformers")
     import copy
-
-    from transformers.models.llama import modeling_llama
 
     from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_attention_heads=4,
-                                      num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64)
-    config._attn_implementation = "sdpa"
-    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.float32)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    config, hf = fp32_hf_decoder_layer()
     lora = LoraSettings(rank=4, alpha=8)
     fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
     assert fast.steps == FastDecoderLayer.UNFUSED_STEPS
@@ -279,13 +283,7 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
         for name, _, path in UNFUSED_PROJECTIONS:
             fast.lora_b[name].normal_(0, 0.05)  # B starts at zero: give the adapters something to add
             merged.get_submodule(path).weight += lora.scaling * fast.lora_b[name] @ fast.lora_a[name]
-    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
-    x = rand((2, 33, 256), torch.float32).requires_grad_()
-    position_ids = torch.arange(33, device="cuda").expand(2, 33)
-    cos, sin = rope(x, position_ids)
-    out = merged(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos, sin))
-    ref = out[0] if isinstance(out, tuple) else out
-    got = fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+    x, ref, got = hf_and_fast_outputs(config, merged, fast)
     d_y = rand(ref.shape, torch.float32)
     merged_weights = [merged.get_submodule(path).weight for _, _, path in UNFUSED_PROJECTIONS]
     ref_grads = torch.autograd.grad(ref, [x] + merged_weights, d_y)
