@@ -94,9 +94,6 @@ class FastDecoderLayer(torch.nn.Module):
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
         self.lora = lora
-        self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
-        self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
-        self.fp8 = None
         if lora is not None:
             self._init_lora(hf_layer, lora, fp8_recipe)
             return
@@ -105,6 +102,9 @@ class FastDecoderLayer(torch.nn.Module):
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
         self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
         self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
+        self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
+        self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
+        self.fp8 = None
         self.steps = self.STEPS if fp8_recipe is None else self.FP8_STEPS
         if fp8_recipe is not None:
             from benchmarks.gpu.fp8_ffn import Fp8FFNState
@@ -118,13 +118,14 @@ class FastDecoderLayer(torch.nn.Module):
         """LoRAModel's layer: every weight frozen (mark_only_lora_as_trainable), the projections
         unfused, and per projection A [r, in] (Kaiming-uniform, a = sqrt(5)) and B [out, r] (zeros),
         PaddleNLP's LoRALinear initialisation in torch's [out, in] layout (and PEFT's)."""
-        self.steps = self.UNFUSED_STEPS
-        self.w_in.requires_grad_(False)
-        self.w_post.requires_grad_(False)
+        self.steps, self.fp8 = self.UNFUSED_STEPS, None
+        frozen = lambda w: torch.nn.Parameter(w.detach().clone(), requires_grad=False)  # noqa: E731
+        self.w_in = frozen(hf_layer.input_layernorm.weight)
+        self.w_post = frozen(hf_layer.post_attention_layernorm.weight)
         self.lora_a, self.lora_b = torch.nn.ParameterDict(), torch.nn.ParameterDict()
         for name, attribute, path in UNFUSED_PROJECTIONS:
             weight = hf_layer.get_submodule(path).weight
-            setattr(self, attribute, torch.nn.Parameter(weight.detach().clone(), requires_grad=False))
+            setattr(self, attribute, frozen(weight))
             a = torch.empty(lora.rank, weight.shape[1], dtype=weight.dtype, device=weight.device)
             torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5))
             self.lora_a[name] = torch.nn.Parameter(a)
