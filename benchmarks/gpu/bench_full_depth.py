@@ -182,8 +182,8 @@ def measure_workload(workload, shape, ids, labels, rounds, steps, warmup, save, 
         save(progress)
 
     started = time.time()
-    results = round_robin_rebuilt({name: measured(name, build, context) for name, (build, context) in contenders.items()},
-                                  rounds, on_round)
+    runs = {name: measured(name, build, context) for name, (build, context) in contenders.items()}
+    results = round_robin_rebuilt(runs, rounds, on_round)
     tokens = shape["batch"] * shape["seq"]
     flops = plan.model_flops(**shape)
     executed = plan.lora_executed_flops(**shape) if workload == "lora" else flops
@@ -230,7 +230,8 @@ def main():
     started = time.time()
     stop_at = started + args.stop_after_s if args.stop_after_s else float("inf")
     shape = {**plan.LLAMA2_7B, "layers": args.layers}
-    report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.bench_full_depth " + " ".join(sys.argv[1:]),
+    report = {"environment": environment(),
+              "command": "python3 -m benchmarks.gpu.bench_full_depth " + " ".join(sys.argv[1:]),
               "shape": {**shape, "tokens": shape["batch"] * shape["seq"], "parameters": plan.parameter_count(**shape),
                         "lora_parameters": plan.lora_parameter_count(**shape), "lora_rank": plan.LORA_RANK,
                         "lora_alpha": plan.LORA_ALPHA, "lora_targets": list(plan.LORA_TARGETS)},
@@ -239,8 +240,9 @@ def main():
               "persistent_state_bytes": {w: plan.persistent_state_bytes(w, **shape) for w in workloads},
               "packages": {name: importable(name) for name in ("peft", "accelerate", "liger_kernel")},
               "conventions": {
-                  "model_tflops": "bench_step's model FLOPs (6 x GEMM weights incl. LM head x tokens + causal attention "
-                                  "at half, 3x forward) for both workloads; LoRA rows quote the same model FLOPs",
+                  "model_tflops": "bench_step's model FLOPs (6 x GEMM weights incl. LM head x tokens + causal "
+                                  "attention at half, 3x forward) for both workloads; LoRA rows quote the same "
+                                  "model FLOPs",
                   "executed_tflops": "LoRA: the GEMM work a LoRA step does (frozen GEMMs forward + input gradient, "
                                      "attention, adapters 3x); full fine-tune: equal to model_tflops",
                   "peak_bytes": "torch.cuda.max_memory_allocated over one step after reset_peak_memory_stats: weights, "

@@ -85,7 +85,8 @@ def test_oom_report_says_by_how_much():
     assert row["requested_bytes"] == round(1.95 * 2**30) and row["free_bytes"] == round(1.02 * 2**30)
     assert row["capacity_bytes"] == round(139.81 * 2**30)
     assert row["short_by_bytes"] == row["requested_bytes"] - row["free_bytes"]
-    assert plan.describe_oom(row) == "OOM in step: asked 1.95 GiB, 1.02 GiB free (short by at least 0.93 GiB) of 139.81 GiB"
+    assert plan.describe_oom(row) == ("OOM in step: asked 1.95 GiB, 1.02 GiB free (short by at least 0.93 GiB) "
+                                      "of 139.81 GiB")
     assert row["message"].startswith("CUDA out of memory.")
 
 

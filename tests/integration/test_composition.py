@@ -108,7 +108,8 @@ def lora_model(model):
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
     targets = [".*qkv_proj.*", ".*o_proj.*", ".*gate_up_fused_proj.*", ".*down_proj.*"]
-    model = LoRAModel(model, LoRAConfig(target_modules=targets, r=LORA_RANK, lora_alpha=LORA_ALPHA, merge_weights=False))
+    config = LoRAConfig(target_modules=targets, r=LORA_RANK, lora_alpha=LORA_ALPHA, merge_weights=False)
+    model = LoRAModel(model, config)
     model.mark_only_lora_as_trainable()
     return model
 
