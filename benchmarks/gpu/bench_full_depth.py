@@ -143,10 +143,10 @@ def run_once(build, context, recompute, steps, warmup):
 
 def measure_workload(workload, shape, ids, labels, rounds, steps, warmup, save, stop_at, log, not_run=None):
     """round_robin_rebuilt over the workload's contenders but those in not_run ({contender: why},
-    whose rows say why). Each contender first runs without layer
-    recompute; an OOM there is recorded and, where the contender can, it is rebuilt with full
-    recompute per layer for this and every later round. A contender that does not fit at all keeps
-    its OOM row (not rebuilt in later rounds)."""
+    whose rows say why). Each contender first runs without layer recompute; an OOM there is
+    recorded and, where the contender can, it is rebuilt with full recompute per layer for this and
+    every later round. A contender that does not fit at all keeps its OOM row (not rebuilt in later
+    rounds)."""
     not_run = not_run or {}
     contenders = {n: b for n, b in builders(workload, shape, ids, labels).items() if n not in not_run}
     decided = {}  # contender -> {"recompute": bool, "oom_without_recompute": row} or {"oom": row}
@@ -164,10 +164,10 @@ def measure_workload(workload, shape, ids, labels, rounds, steps, warmup, save, 
                 log(f"{workload} {name}: {plan.describe_oom(row)}; rebuilding with full recompute per layer")
                 choice.update(recompute=True, oom_without_recompute=row)
                 row = run_once(build, context, True, steps, warmup)
-            if row.get("oom"):
+            row["layer_recompute"] = choice["recompute"]
+            if row.get("oom"):  # with recompute, or where there is none: it does not fit
                 decided[name] = {"oom": row}
                 return row
-            row["layer_recompute"] = choice["recompute"]
             if choice["recompute"]:
                 row["recompute_because"] = plan.describe_oom(choice["oom_without_recompute"])
             return row
