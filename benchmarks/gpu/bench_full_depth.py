@@ -222,7 +222,16 @@ def main():
     missing = plan.missing_packages(workloads, importable)
     for contender, names in missing.items():
         print(f"MISSING for {contender}: {', '.join(names)} (carry their wheels in .whl: see run_on_h200.sh)")
-    if missing and not args.allow_missing_peers:
+    not_run = {contender: f"not run: cannot be imported here (missing {', '.join(names)})"
+               for contender, names in missing.items()}
+    if "lora" in workloads and "hf_liger_peft" not in not_run:
+        try:  # present is not enough: peft must import against this transformers
+            import peft
+            print(f"peft {peft.__version__} imports")
+        except Exception as error:  # noqa: BLE001
+            not_run["hf_liger_peft"] = f"not run: import peft failed here: {error!r}"[:400]
+            print(not_run["hf_liger_peft"])
+    if not_run and not args.allow_missing_peers:
         print("stopping: a peer cannot be imported (--allow-missing-peers runs without it, its rows saying so)")
         sys.exit(2)
 
@@ -252,8 +261,6 @@ def main():
                   "timing": f"round-robin over rebuilt contenders, {max(args.rounds, MIN_REPEATS)} rounds of "
                             f"{args.warmup} warm-up + {args.steps} timed steps; median of round medians (spread)"},
               "workloads": {}}
-    not_run = {contender: f"not run: cannot be imported here (missing {', '.join(names)})"
-               for contender, names in missing.items()}
     report["not_run"] = not_run
 
     def save(progress=None, workload=None):
