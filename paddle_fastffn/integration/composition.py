@@ -1,5 +1,6 @@
 """The steps of a LLaMA decoder layer on the fast path (the defaults of `use_fast_ffn`), in order,
-and the C entry-point calls of its FP8 FFN.
+under FP8, and under LoRA (the unfused layer PaddleNLP's LoRAModel adapts), and the C entry-point
+calls of the FP8 FFN.
 
 One list for both sides: the Paddle patch (integration/llama.py) runs these steps, which
 tests/integration/test_composition.py checks by tracing a patched layer; the GPU benchmark's
