@@ -10,9 +10,10 @@ An Entry is (category, name, inputs, outputs, role):
 - category: kernel (our C entry points, by name), gemm, attention, copy, cast, fill, elementwise,
   reduce, gather, host_read, or unmapped (a framework op the table does not know: it never
   compares equal to anything on the other side, so a new op shows up instead of hiding);
-- inputs / outputs: element counts of each operand and result (a kernel's in-place results are
-  not listed twice; a GEMM's two operands are sorted, since Paddle's [in, out] and torch's
-  [out, in] weight layouts trade the operands of the weight gradient);
+- inputs / outputs: element counts of each operand and result (a GEMM's two operands are sorted,
+  since Paddle's [in, out] and torch's [out, in] weight layouts trade the operands of the weight
+  gradient; a kernel lists every tensor it touches once, sorted, as inputs: an in-place result is
+  not listed twice, and the bindings differ in which buffers they allocate themselves);
 - role: forward, backward or optimizer.
 Counts, not bytes, are compared: Paddle CPU runs fp32 (it has no bf16 matmul), the GPU harness
 bf16. `bytes_moved` gives each entry's bytes in the dtypes its side used, for the report.
@@ -132,6 +133,8 @@ EQUIVALENCE = {
     "paddle:full_": ("fill", "fill", "as full, in place"),
     "paddle:full_like": ("fill", "fill", "as full"),
     "paddle:fill_": ("fill", "fill", "as full"),
+    "fill:clear_gradient": ("fill", "fill", "Paddle's optimizer.clear_grad() (set_to_zero=True, what the Trainer "
+                                            "calls) zeroes every .grad in place; torch's zero_grad() sets None"),
     "torch:fill_": ("fill", "fill", "as Paddle's full_"),
     "torch:zero_": ("fill", "fill", "as Paddle's full_ with 0"),
     "torch:zeros": ("fill", "fill", "as Paddle's full"),
@@ -163,6 +166,8 @@ EQUIVALENCE = {
     "paddle:add_": ("elementwise", "add", "x + y in place"),
     "paddle:add_grad": ("elementwise", "add_grad", "passes the gradient to both addends (a copy where shapes "
                                                    "match: Paddle's add_grad writes both)"),
+    "paddle:grad_accumulate": ("elementwise", "add", "autograd adds a tensor's second gradient to the first (torch's "
+                                                     "engine: aten add), or a gradient into an existing .grad"),
     "torch:add": ("elementwise", "add", "x + y"),
     "torch:add_": ("elementwise", "add", "x + y in place"),
     "paddle:multiply": ("elementwise", "multiply", "x * y"),
@@ -217,8 +222,8 @@ def _lookup(framework: str, raw: RawOp):
         key = f"kernel:{raw.name.removesuffix('_cuda')}"
     elif raw.source == "host_read":
         key = f"host_read:{raw.name}"
-    elif raw.source == "region":
-        key = f"region:{raw.name}"
+    elif raw.source in ("region", "fill"):
+        key = f"{raw.source}:{raw.name}"
     else:
         key = f"{framework}:{raw.name.split('.')[0]}"
     return EQUIVALENCE.get(key)
@@ -244,14 +249,21 @@ def canonicalise(raw_ops, framework: str) -> list:
         if category is None:
             continue
         if framework == "paddle" and raw.name == "matmul_grad":
-            # inputs x, y, d_out -> outputs d_x, d_y: d_x = d_out @ y^T, d_y = x^T @ d_out
-            x, y, d_out = raw.inputs[:3]
+            # the grad node's inputs d_out, x, y -> d_x = d_out @ y^T, d_y = x^T @ d_out
+            d_out, x, y = raw.inputs[:3]
             for operands, result in (([d_out, y], raw.outputs[0]), ([x, d_out], raw.outputs[1])):
                 if result is not None:
                     entries.append(_gemm(raw, operands, result))
             continue
         if category == "gemm":
             entries.append(_gemm(raw, [t for t in raw.inputs if t is not None][-2:], raw.outputs[0]))
+            continue
+        if category == "kernel":
+            # One sorted list of operands: the bindings differ in what they allocate (Paddle's
+            # cross-entropy takes its loss buffer as an input, the harness's returns a new one) and
+            # in argument order (the harness's rms_norm_fwd takes the residual last).
+            entries.append(Entry(category, name, tuple(sorted(_counts(raw.inputs) + _counts(raw.outputs))), (),
+                                 raw.phase, bytes_moved(raw)))
             continue
         entries.append(Entry(category, name, _counts(raw.inputs), _counts(raw.outputs), raw.phase, bytes_moved(raw)))
     return entries

@@ -87,7 +87,7 @@ def recording(out: list):
 
     originals = {"_run_custom_op": paddle._C_ops._run_custom_op}
     reads = ("item", "numpy", "tolist", "__float__", "__int__", "__bool__")
-    originals.update({name: getattr(paddle.Tensor, name) for name in reads})
+    originals.update({name: getattr(paddle.Tensor, name) for name in reads + ("clear_gradient",)})
     depth = [0]  # a host read inside another (tolist calls numpy) is one read
 
     def custom_op(name, *args):
@@ -98,6 +98,12 @@ def recording(out: list):
         _mark("kernel", name=name, inputs=[_tensor_info(a) for a in inputs],
               outputs=[_tensor_info(o) for o in _flat(outputs) if _address(o) not in read])
         return outputs
+
+    def clear_gradient(self, set_to_zero=True):
+        # Zeroing a gradient in place runs in C++ without a log line: the marker records the fill.
+        if set_to_zero and self.grad is not None and self.grad._is_initialized():
+            _mark("fill", name="clear_gradient", inputs=[], outputs=[_tensor_info(self.grad)])
+        return originals["clear_gradient"](self, set_to_zero)
 
     def attention(function):
         def region(query_states, config, key_states, value_states, *args, **kwargs):
@@ -132,6 +138,7 @@ def recording(out: list):
         modeling.scaled_dot_product_attention = attention(originals_sdpa)
         for name in reads:
             setattr(paddle.Tensor, name, host_read(name))
+        paddle.Tensor.clear_gradient = clear_gradient
         os.dup2(log.fileno(), 2)
         core.set_vlog_level(6)
         yield
@@ -182,6 +189,13 @@ def _split_io(body: str):
     return _tensors(head.partition("Input: [")[2]), _tensors(tail)
 
 
+# Gradient accumulation, which no grad node logs: a gradient handed to a grad node's input holder
+# that already holds one is added to it (autograd's sum over a tensor's consumers), and a leaf's
+# GradNodeAccumulation adds into a .grad that exists (zeroed by clear_grad(set_to_zero=True)).
+_HOLDER_NEW = "Construct GradTensorHolder for grad node"
+_HOLDER_ADD = re.compile(r"Add grad_output_tensor to GradTensorHolder, grad_output_tensor info [^,]*,(\w+), "
+                         r"\(([\d, ]*)\)")
+_LEAF_ADD = "CopyOrAddTensor: Add Tensor"
 _NODE_CREATED = re.compile(r"Create node \w+ addr (0x[0-9a-f]+)")
 _NODE_RUNNING = re.compile(r"gradnode_ptr = (0x[0-9a-f]+)")
 
@@ -193,6 +207,7 @@ def parse_log(text: str) -> list:
     becomes one RawOp of source "region"."""
     entries, current_phase, grad_name, grad_region = [], "forward", None, None
     region, regions, node_region = None, {}, {}
+    holder_is_new, last_grad = False, None
     pieces = _RECORD.split(text)  # [before, indent, record, indent, record, ...]
     for indent, chunk in zip([""] + pieces[1::2], pieces[0::2]):
         chunk = re.sub(f"^{indent}", "", chunk, flags=re.M) if indent else chunk
@@ -214,6 +229,18 @@ def parse_log(text: str) -> list:
         if region is not None:
             for address in _NODE_CREATED.findall(chunk):
                 node_region[address] = region
+        if _HOLDER_NEW in chunk:
+            holder_is_new = True
+        added = _HOLDER_ADD.search(chunk)
+        if added:
+            dims = [int(d) for d in added.group(2).replace(" ", "").split(",") if d]
+            last_grad = [added.group(1), int(np.prod(dims)) if dims else 1]
+            if not holder_is_new:
+                entries.append(trace.RawOp("grad", "grad_accumulate", [last_grad, last_grad], [last_grad],
+                                           current_phase))
+            holder_is_new = False
+        if _LEAF_ADD in chunk:
+            entries.append(trace.RawOp("grad", "grad_accumulate", [last_grad, last_grad], [last_grad], current_phase))
         running = _NODE_RUNNING.search(chunk)
         if running:
             grad_region = node_region.get(running.group(1))
