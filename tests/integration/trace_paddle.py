@@ -2,7 +2,7 @@
 expected traces tests/traces/*.json that the GPU harness must also execute (issue 20, item 3).
 
     python -m tests.integration.trace_paddle --write     # regenerate tests/traces/*.json
-    python -m tests.integration.trace_paddle --show layer  # print one canonical trace
+    python -m tests.integration.trace_paddle --show decoder_layer  # print one canonical trace
 
 How the recorder sees everything (checked on Paddle 3.3.1 CPU):
 - paddle.profiler (record_shapes=True) names every forward API and every grad node with the
@@ -11,16 +11,25 @@ How the recorder sees everything (checked on Paddle 3.3.1 CPU):
   `.numpy()`) leaves no event at all: no element counts, so no bytes.
 - Wrapping `paddle._C_ops` sees the forward APIs with their tensors, but no backward: grad nodes
   run inside the C++ autograd engine and never come back through `_C_ops`.
-- Paddle's eager debug log at verbosity 6 (`paddle.base.core.set_vlog_level(6)`, switchable at run
-  time) prints every forward API ("Forward Debug Info") and every grad node ("Running_AD_API_GRAD",
-  then its inputs and outputs) with each tensor's dtype and shape, in execution order. That is the
-  recorder: glog writes to file descriptor 2, which is redirected to a file while recording.
+- Paddle's eager debug log (`paddle.base.core.set_vlog_level(7)`, switchable at run time) prints
+  every forward API ("Forward Debug Info") and every grad node ("Running_AD_API_GRAD", then its
+  inputs and outputs) with each tensor's dtype and shape (from verbosity 6), and the autograd
+  engine's gradient sums, which run outside any grad node (from 7), in execution order. That is
+  the recorder: glog writes to file descriptor 2, redirected to a file while recording. Addresses
+  in the log tie each grad node to the forward op that created it (regions, below).
 Python-level events go into the same stream as marker lines written to descriptor 2, so they
 interleave in execution order with the log: our compiled ops (`paddle._C_ops._run_custom_op`,
 wrapped; their names, inputs and outputs), reads to the host (Tensor.item / numpy / tolist /
-__float__ / __int__ / __bool__, wrapped) and the phase boundaries (forward / backward / optimizer).
-Custom ops also appear in the log as their own grad nodes (PyLayer's); those are dropped in favour
-of the markers, which name the kernel.
+__float__ / __int__ / __bool__, wrapped), the in-place zeroing of gradients by clear_grad
+(Tensor.clear_gradient, wrapped: it runs in C++ without a log line), attention as a region
+(PaddleNLP's scaled_dot_product_attention, wrapped: on CPU a composite of transposes, a GQA
+expand, matmuls, a causal mask and softmax, standing for one flash_attn call on a GPU; its grad
+nodes are found by address) and the phase boundaries (forward / backward / optimizer).
+Blind spot: work inside a compiled op's C++ binding (allocations, and on CUDA only the rotary
+binding's read of its position flag to the host) is not seen; the torch recorder leaves the
+harness's binding-side ATen ops out the same way, but records their host reads.
+A PyLayer's own record in the log (_RMSNorm, ...) is dropped by the canonicaliser: the kernels
+and ops it runs are recorded one by one.
 
 The traces are built as users build the model: FastFFNTrainingArguments(use_fast_ffn=True), then
 LlamaForCausalLM.from_pretrained of a stock checkpoint (tests/integration/parity_matrix.build), and
@@ -140,7 +149,7 @@ def recording(out: list):
             setattr(paddle.Tensor, name, host_read(name))
         paddle.Tensor.clear_gradient = clear_gradient
         os.dup2(log.fileno(), 2)
-        core.set_vlog_level(6)
+        core.set_vlog_level(VERBOSITY)
         yield
     finally:
         core.set_vlog_level(0)
@@ -189,13 +198,16 @@ def _split_io(body: str):
     return _tensors(head.partition("Input: [")[2]), _tensors(tail)
 
 
-# Gradient accumulation, which no grad node logs: a gradient handed to a grad node's input holder
-# that already holds one is added to it (autograd's sum over a tensor's consumers), and a leaf's
-# GradNodeAccumulation adds into a .grad that exists (zeroed by clear_grad(set_to_zero=True)).
-_HOLDER_NEW = "Construct GradTensorHolder for grad node"
-_HOLDER_ADD = re.compile(r"Add grad_output_tensor to GradTensorHolder, grad_output_tensor info [^,]*,(\w+), "
-                         r"\(([\d, ]*)\)")
+# Gradient accumulation, which no grad node logs (verbosity 7 shows it): a gradient handed to a
+# grad node's input slot that already holds one is added to it ("Add grad_output_tensor ..." with
+# the gradient's dims, then the holder's "Add Tensor for buffer_"; a first gradient is moved in
+# without that line), and a leaf's GradNodeAccumulation adds into a .grad that holds values
+# ("CopyOrAddTensor: Add Tensor"; "Move Copy" is a move).
+_HOLDER_GRAD = re.compile(r"Add grad_output_tensor to GradTensorHolder, grad_output_tensor info [^,]*,(\w+), "
+                          r"\(([\d, ]*)\)")
+_HOLDER_SUM = "GradTensorHolder: Add Tensor for buffer_"
 _LEAF_ADD = "CopyOrAddTensor: Add Tensor"
+VERBOSITY = 7
 _NODE_CREATED = re.compile(r"Create node \w+ addr (0x[0-9a-f]+)")
 _NODE_RUNNING = re.compile(r"gradnode_ptr = (0x[0-9a-f]+)")
 
@@ -207,7 +219,7 @@ def parse_log(text: str) -> list:
     becomes one RawOp of source "region"."""
     entries, current_phase, grad_name, grad_region = [], "forward", None, None
     region, regions, node_region = None, {}, {}
-    holder_is_new, last_grad = False, None
+    last_grad = None
     pieces = _RECORD.split(text)  # [before, indent, record, indent, record, ...]
     for indent, chunk in zip([""] + pieces[1::2], pieces[0::2]):
         chunk = re.sub(f"^{indent}", "", chunk, flags=re.M) if indent else chunk
@@ -229,16 +241,13 @@ def parse_log(text: str) -> list:
         if region is not None:
             for address in _NODE_CREATED.findall(chunk):
                 node_region[address] = region
-        if _HOLDER_NEW in chunk:
-            holder_is_new = True
-        added = _HOLDER_ADD.search(chunk)
-        if added:
-            dims = [int(d) for d in added.group(2).replace(" ", "").split(",") if d]
-            last_grad = [added.group(1), int(np.prod(dims)) if dims else 1]
-            if not holder_is_new:
-                entries.append(trace.RawOp("grad", "grad_accumulate", [last_grad, last_grad], [last_grad],
-                                           current_phase))
-            holder_is_new = False
+        handed = _HOLDER_GRAD.search(chunk)
+        if handed:
+            dims = [int(d) for d in handed.group(2).replace(" ", "").split(",") if d]
+            last_grad = [handed.group(1), int(np.prod(dims)) if dims else 1]
+        elif _HOLDER_SUM in chunk and last_grad is not None:
+            entries.append(trace.RawOp("grad", "grad_accumulate", [last_grad, last_grad], [last_grad], current_phase))
+            last_grad = None
         if _LEAF_ADD in chunk:
             entries.append(trace.RawOp("grad", "grad_accumulate", [last_grad, last_grad], [last_grad], current_phase))
         running = _NODE_RUNNING.search(chunk)
