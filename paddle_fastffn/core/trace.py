@@ -152,6 +152,9 @@ EQUIVALENCE = {
     "paddle:index_elementwise_get_grad": ("gather", "index_backward", "scatters the rows' gradient into zeros"),
     "torch:index_put": ("gather", "index_backward", "IndexBackward0's scatter into zeros (its zeros are a fill)"),
     "torch:index_put_": ("gather", "index_backward", "as index_put"),
+    "torch:_index_put_impl_": ("gather", "index_backward", "as index_put"),
+    "torch:scalar_tensor": ("fill", "fill", "a one-element tensor of a Python number"),
+    "torch:new_zeros": ("fill", "fill", "as Paddle's full"),
     "paddle:embedding": ("gather", "embedding", "rows of the table"),
     "torch:embedding": ("gather", "embedding", "rows of the table"),
     "paddle:embedding_grad": ("gather", "embedding_backward", "scatter-add into the table's gradient"),
@@ -214,6 +217,8 @@ EQUIVALENCE = {
     "paddle:empty": (None, "empty", "an allocation, no kernel (torch's empty is dropped too)"),
     "paddle:GradNodeAccumulation": (None, "accumulate", "hands a leaf its gradient (no kernel for a first gradient)"),
 }
+# Operands an op takes for their shape only (not read): left out of its entry.
+SHAPE_ONLY = {"paddle:embedding_grad": 2}  # the table, for its shape (torch passes num_weights instead)
 PADDLE_PYLAYER_PREFIX = "_"  # a PyLayer's own record (e.g. _RMSNorm): its ops are recorded one by one
 
 
@@ -265,7 +270,15 @@ def canonicalise(raw_ops, framework: str) -> list:
             entries.append(Entry(category, name, tuple(sorted(_counts(raw.inputs) + _counts(raw.outputs))), (),
                                  raw.phase, bytes_moved(raw)))
             continue
-        entries.append(Entry(category, name, _counts(raw.inputs), _counts(raw.outputs), raw.phase, bytes_moved(raw)))
+        inputs = list(raw.inputs)
+        if f"{framework}:{raw.name}" in SHAPE_ONLY:
+            del inputs[SHAPE_ONLY[f"{framework}:{raw.name}"]]
+        if category == "fill":
+            inputs = []  # a fill reads nothing (Paddle's full_like / full_ and torch's full_like take a tensor)
+        counts = _counts(inputs)
+        if category == "gather":
+            counts = tuple(sorted(counts))  # the frameworks order (values, table, indices) differently
+        entries.append(Entry(category, name, counts, _counts(raw.outputs), raw.phase, bytes_moved(raw)))
     return entries
 
 

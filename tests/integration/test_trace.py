@@ -42,9 +42,9 @@ def test_the_recorder_sees_backward_copies_and_host_reads(recorded):
     assert {("backward", "kernel", "rms_norm_bwd"), ("backward", "kernel", "swiglu_bwd"),
             ("backward", "kernel", "rotary"), ("backward", "gemm", "gemm"), ("backward", "attention", "attention"),
             ("backward", "host_read", "host_read"), ("optimizer", "kernel", "adamw")} <= roles
-    layers = trace_paddle.MODEL["num_hidden_layers"]
-    params = 2 * 1 + 6 * layers  # embedding, lm head (+ final norm below); per layer qkv, o, gate_up, down, 2 norms
-    assert sum(e.name == "adamw" for e in step) == params + 1
+    # one update per parameter: embedding, final norm, LM head, and per layer qkv, o, gate_up, down, two norms
+    parameters = 3 + 6 * trace_paddle.MODEL["num_hidden_layers"]
+    assert sum(e.name == "adamw" for e in step) == parameters
 
 
 def test_difference_names_the_first_differing_entry():
