@@ -12,7 +12,9 @@ What is seen, and how:
   are wrapped: each call is one kernel entry named by its C entry point, with the tensors it reads
   and the new tensors it returns (a result in an input's memory is not listed twice). The ATen ops
   inside those methods (allocating outputs, zeroing a flag) are the binding's part, as the Paddle
-  bindings' are inside their C++ op, and are not recorded (the Paddle recorder cannot see those).
+  bindings' are inside their C++ op, and are not recorded (the Paddle recorder cannot see those);
+  their reads to the host are. Every C function of the library is wrapped too: one called from
+  anywhere else shows as an unmapped entry, so a new call site cannot go unseen.
 - Attention: F.scaled_dot_product_attention is recorded as one region (the Paddle recorder
   records PaddleNLP's attention the same way); its backward is the SDPA backward kernel.
 - Under any dispatch mode torch's IndexBackward0 takes its out-of-place index_put path (tensors
@@ -111,6 +113,17 @@ class Recorder(TorchDispatchMode):
         return call
 
 
+    def stray_c_call(self, name, function):
+        """A C entry point called outside the wrapped methods (a new call site): recorded by name
+        with no operands, as `unmapped`, so the comparison fails until the recorder wraps it."""
+        def call(*args):
+            if not self.muted:
+                self.ops.append(trace.RawOp("kernel", f"{name} (outside harness.Kernels' recorded methods)", [], [],
+                                            self.phase))
+            return function(*args)
+        return call
+
+
 @contextlib.contextmanager
 def recording():
     """A Recorder active over the block, with the harness's C-kernel calls and attention wrapped."""
@@ -118,7 +131,12 @@ def recording():
     kernels = harness.kernels()
     saved = {name: getattr(kernels, name) for name in KERNEL_METHODS}
     saved_ce, saved_sdpa = harness.cross_entropy, F.scaled_dot_product_attention
+    # ctypes keeps each C function the library has resolved in its __dict__: all the harness calls
+    c_functions = {name: f for name, f in vars(kernels.lib).items()
+                   if name.startswith("fastffn_") and name != "fastffn_status_string"}
     try:
+        for name, function in c_functions.items():
+            setattr(kernels.lib, name, recorder.stray_c_call(name, function))
         for name, entry_point in KERNEL_METHODS.items():
             setattr(kernels, name, recorder.kernel(entry_point, saved[name]))
         harness.cross_entropy = recorder.kernel("fastffn_cross_entropy", saved_ce)
@@ -126,6 +144,8 @@ def recording():
         with recorder:
             yield recorder
     finally:
+        for name, function in c_functions.items():
+            setattr(kernels.lib, name, function)
         for name in KERNEL_METHODS:
             delattr(kernels, name)  # the instance attribute; the class's method shows again
         harness.cross_entropy, F.scaled_dot_product_attention = saved_ce, saved_sdpa
