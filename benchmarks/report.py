@@ -21,6 +21,9 @@ RUN14 = "run14"  # the H200 calls of the next session, same day (run14/README.md
 # The like-for-like re-measurement (issue 20 item 6, run by issue 23): every table round-robin with
 # median, spread and the best peer by measurement; bench_*.py --out files copied into this folder.
 RUN15 = "run15"
+# The next session's H200 calls (issue 23 item 4's full-depth 7B, then the shared layer's GPU tests and
+# re-measurement): run16/README.md maps each call to its commit and command.
+RUN16 = "run16"
 
 
 def _load(name):
@@ -1168,6 +1171,7 @@ def main():
            "records its command, date, device and versions.", ""]
     cpu_sections(out)
     like_for_like_sections(out, RUN15)
+    like_for_like_sections(out, RUN16)
     cpu_lengths_section(out)
     run14_sections(out)
     run13_sections(out)
