@@ -47,12 +47,13 @@ from paddle import nn
 
 from .. import ops
 from ..core import decoder as core_decoder
-from ..ops._backend import PADDLE
+from ..ops._backend import PaddleBackend
 from ..ops._fallback import raise_if_strict
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
 MODEL_TYPES = ("llama",)
+_PADDLE = PaddleBackend()  # the views core.decoder asks for
 
 _ORIGINALS: dict = {}
 _ACTIVE: FastFFNOptions | None = None
@@ -331,7 +332,7 @@ def fast_attention_forward(self, hidden_states, position_ids=None, past_key_valu
         return _ORIGINALS["attention"](self, hidden_states, position_ids, past_key_value, attention_mask,
                                        output_attentions, use_cache, alibi, npu_is_casual)
     parts = _AttentionParts(self, position_ids, attention_mask, npu_is_casual)
-    return core_decoder.attention(PADDLE, parts, hidden_states)
+    return core_decoder.attention(_PADDLE, parts, hidden_states)
 
 
 def prepare_attention_mask_for_generation(input_ids, pad_token_id, eos_token_id):

@@ -32,5 +32,3 @@ class PaddleBackend:
     def linear_grad_weight(self, x, dy):
         return paddle.matmul(self.rows(x), self.rows(dy), transpose_x=True)
 
-
-PADDLE = PaddleBackend()
