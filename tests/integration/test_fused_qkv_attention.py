@@ -11,7 +11,7 @@ import paddle.profiler as profiler
 import pytest
 
 import paddle_fastffn
-from llama_fixtures import tiny_model
+from llama_fixtures import batch, tiny_model
 from tolerances import assert_close
 
 COPYING_OPS = {"split", "split_with_num", "concat"}
@@ -89,3 +89,49 @@ def test_other_attention_paths_keep_stock_forward():
     assert "split" in kernels or "split_with_num" in kernels
     out, cache = attention(hidden, use_cache=True)
     assert list(cache[0].shape) == [1, 5, model.config.num_key_value_heads, attention.head_dim]
+
+
+def recomputed_functions(model, ids, labels, monkeypatch) -> list:
+    """What PaddleNLP's recompute wraps during one training forward + backward, by role ("fast_"
+    dropped: the fast path's SDPA is the module function it replaces)."""
+    from paddlenlp.transformers.llama import modeling
+
+    wrapped, recompute = [], modeling.recompute
+
+    def recording(function, *args, **kwargs):
+        name = getattr(function, "__name__", type(function).__name__)
+        wrapped.append(name.removeprefix("fast_"))
+        return recompute(function, *args, **kwargs)
+    monkeypatch.setattr(modeling, "recompute", recording)
+    model.apply(lambda layer: setattr(layer, "enable_recompute", True) if hasattr(layer, "enable_recompute") else None)
+    out = model(ids, labels=labels)
+    (out[0] if isinstance(out, tuple) else out.loss).backward()
+    monkeypatch.setattr(modeling, "recompute", recompute)
+    return wrapped
+
+
+@pytest.mark.parametrize("granularity", ["full_attn", "core_attn"])
+def test_attention_recompute_wraps_what_stock_wraps(granularity, monkeypatch):
+    """PaddleNLP's layer-wise recompute: full_attn wraps the attention sub-layer (the decoder
+    layer's call of self_attn), core_attn the attention kernel (the fused attention forward's SDPA),
+    once per layer each, as stock's forwards do; the gradients stay stock's."""
+    ids, labels, _ = batch()
+    overrides = dict(recompute_granularity=granularity, recompute_use_reentrant=False)
+    paddle_fastffn.apply_fast_ffn_to_llama()
+    fast = tiny_model(seed=3, **overrides)
+    weights = {name: value.numpy() for name, value in fast.state_dict().items()}
+    fast_wrapped = recomputed_functions(fast, ids, labels, monkeypatch)
+    fast_grads = {n: p.grad.numpy() for n, p in fast.named_parameters() if p.grad is not None}
+
+    paddle_fastffn.revert_fast_ffn()
+    stock = tiny_model(seed=0, fuse_attention_qkv=True, fuse_attention_ffn=True, use_flash_attention=True, **overrides)
+    stock.set_state_dict(weights)
+    stock_wrapped = recomputed_functions(stock, ids, labels, monkeypatch)
+    stock_grads = {n: p.grad.numpy() for n, p in stock.named_parameters() if p.grad is not None}
+
+    expected = "LlamaAttention" if granularity == "full_attn" else "scaled_dot_product_attention"
+    assert stock_wrapped == [expected] * stock.config.num_hidden_layers, stock_wrapped
+    assert fast_wrapped == stock_wrapped
+    assert fast_grads.keys() == stock_grads.keys()
+    for name in stock_grads:
+        assert_close(fast_grads[name], stock_grads[name], paddle.float32, name, reduced_rows=ids.shape[0] * ids.shape[1])
