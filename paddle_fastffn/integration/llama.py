@@ -1,8 +1,10 @@
 """The fast path for PaddleNLP's LLaMA family (paddlenlp.transformers.llama).
 
-Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP and
-LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused versions that read
-the same sub-layers and parameters. LoRA's LoRALinear sub-layers keep working (the MLP calls its
+Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP, LlamaAttention
+(its plain fused-QKV path) and LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are
+replaced by fused versions that read the same sub-layers and parameters. The decoder layer, its
+attention and its MLP run paddle_fastffn/core/decoder.py over this module's layer parts, the code
+the GPU harness runs over its own. LoRA's LoRALinear sub-layers keep working (the MLP calls its
 sub-layers; the single fused `swiglu_down_proj` kernel path is only taken when down_proj is a plain
 Linear), and so do tensor parallel layers (each rank applies SwiGLU to its own shard). What the
 fused path does not cover (NPU/XPU fused norms, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's
