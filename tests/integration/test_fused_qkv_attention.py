@@ -54,10 +54,13 @@ def layer_forward_backward(layer, hidden, position_ids=None):
 
 
 @pytest.mark.parametrize("packed_positions", [False, True], ids=["positions_none", "position_ids"])
-def test_fused_qkv_layer_runs_no_split_or_concat_and_matches_stock_gradients(packed_positions):
-    paddle_fastffn.apply_fast_ffn_to_llama()
-    fast = tiny_model(seed=3)  # fused qkv_proj (GQA: 4 query heads, 2 KV heads), flash-attention path
-    assert fast.config.fuse_attention_qkv and fast.config.use_flash_attention
+@pytest.mark.parametrize("flash", [True, False], ids=["flash_attention", "eager_attention"])
+def test_fused_qkv_layer_runs_no_split_or_concat_and_matches_stock_gradients(packed_positions, flash):
+    """flash: PaddleNLP's use_flash_attention path (fast_ffn_attention, the default), or its eager
+    attention, which wants k and v repeated per query head."""
+    paddle_fastffn.apply_fast_ffn_to_llama(attention=flash)
+    fast = tiny_model(seed=3)  # fused qkv_proj (GQA: 4 query heads, 2 KV heads)
+    assert fast.config.fuse_attention_qkv and fast.config.use_flash_attention == flash
     weights = {name: value.numpy() for name, value in fast.state_dict().items()}
     hidden = np.random.default_rng(0).standard_normal([2, 9, fast.config.hidden_size]).astype("float32")
     # positions restarting mid-row, as a packed batch's (the rotary op reads them per token)
@@ -65,7 +68,7 @@ def test_fused_qkv_layer_runs_no_split_or_concat_and_matches_stock_gradients(pac
     fast_grads, fast_kernels = layer_forward_backward(fast.llama.layers[0], hidden, position_ids)
 
     paddle_fastffn.revert_fast_ffn()
-    stock = tiny_model(seed=0, fuse_attention_qkv=True, fuse_attention_ffn=True, use_flash_attention=True)
+    stock = tiny_model(seed=0, fuse_attention_qkv=True, fuse_attention_ffn=True, use_flash_attention=flash)
     stock.set_state_dict(weights)
     stock_grads, stock_kernels = layer_forward_backward(stock.llama.layers[0], hidden, position_ids)
 
