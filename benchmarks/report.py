@@ -1056,13 +1056,62 @@ def like_for_like_packed_sft(out, run):
         out.append("")
 
 
+FULL_DEPTH_PEERS = ("hf_liger", "hf_liger_peft")
+
+
+def full_depth_section(out, run):
+    """bench_full_depth's tables: per workload (LoRA, full fine-tune) each contender's step at
+    LLaMA-2-7B full depth, tokens/s, model TFLOP/s, peak memory, whether it recomputed layers and
+    why, and out-of-memory rows with what they asked for against what was free."""
+    from benchmarks.full_depth import describe_oom
+
+    shape = run["shape"]
+    out.append(f"### Full-depth LLaMA-2-7B on one GPU ({shape['layers']} layers, {shape['batch']} x {shape['seq']} "
+               f"tokens per step): LoRA and full fine-tune\n")
+    out.append(_run_line(run))
+    conventions = run.get("conventions", {})
+    out.append(f"{shape['parameters'] / 1e9:.2f} B parameters; LoRA: rank {shape.get('lora_rank', 8)}, alpha "
+               f"{shape.get('lora_alpha', 16)} on q/k/v/o/gate/up/down ({shape['lora_parameters'] / 1e6:.1f} M "
+               f"trainable), base frozen in bf16; full fine-tune: bf16 weights, fp32 masters and moments. Every "
+               f"contender steps the one-pass master-weight AdamW kernel. Model TFLOP/s: "
+               f"{conventions.get('model_tflops', '')}; executed TFLOP/s: {conventions.get('executed_tflops', '')}. "
+               f"Timing: {conventions.get('timing', '')}. Peak = max allocated over one step (weights, optimizer "
+               f"state, gradients, activations).\n")
+    for workload, result in run["workloads"].items():
+        if "contenders" not in result:
+            out.append(f"{workload}: " + str(result.get("error", "no results (a run cut short: rounds_so_far)"))[:200]
+                       + "\n")
+            continue
+        contenders, rows = result["contenders"], []
+        for name, r in contenders.items():
+            if r.get("oom"):
+                rows.append([workload, name, describe_oom(r)] + [""] * 7)
+                continue
+            if not timed(r):
+                rows.append([workload, name, _median(r)] + [""] * 7)
+                continue
+            recompute = ("full recompute per layer (" + r.get("recompute_because", "") + ")"
+                         if r.get("layer_recompute") else "none")
+            rows.append([workload, name, _median(r), _median(r["forward_backward"]), _median(r["optimizer"]),
+                         f"{r['tokens_per_s']:.0f}", f"{r['model_tflops']:.0f} / {r['executed_tflops']:.0f}",
+                         f"{r['peak_bytes'] / 2**30:.2f}", recompute,
+                         _versus(contenders, name, FULL_DEPTH_PEERS) if _is_ours(name) else ""])
+        out.append(_table(["workload", "contender", "step ms (spread)", "fwd+bwd ms", "optimizer ms", "tokens/s",
+                           "model / executed TFLOP/s", "peak GiB", "layer recompute", "step vs HF + Liger"], rows))
+        out.append("")
+        if result.get("first_step_losses"):
+            out.append(f"{workload}: first-step losses (same weights and tokens) "
+                       + ", ".join(f"{n} {v:.4f}" for n, v in result["first_step_losses"].items())
+                       + f"; largest relative difference {result['first_step_loss_max_relative_difference'] or 0:.1e}.\n")
+
+
 def like_for_like_sections(out, run):
     """The run folder's tables (any of gpu_bench.json, step.json, optimizer.json, fp8_ffn.json,
-    packed_sft.json)."""
+    packed_sft.json, full_depth.json)."""
     load = _run_loader(run)
     bench, step, optimizer, fp8 = load("gpu_bench.json"), load("step.json"), load("optimizer.json"), load("fp8_ffn.json")
-    packed_sft = load("packed_sft.json")
-    if not (bench or step or optimizer or fp8 or packed_sft):
+    packed_sft, full_depth = load("packed_sft.json"), load("full_depth.json")
+    if not (bench or step or optimizer or fp8 or packed_sft or full_depth):
         return
     out.append(f"## GPU {run}: like for like (peers as their users set them up; {run}/README.md)\n")
     out.append(f"Each row: the median over round-robin repeats and, in parentheses, their spread; `vs best peer` "
@@ -1081,6 +1130,8 @@ def like_for_like_sections(out, run):
         like_for_like_fp8(out, fp8)
     if packed_sft and "packed_sft" in packed_sft:
         like_for_like_packed_sft(out, packed_sft)
+    if full_depth and "workloads" in full_depth:
+        full_depth_section(out, full_depth)
 
 
 def plot_kernels(gpu) -> list[Path]:

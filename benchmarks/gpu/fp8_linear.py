@@ -63,11 +63,14 @@ class Fp8LinearFunction(torch.autograd.Function):
         width = x.shape[-1]
         x2 = x.reshape(-1, width)
         check_linear_shapes(x2.shape[0], weight, width)
-        qx = state.x.quantize(k, x2.contiguous())
+        # q(x)^T only feeds the weight gradient: a frozen weight (LoRA's base) gets none, and Paddle's
+        # Fp8Linear then writes only the row-wise copy (fp8/cuda.py: copies_needed).
+        keep_x_t = weight.requires_grad
+        qx = state.x.quantize(k, x2.contiguous(), transpose=keep_x_t)
         qw = state.cache.get("weight", weight, state.weight, k)
         y = k.gemm_q(qx, qw, x.dtype, fast_accum=state.recipe.fast_accum_forward)
         state.x.end_step(k)
-        ctx.save_for_backward(qx.data_t, qx.scale_inv)
+        ctx.save_for_backward(qx.data_t if keep_x_t else None, qx.scale_inv)
         ctx.qw, ctx.state, ctx.x_shape, ctx.dtypes = qw, state, x.shape, (x.dtype, weight.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -287,6 +287,23 @@ class SwiGLU(torch.autograd.Function):
         return kernels().swiglu_bwd(gate_up, d_out.contiguous())[0]
 
 
+class SwiGLUPair(torch.autograd.Function):
+    """silu(gate) * up from two tensors (Paddle's ops.swiglu(x, y): the MLP with unfused gate_proj
+    and up_proj, as under LoRA); gate and up kept for backward, which writes d_gate and d_up."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        gate, up = gate.contiguous(), up.contiguous()
+        ctx.save_for_backward(gate, up)
+        return kernels().swiglu_fwd(gate, up)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        gate, up = ctx.saved_tensors
+        (d_gate, d_up), _ = kernels().swiglu_bwd(gate, d_out.contiguous(), up=up)
+        return d_gate, d_up
+
+
 class RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):

@@ -8,6 +8,12 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
   step (gate_up GEMM -> SwiGLU fused with quantisation -> down GEMM, SwiGLU recomputed), whose C
   calls composition.fp8_ffn_calls lists (tests/gpu check them; the Paddle FFN is checked against
   the same list on CPU).
+- With lora= (LoraSettings): the layer of a PaddleNLP LoRAModel on the fast path, the unfused list
+  (LLAMA_DECODER_LAYER_UNFUSED): q/k/v_proj, o_proj, gate/up_proj and down_proj each a LoRA linear
+  over its frozen weight (x @ W^T + scaling * ((x @ A^T) @ B^T), PaddleNLP's LoRALinear), rotary on
+  the separate q and k, the two-input SwiGLU between gate/up and down. With an Fp8Recipe as well,
+  each of those base GEMMs runs fp8_linear (Paddle's Fp8Linear over a LoRALinear) and the adapters
+  stay in bf16.
 - FastLlama: embedding, the decoder layers, the final RMSNorm and the fused linear cross-entropy
   (PaddleNLP's LM head layout [H, V] and its criterion: mean over labelled tokens, labels already
   shifted by the data pipeline; only labelled rows reach the head), what the patched
@@ -27,10 +33,13 @@ Paddle's; everything fastffn fuses is the csrc/kernels CUDA code through ctypes.
 from __future__ import annotations
 
 import importlib.util
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from benchmarks.gpu import harness
 
@@ -47,18 +56,47 @@ def load_composition():
 COMPOSITION = load_composition()
 
 
+@dataclass(frozen=True)
+class LoraSettings:
+    """PaddleNLP's LoRAConfig as the benchmarks set it: rank r, lora_alpha (scaling = alpha / r, no
+    rsLoRA), no dropout, adapters on every projection of the decoder layers (q/k/v/o/gate/up/down)."""
+    rank: int = 8
+    alpha: float = 16.0
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or self.rank <= 0:
+            raise ValueError(f"LoraSettings.rank must be a positive integer, got {self.rank!r}")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+# The unfused layout's projections: (adapter and FP8-state name, weight attribute, HF sub-layer path).
+UNFUSED_PROJECTIONS = (("q", "w_q", "self_attn.q_proj"), ("k", "w_k", "self_attn.k_proj"),
+                       ("v", "w_v", "self_attn.v_proj"), ("o", "w_o", "self_attn.o_proj"),
+                       ("gate", "w_gate", "mlp.gate_proj"), ("up", "w_up", "mlp.up_proj"),
+                       ("down", "w_down", "mlp.down_proj"))
+
+
 class FastDecoderLayer(torch.nn.Module):
     """The decoder layer of the Paddle fast path, executed step by step from the shared
     composition list. Each step reads and writes the layer's running state. Weights are taken
-    from a Hugging Face LlamaDecoderLayer (copied, fused as PaddleNLP fuses them)."""
+    from a Hugging Face LlamaDecoderLayer (copied, fused as PaddleNLP fuses them; kept unfused,
+    frozen, with LoRA adapters under lora=)."""
 
     STEPS = COMPOSITION.LLAMA_DECODER_LAYER
     FP8_STEPS = COMPOSITION.LLAMA_DECODER_LAYER_FP8
+    UNFUSED_STEPS = COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED  # LoRA: bf16 and FP8 alike
 
-    def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True, fp8_recipe=None):
+    def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True, fp8_recipe=None, lora=None):
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
+        self.lora = lora
+        if lora is not None:
+            self._init_lora(hf_layer, lora, fp8_recipe)
+            return
         cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
         self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
@@ -76,16 +114,48 @@ class FastDecoderLayer(torch.nn.Module):
             self.fp8 = {"qkv": Fp8LinearState(fp8_recipe, device), "o": Fp8LinearState(fp8_recipe, device),
                         "ffn": Fp8FFNState(fp8_recipe, device)}
 
+    def _init_lora(self, hf_layer, lora, fp8_recipe):
+        """LoRAModel's layer: every weight frozen (mark_only_lora_as_trainable), the projections
+        unfused, and per projection A [r, in] (Kaiming-uniform, a = sqrt(5)) and B [out, r] (zeros),
+        PaddleNLP's LoRALinear initialisation in torch's [out, in] layout (and PEFT's)."""
+        self.steps, self.fp8 = self.UNFUSED_STEPS, None
+        frozen = lambda w: torch.nn.Parameter(w.detach().clone(), requires_grad=False)  # noqa: E731
+        self.w_in = frozen(hf_layer.input_layernorm.weight)
+        self.w_post = frozen(hf_layer.post_attention_layernorm.weight)
+        self.lora_a, self.lora_b = torch.nn.ParameterDict(), torch.nn.ParameterDict()
+        for name, attribute, path in UNFUSED_PROJECTIONS:
+            weight = hf_layer.get_submodule(path).weight
+            setattr(self, attribute, frozen(weight))
+            a = torch.empty(lora.rank, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+            self.lora_a[name] = torch.nn.Parameter(a)
+            self.lora_b[name] = torch.nn.Parameter(torch.zeros(weight.shape[0], lora.rank, dtype=weight.dtype,
+                                                               device=weight.device))
+        if fp8_recipe is not None:
+            from benchmarks.gpu.fp8_linear import Fp8LinearState
+
+            self.fp8 = {name: Fp8LinearState(fp8_recipe, self.w_in.device) for name, _, _ in UNFUSED_PROJECTIONS}
+
     def invalidate_fp8_weights(self):
-        """After each optimizer step: the FP8 weight copies are re-quantised at the next forward."""
+        """After each optimizer step: the FP8 weight copies are re-quantised at the next forward.
+        Under LoRA the base weights are frozen: their copies stay valid, as Paddle's WeightCache
+        keeps a copy until its weight's version changes."""
+        if self.lora is not None:
+            return
         for state in (self.fp8 or {}).values():
             state.cache.invalidate()
 
     def _linear(self, x, weight, fp8_name):
+        """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
+        there is one: LoRALinear's result + (x @ A @ B) * scaling."""
         if self.fp8 is None:
-            return x @ weight.t()
-        from benchmarks.gpu.fp8_linear import fp8_linear
-        return fp8_linear(x, weight, self.fp8[fp8_name])
+            base = x @ weight.t()
+        else:
+            from benchmarks.gpu.fp8_linear import fp8_linear
+            base = fp8_linear(x, weight, self.fp8[fp8_name])
+        if self.lora is None:
+            return base
+        return base + (x @ self.lora_a[fp8_name].t() @ self.lora_b[fp8_name].t()) * self.lora.scaling
 
     def rms_norm(self, st):
         st["residual"], st["x"] = st["x"], harness.RMSNorm.apply(st["x"], self.w_in, self.eps)
@@ -93,9 +163,27 @@ class FastDecoderLayer(torch.nn.Module):
     def qkv_proj(self, st):
         st["x"] = self._linear(st["x"], self.w_qkv, "qkv")
 
+    def q_proj(self, st):  # the unfused layout: x stays the normed input of k_proj and v_proj
+        st["q"] = self._linear(st["x"], self.w_q, "q")
+
+    def k_proj(self, st):
+        st["k"] = self._linear(st["x"], self.w_k, "k")
+
+    def v_proj(self, st):
+        st["v"] = self._linear(st["x"], self.w_v, "v")
+
     def rotary(self, st):
-        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"],
-                                                            st.get("position_ids"))
+        if self.lora is None:
+            st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"],
+                                                                st["sin"], st.get("position_ids"))
+            return
+        # PaddleNLP's unfused attention: each projection reshaped to [b, s, heads, d] (views), q and k
+        # rotated together by the kernel.
+        b, s, _ = st["q"].shape
+        d = st["q"].shape[-1] // self.heads
+        q, k = st["q"].view(b, s, self.heads, d), st["k"].view(b, s, self.kv_heads, d)
+        st["q"], st["k"] = harness.Rotary.apply(q, k, st["cos"], st["sin"], st.get("position_ids"))
+        st["v"] = st["v"].view(b, s, self.kv_heads, d)
 
     def attention(self, st):
         b, s, _ = st["residual"].shape
@@ -114,6 +202,18 @@ class FastDecoderLayer(torch.nn.Module):
 
     def gate_up_proj(self, st):
         st["x"] = st["x"] @ self.w_gate_up.t()
+
+    def gate_proj(self, st):
+        st["gate"] = self._linear(st["x"], self.w_gate, "gate")
+
+    def up_proj(self, st):
+        st["up"] = self._linear(st["x"], self.w_up, "up")
+
+    def swiglu(self, st):
+        st["x"] = harness.SwiGLUPair.apply(st.pop("gate"), st.pop("up"))
+
+    def down_proj(self, st):
+        st["x"] = self._linear(st["x"], self.w_down, "down")
 
     def swiglu_down_proj(self, st):
         st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
@@ -189,17 +289,26 @@ class FastLlama(torch.nn.Module):
     """LlamaForCausalLM on the fast path, weights copied from a Hugging Face LlamaForCausalLM.
     forward(input_ids [B, S], labels [B, S] shifted, -100 ignored) -> fp32 scalar loss."""
 
-    def __init__(self, hf_model, recompute=True, fp8_recipe=None):
+    def __init__(self, hf_model, recompute=True, fp8_recipe=None, lora=None, layer_recompute=False):
+        """lora: LoraSettings for a LoRAModel (every weight frozen, adapters on each projection:
+        FastDecoderLayer); layer_recompute: full recompute per decoder layer (the layer's forward
+        again in backward, torch.utils.checkpoint; PaddleNLP's recompute_granularity="full"), bf16
+        only (the FP8 scaling states would record the recomputed forward a second time)."""
         super().__init__()
+        if layer_recompute and fp8_recipe is not None:
+            raise ValueError("FastLlama: layer_recompute is not supported with an fp8_recipe (the recomputed forward "
+                             "would update the FP8 scaling states twice)")
         config = hf_model.config
-        self.config, self.eps = config, config.rms_norm_eps
+        self.config, self.eps, self.layer_recompute = config, config.rms_norm_eps, layer_recompute
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.embed = torch.nn.Parameter(hf_model.model.embed_tokens.weight.detach().clone())
+        trainable = lora is None
+        self.embed = torch.nn.Parameter(hf_model.model.embed_tokens.weight.detach().clone(), requires_grad=trainable)
         self.layers = torch.nn.ModuleList(
-            FastDecoderLayer(layer, heads, kv_heads, self.eps, recompute, fp8_recipe) for layer in hf_model.model.layers)
-        self.w_norm = torch.nn.Parameter(hf_model.model.norm.weight.detach().clone())
+            FastDecoderLayer(layer, heads, kv_heads, self.eps, recompute, fp8_recipe, lora)
+            for layer in hf_model.model.layers)
+        self.w_norm = torch.nn.Parameter(hf_model.model.norm.weight.detach().clone(), requires_grad=trainable)
         # PaddleNLP's LlamaLMHead keeps [H, V] (an untied head), the layout the fused loss reads.
-        self.w_lm_head = torch.nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous())
+        self.w_lm_head = torch.nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous(), requires_grad=trainable)
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _tables(self, seq, device):
@@ -224,7 +333,10 @@ class FastLlama(torch.nn.Module):
         block_mask = None if cu_seqlens is None else document_block_mask(cu_seqlens, *input_ids.shape)
         x = F.embedding(input_ids, self.embed)
         for layer in self.layers:
-            x = layer(x, cos, sin, position_ids, block_mask)
+            if self.layer_recompute and x.requires_grad:
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, position_ids, block_mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, position_ids, block_mask)
         x = harness.RMSNorm.apply(x, self.w_norm, self.eps)
         return harness.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
 

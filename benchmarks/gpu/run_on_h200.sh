@@ -17,6 +17,13 @@
 #                -> packed_sft.json/.log. Needs the length profiles in the tree (the device has no
 #                /work/shared): before the call, `mkdir -p .sft_lengths && cp /work/shared/data/sft_lengths_*.json
 #                .sft_lengths/` and carry [".whl", ".sft_lengths"] (FASTFFN_SFT_LENGTHS_DIR overrides).
+#   full_depth   LLaMA-2-7B at full depth (32 layers, 4096-token rows) on one GPU, LoRA and full fine-tune
+#                (bench_full_depth, issue 23 item 4) -> full_depth.json/.log. FASTFFN_FULL_DEPTH_WORKLOADS=lora
+#                or =full runs one workload (default lora,full; ~150 s each); FASTFFN_FULL_DEPTH_ARGS adds
+#                arguments. The HF LoRA peer needs peft and what it imports that the machine lacks: their wheels
+#                in .whl/full_depth/ (peft==0.21.2, accelerate==1.15.0, psutil==7.2.2, downloaded as shared/gpu.md
+#                says), installed for this section only; bench_full_depth names what is missing and stops
+#                (FASTFFN_ALLOW_MISSING_PEERS=1: runs without it, its rows saying so).
 #   remeasure    = tests,step,optimizer,decoder,kernels,fp8: every table round-robin with median and spread
 #                (issue 20 item 6), the report's run-15 files.
 # Every table is timed round-robin (benchmarks/gpu/bench_gpu.py: round_robin, round_robin_rebuilt).
@@ -33,8 +40,14 @@ OUT=${OUT:-$PWD/gpu_out}
 RUN=${FASTFFN_RUN:-remeasure}
 RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
+FULL_DEPTH_WORKLOADS=${FASTFFN_FULL_DEPTH_WORKLOADS:-lora,full}
+IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
+# full_depth: per workload 3 contenders x 3 rounds of (7B init ~3 s, 2 + 5 + 1 steps of ~0.25-0.45 s, free),
+# plus Liger's Triton compilation in the first round and room for one OOM-and-recompute rebuild: ~150 s (not
+# yet measured: first run).
 declare -A SECONDS_ESTIMATE=([tests]=70 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
-                            [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360)
+                            [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
+                            [full_depth]=$(( 150 * ${#full_depth_workloads[@]} )))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # Outside the working tree, so that a warm machine keeps the build across calls.
@@ -82,6 +95,17 @@ run_section() {
     packed_sft) FASTFFN_SFT_LENGTHS_DIR=${FASTFFN_SFT_LENGTHS_DIR:-$PWD/.sft_lengths} \
                   python3 -m benchmarks.gpu.bench_packed_sft --out "$OUT/packed_sft.json" ${FASTFFN_PACKED_SFT_ARGS:-} 2>&1 \
                   | tee "$OUT/packed_sft.log" | tail -40 ;;
+    full_depth)
+      full_depth_path=$PYTHONPATH
+      if ls .whl/full_depth/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_full_depth \
+          .whl/full_depth/*.whl && full_depth_path=/tmp/site_full_depth:$PYTHONPATH
+      fi
+      allow=(); [[ ${FASTFFN_ALLOW_MISSING_PEERS:-0} == 1 ]] && allow=(--allow-missing-peers)
+      PYTHONPATH=$full_depth_path PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+        python3 -m benchmarks.gpu.bench_full_depth --out "$OUT/full_depth.json" --workloads "$FULL_DEPTH_WORKLOADS" \
+          --stop-after-s $(( DEADLINE - ($(date +%s) - start) - 20 )) ${allow[@]+"${allow[@]}"} ${FASTFFN_FULL_DEPTH_ARGS:-} 2>&1 \
+        | tee "$OUT/full_depth.log" | tail -40 ;;
     convergence) python3 -m benchmarks.gpu.convergence --out "$OUT/convergence.json" ${FASTFFN_CONVERGENCE_ARGS:-} 2>&1 \
                    | tee "$OUT/convergence.log" | tail -30 ;;
     *) echo "unknown section $1" ;;

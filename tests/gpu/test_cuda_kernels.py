@@ -212,13 +212,11 @@ def test_swiglu_down_proj_matches_eager_in_fp32(recompute):
     close(grads[1], ref_grads[1], torch.float32, "d_w_down", reduced_rows=34)
 
 
-def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
-    """The decoder layer the benchmark times (the shared composition, step by step) computes what
-    Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
+def fp32_hf_decoder_layer():
+    """A Hugging Face LlamaDecoderLayer in fp32 (GQA 4/2 heads, hidden 256, intermediate 688) with
+    random weights and norms, TF32 off."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
-
-    from benchmarks.gpu.llama_model import FastDecoderLayer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -229,14 +227,31 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5)
-    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    return config, hf
+
+
+def hf_and_fast_outputs(config, hf, fast):
+    """(x, Hugging Face's output, ours) on the same random input [2, 33, 256] with rope tables from
+    Hugging Face's rotary embedding."""
+    from transformers.models.llama import modeling_llama
+
     rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
     x = rand((2, 33, 256), torch.float32).requires_grad_()
     position_ids = torch.arange(33, device="cuda").expand(2, 33)
     cos, sin = rope(x, position_ids)
     out = hf(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos, sin))
     ref = out[0] if isinstance(out, tuple) else out
-    got = fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+    return x, ref, fast(x, cos[0].float().contiguous(), sin[0].float().contiguous())
+
+
+def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
+    """The decoder layer the benchmark times (the shared composition, step by step) computes what
+    Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
+    from benchmarks.gpu.llama_model import FastDecoderLayer
+
+    config, hf = fp32_hf_decoder_layer()
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    x, ref, got = hf_and_fast_outputs(config, hf, fast)
     d_y = rand(ref.shape, torch.float32)
     ref_grads = torch.autograd.grad(ref, [x, hf.self_attn.q_proj.weight, hf.mlp.down_proj.weight], d_y)
     grads = torch.autograd.grad(got, [x, fast.w_qkv, fast.w_down], d_y)
@@ -246,6 +261,41 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     for got_t, want, name in ((got, ref, "out"), (grads[0], ref_grads[0], "d_x"),
                               (grads[1][:256], ref_grads[1], "d_w_q"), (grads[2], ref_grads[2], "d_w_down")):
         close(got_t, want, torch.float32, f"decoder layer {name}", reduced_rows=688)
+
+
+def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
+    """The LoRA layer the full-depth benchmark times (LLAMA_DECODER_LAYER_UNFUSED: unfused
+    projections, each W x + scaling * B A x over a frozen W, two-input SwiGLU) computes Hugging
+    Face's LlamaDecoderLayer with the adapters merged into its weights (W + scaling * B A), an
+    independent reference: the output and d_x equal, and each adapter's gradients are the merged
+    weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
+    import copy
+
+    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+
+    config, hf = fp32_hf_decoder_layer()
+    lora = LoraSettings(rank=4, alpha=8)
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
+    assert fast.steps == FastDecoderLayer.UNFUSED_STEPS
+    assert not any(p.requires_grad for n, p in fast.named_parameters() if not n.startswith("lora_"))
+    merged = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, _, path in UNFUSED_PROJECTIONS:
+            fast.lora_b[name].normal_(0, 0.05)  # B starts at zero: give the adapters something to add
+            merged.get_submodule(path).weight += lora.scaling * fast.lora_b[name] @ fast.lora_a[name]
+    x, ref, got = hf_and_fast_outputs(config, merged, fast)
+    d_y = rand(ref.shape, torch.float32)
+    merged_weights = [merged.get_submodule(path).weight for _, _, path in UNFUSED_PROJECTIONS]
+    ref_grads = torch.autograd.grad(ref, [x] + merged_weights, d_y)
+    adapters = [t for name, _, _ in UNFUSED_PROJECTIONS for t in (fast.lora_a[name], fast.lora_b[name])]
+    grads = torch.autograd.grad(got, [x] + adapters, d_y)
+    close(got, ref, torch.float32, "lora decoder layer out", reduced_rows=688)
+    close(grads[0], ref_grads[0], torch.float32, "lora decoder layer d_x", reduced_rows=688)
+    for i, (name, _, _) in enumerate(UNFUSED_PROJECTIONS):
+        d_w = ref_grads[1 + i]
+        a, b = fast.lora_a[name].detach(), fast.lora_b[name].detach()
+        close(grads[1 + 2 * i], lora.scaling * b.t() @ d_w, torch.float32, f"d_lora_A {name}", reduced_rows=688)
+        close(grads[2 + 2 * i], lora.scaling * d_w @ a.t(), torch.float32, f"d_lora_B {name}", reduced_rows=688)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

@@ -118,20 +118,25 @@ def _tiny_config(**overrides):
 DECODER_FP8_BUDGET = rss(FP8_BUDGET["y"], FP8_BUDGET["y"])
 
 
-@pytest.mark.parametrize("kind", ["current", "delayed"])
-def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind):
+def _bf16_hf_decoder_layer(config):
+    """A Hugging Face LlamaDecoderLayer in bf16 with weights of unit-scale outputs."""
     from transformers.models.llama import modeling_llama
 
-    from benchmarks.gpu.llama_model import FastDecoderLayer, rope_tables
-
-    config = _tiny_config()
     hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", torch.bfloat16)
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 1 / math.sqrt(p.shape[-1])) if p.dim() == 2 else p.uniform_(0.5, 1.5)
+    return hf
+
+
+def _assert_fp8_layer_within_budget(config, bf16, ours, gradients, steps, label):
+    """ours (FP8) against bf16 (the same layer in bf16) on one random input [2, 64, 256]: the
+    output's update (output - residual), d_x and gradients(layer) -> {name: tensor}, after `steps`
+    forward+backward passes of ours (delayed scaling: the calibration steps first), each followed
+    by invalidate_fp8_weights as after an optimizer step."""
+    from benchmarks.gpu.llama_model import rope_tables
+
     cos, sin = rope_tables(config, 64)
-    bf16 = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
-    ours = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, fp8_recipe=Fp8Recipe(kind, amax_history_len=4)).to("cuda")
     x = torch.randn(2, 64, 256, device="cuda").to(torch.bfloat16)
     dy = torch.randn(2, 64, 256, device="cuda").to(torch.bfloat16)
 
@@ -139,20 +144,58 @@ def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind
         xi = x.clone().requires_grad_()
         out = layer(xi, cos, sin)
         out.backward(dy)
-        return out.detach() - x, xi.grad, layer.w_qkv.grad, layer.w_down.grad
+        return {"layer output - residual": out.detach() - x, "d_x": xi.grad, **gradients(layer)}
 
     ref = run(bf16)
-    for step in range(3 if kind == "delayed" else 1):  # delayed: two calibration steps first
+    for _ in range(steps):
         for p in ours.parameters():
             p.grad = None
         got = run(ours)
         ours.invalidate_fp8_weights()
-    for g, r, name in zip(got, ref, ("layer output - residual", "d_x", "d_w_qkv", "d_w_down")):
+    for name, g in got.items():
         assert torch.isfinite(g).all(), name
-        err = rel_err(g, r)
-        print(f"{kind} {name}: fp8 vs bf16 {err:.4f} (budget {DECODER_FP8_BUDGET:.3f})")
-        assert err <= DECODER_FP8_BUDGET, f"{kind} {name}: {err}"
+        err = rel_err(g, ref[name])
+        print(f"{label} {name}: fp8 vs bf16 {err:.4f} (budget {DECODER_FP8_BUDGET:.3f})")
+        assert err <= DECODER_FP8_BUDGET, f"{label} {name}: {err}"
+
+
+@pytest.mark.parametrize("kind", ["current", "delayed"])
+def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind):
+    from benchmarks.gpu.llama_model import FastDecoderLayer
+
+    config = _tiny_config()
+    hf = _bf16_hf_decoder_layer(config)
+    bf16 = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
+    ours = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, fp8_recipe=Fp8Recipe(kind, amax_history_len=4)).to("cuda")
+    weight_grads = lambda layer: {"d_w_qkv": layer.w_qkv.grad, "d_w_down": layer.w_down.grad}  # noqa: E731
+    _assert_fp8_layer_within_budget(config, bf16, ours, weight_grads, 3 if kind == "delayed" else 1, kind)
     assert ours.fp8["qkv"].cache.quantizations >= 1 and ours.fp8["ffn"].cache.quantizations >= 2
+
+
+def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_bf16():
+    """The full-depth benchmark's FP8 LoRA layer (each projection's frozen base GEMM through
+    fp8_linear, delayed scaling, adapters in bf16) against the same LoRA layer in bf16: seven FP8
+    linears, two chains of them per half (q/k/v -> o, gate/up -> down), the decoder budget. The
+    frozen weights are quantised once (no re-quantisation after an optimizer step: Paddle's
+    WeightCache keeps a copy until its weight changes)."""
+    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+
+    config = _tiny_config()
+    hf = _bf16_hf_decoder_layer(config)
+    lora = LoraSettings(rank=8, alpha=16)
+    torch.manual_seed(3)
+    bf16 = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
+    ours = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, fp8_recipe=Fp8Recipe("delayed", amax_history_len=4),
+                            lora=lora).to("cuda")
+    with torch.no_grad():
+        for name, _, _ in UNFUSED_PROJECTIONS:
+            bf16.lora_b[name].normal_(0, 0.05)  # B starts at zero: give the adapters something to add
+            ours.lora_a[name].copy_(bf16.lora_a[name])
+            ours.lora_b[name].copy_(bf16.lora_b[name])
+    adapter_grads = lambda layer: {"d_lora_A q": layer.lora_a["q"].grad,  # noqa: E731
+                                   "d_lora_B down": layer.lora_b["down"].grad}
+    _assert_fp8_layer_within_budget(config, bf16, ours, adapter_grads, 3, "fp8 lora")
+    assert all(ours.fp8[name].cache.quantizations == 1 for name, _, _ in UNFUSED_PROJECTIONS)
 
 
 def _scaling_states(layer):

@@ -14,9 +14,12 @@ from paddle_fastffn.fp8 import FP8_DTYPES, Fp8FFN, Fp8Recipe, WeightCache, fp8_f
 from paddle_fastffn.fp8 import cuda as fp8_cuda
 from paddle_fastffn.core import decoder
 from paddle_fastffn.integration.composition import (ATTENTION_VARIANTS, IN_OUT, LLAMA_DECODER_LAYER,
-                                                    LLAMA_DECODER_LAYER_FP8, MLP_VARIANTS, OUT_IN, ROWWISE, TRANSPOSED,
-                                                    comparable, decoder_layer_steps, fp8_ffn_calls)
+                                                    LLAMA_DECODER_LAYER_FP8, LLAMA_DECODER_LAYER_UNFUSED,
+                                                    MLP_VARIANTS, OUT_IN, ROWWISE, TRANSPOSED, comparable,
+                                                    decoder_layer_steps, fp8_ffn_calls)
+from paddle_fastffn.integration.llama import fp8_layers
 from paddle_fastffn.ops import _loader
+
 
 class RecordingParts:
     """Layer, attention and MLP parts at once that record the step of each part core.decoder calls
@@ -101,22 +104,41 @@ def test_core_decoder_names_unknown_variants():
         decoder.attention(NumpyViews(), RecordingParts("grouped", "fused"), np.zeros((1, 1, 12)))
 
 
-KERNEL_STEPS = {"fastffn_rms_norm_fwd": "rms_norm", "fastffn_rotary": "rotary"}
+KERNEL_STEPS = {"fastffn_rms_norm_fwd": "rms_norm", "fastffn_rotary": "rotary", "fastffn_swiglu_fwd": "swiglu"}
+# (step, sub-layer path in a decoder layer) of the projections a forward hook records
+FUSED_PROJECTIONS = (("qkv_proj", "self_attn.qkv_proj"), ("o_proj", "self_attn.o_proj"),
+                     ("gate_up_proj", "mlp.gate_up_fused_proj"))
+UNFUSED_PROJECTIONS = tuple((step, f"{owner}.{step}") for owner, names in (
+    ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
+    for step in names)
+LORA_RANK, LORA_ALPHA = 8, 16  # the full-depth benchmark's adapters (benchmarks/gpu/bench_full_depth.py)
 
 
-def traced_forward(model, ids, monkeypatch, wrapped=()):
+def sublayer(layer, path):
+    for name in path.split("."):
+        layer = getattr(layer, name)
+    return layer
+
+
+def decoder_layers(model):
+    return getattr(model, "model", model).llama.layers  # a LoRAModel wraps the LlamaForCausalLM
+
+
+def traced_forward(model, ids, monkeypatch, wrapped=(), projections=FUSED_PROJECTIONS):
     """The composition steps a forward runs, in order. wrapped: (step, owner, attribute) of further
-    callables that record their step."""
+    callables that record their step; projections: the sub-layers whose forward records its step."""
     from paddlenlp.transformers.llama import modeling
 
     steps = []
 
     def on_kernel(name, args):
+        if steps and steps[-1] == "swiglu_down_proj" and name == "fastffn_swiglu_fwd":
+            return  # swiglu_down_proj's own SwiGLU kernel
         if name == "fastffn_rms_norm_fwd":
             steps.append("add_rms_norm" if args[1] is not None else "rms_norm")
         elif name in KERNEL_STEPS:
             steps.append(KERNEL_STEPS[name])
-        elif not (steps and steps[-1] == "swiglu_down_proj" and name == "fastffn_swiglu_fwd"):
+        else:
             steps.append(name)  # a kernel the composition does not name: the comparison fails
 
     class Recorder:  # stands in for _loader.CALL_LOG's list
@@ -135,10 +157,10 @@ def traced_forward(model, ids, monkeypatch, wrapped=()):
     monkeypatch.setattr(modeling, "scaled_dot_product_attention",
                         record("attention", modeling.scaled_dot_product_attention))
     monkeypatch.setattr(ops, "swiglu_down_proj", record("swiglu_down_proj", ops.swiglu_down_proj))
-    for layer in model.llama.layers:
-        for step, sublayer in (("qkv_proj", layer.self_attn.qkv_proj), ("o_proj", layer.self_attn.o_proj),
-                               ("gate_up_proj", layer.mlp.gate_up_fused_proj)):
-            sublayer.register_forward_post_hook(lambda _layer, _inputs, _out, step=step: steps.append(step))
+    for layer in decoder_layers(model):
+        for step, path in projections:
+            sublayer(layer, path).register_forward_post_hook(
+                lambda _layer, _inputs, _out, step=step: steps.append(step))
     with paddle.no_grad():
         model(ids)
     return steps
@@ -165,6 +187,70 @@ def test_patched_fp8_layers_follow_the_fp8_composition_the_benchmark_runs(monkey
     steps = traced_forward(model, ids, monkeypatch, wrapped=[("fp8_ffn", Fp8FFN, "__call__")])
     per_layer = [step for step in LLAMA_DECODER_LAYER_FP8 if step != "residual_add"]
     assert steps == per_layer * len(model.llama.layers) + ["rms_norm"], steps
+
+
+def lora_model(model):
+    """LoRAModel as PaddleNLP's llm script builds it on a fast-path model (fused target names, which
+    unfuse_for_lora aims at the stock sub-layers), with the full-depth benchmark's rank and alpha."""
+    from paddlenlp.peft import LoRAConfig, LoRAModel
+
+    targets = [".*qkv_proj.*", ".*o_proj.*", ".*gate_up_fused_proj.*", ".*down_proj.*"]
+    config = LoRAConfig(target_modules=targets, r=LORA_RANK, lora_alpha=LORA_ALPHA, merge_weights=False)
+    model = LoRAModel(model, config)
+    model.mark_only_lora_as_trainable()
+    return model
+
+
+def assert_lora_projections(model):
+    """Every projection the unfused list names is a LoRALinear computing base + (x @ A @ B) * alpha / r
+    over a frozen weight, with no dropout: the linear FastDecoderLayer(lora=) runs."""
+    from paddlenlp.peft.lora.lora_layers import LoRALinear
+
+    for layer in decoder_layers(model):
+        for step, path in UNFUSED_PROJECTIONS:
+            linear = sublayer(layer, path)
+            assert type(linear) is LoRALinear, (path, type(linear))
+            assert linear.weight.stop_gradient and not linear.lora_A.stop_gradient and not linear.merged
+            assert linear.scaling == LORA_ALPHA / LORA_RANK and not isinstance(linear.lora_dropout, paddle.nn.Dropout)
+            assert not linear.use_quick_lora
+
+
+def test_lora_layers_follow_the_unfused_composition_the_benchmark_runs(monkeypatch):
+    """LoRA on the fast path: the fused projections are split back (unfuse_for_lora), so the layer is
+    LLAMA_DECODER_LAYER_UNFUSED: q/k/v_proj, rotary, attention, o_proj, the fused add + norm,
+    gate_proj/up_proj, the two-input SwiGLU kernel and down_proj (no swiglu_down_proj: down_proj is
+    a LoRALinear)."""
+    paddle_fastffn.apply_fast_ffn_to_llama()
+    model = lora_model(tiny_model())
+    assert_lora_projections(model)
+    ids, _, _ = batch()
+    steps = traced_forward(model, ids, monkeypatch, projections=UNFUSED_PROJECTIONS)
+    per_layer = [step for step in LLAMA_DECODER_LAYER_UNFUSED if step != "residual_add"]
+    assert LLAMA_DECODER_LAYER_UNFUSED[-1] == "residual_add"
+    assert steps == per_layer * len(decoder_layers(model)) + ["rms_norm"], steps
+
+
+def test_fp8_lora_layers_follow_the_unfused_composition_with_fp8_base_gemms(monkeypatch):
+    """fast_ffn_precision=fp8 with LoRA (emulated here): the same unfused steps, every projection a
+    LoRALinear with an Fp8Linear attached (its frozen base GEMM in FP8, the adapters in the
+    activation dtype); no MLP runs the FP8 FFN. What FastDecoderLayer(lora=, fp8_recipe=) runs."""
+    from paddle_fastffn.fp8 import Fp8Linear
+
+    paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True)
+    model = lora_model(tiny_model(intermediate_size=176))
+    assert_lora_projections(model)
+    ids, _, _ = batch()
+    steps = traced_forward(model, ids, monkeypatch, wrapped=[("fp8_ffn", Fp8FFN, "__call__")],
+                           projections=UNFUSED_PROJECTIONS)
+    per_layer = [step for step in LLAMA_DECODER_LAYER_UNFUSED if step != "residual_add"]
+    assert steps == per_layer * len(decoder_layers(model)) + ["rms_norm"], steps
+    attached = fp8_layers(model)
+    expected = {f"{prefix}.{path}" for prefix in (name for name, layer in model.named_sublayers()
+                                                  if layer in list(decoder_layers(model)))
+                for _, path in UNFUSED_PROJECTIONS}
+    assert len(expected) == len(UNFUSED_PROJECTIONS) * len(decoder_layers(model))
+    assert set(attached) == expected, sorted(set(attached) ^ expected)
+    assert all(type(fp8) is Fp8Linear for fp8 in attached.values())
 
 
 # --- the FP8 FFN's C entry-point calls ------------------------------------------------------------

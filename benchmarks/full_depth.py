@@ -1,0 +1,158 @@
+"""The full-depth benchmark's plan, without torch (benchmarks/gpu/bench_full_depth.py runs it on the
+H200; tests/benchmarks_logic/test_full_depth.py checks it on CPU): the model, the two workloads and
+their contenders, the FLOP counts, the memory the persistent state needs, and how an out-of-memory
+configuration is reported.
+
+LLaMA-2-7B at full depth (32 layers), one row of 4096 tokens per step:
+  lora  LoRA rank 8, alpha 16, on q/k/v/o/gate/up/down; every base weight frozen in bf16.
+  full  full fine-tune: bf16 weights and gradients, fp32 master weights and moments.
+Every contender steps the same one-pass master-weight AdamW (llama_model.FusedMasterAdamW) over its
+trainable parameters.
+"""
+
+from __future__ import annotations
+
+import re
+
+LLAMA2_7B = dict(batch=1, seq=4096, hidden=4096, inter=11008, heads=32, kv_heads=32, layers=32, vocab=32000)
+LORA_RANK, LORA_ALPHA = 8, 16.0
+# PEFT's names of the adapted projections (PaddleNLP's, after unfuse_for_lora, are the same)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# Contenders per workload. ours*: FastLlama (the Paddle fast path's composition; under LoRA the
+# unfused list, LLAMA_DECODER_LAYER_UNFUSED); FP8: the delayed recipe, FP8 on the base GEMMs of every
+# projection under LoRA (Paddle's attach_fp8 gives each LoRALinear an Fp8Linear), the FP8 linears
+# and FP8 FFN in the full fine-tune. hf_liger*: Hugging Face's LlamaForCausalLM (sdpa) patched by
+# Liger (rope, RMSNorm, SwiGLU, fused linear cross-entropy); under LoRA wrapped by PEFT's
+# get_peft_model (the real package: no stand-in when it cannot be imported).
+WORKLOADS = {
+    "lora": ("ours", "ours_fp8_delayed", "hf_liger_peft"),
+    "full": ("ours", "ours_fp8_delayed", "hf_liger"),
+}
+# Imported at startup: a missing one is named, and the run stops unless told to go on without it.
+PEER_PACKAGES = {"hf_liger": ("transformers", "liger_kernel"),
+                 # peft 0.21's requirements beyond torch (Requires-Dist of its wheel), accelerate's too
+                 "hf_liger_peft": ("transformers", "liger_kernel", "peft", "accelerate", "psutil", "yaml", "tqdm",
+                                   "safetensors", "huggingface_hub", "packaging", "numpy")}
+
+
+def workloads_from(text: str) -> list[str]:
+    """'lora,full' -> ['lora', 'full'] (the order given), each a key of WORKLOADS."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if not names or unknown:
+        raise ValueError(f"workloads must be a comma-separated subset of {sorted(WORKLOADS)}, got {text!r}")
+    return names
+
+
+def missing_packages(workloads, importable) -> dict[str, list[str]]:
+    """{contender: [modules it needs that importable(name) says cannot be imported]} for the peers of
+    `workloads` (only contenders that miss something)."""
+    missing = {}
+    for workload in workloads:
+        for contender in WORKLOADS[workload]:
+            absent = [name for name in PEER_PACKAGES.get(contender, ()) if not importable(name)]
+            if absent:
+                missing[contender] = absent
+    return missing
+
+
+# --- parameters and FLOPs -------------------------------------------------------------------------
+
+def projection_shapes(hidden, inter, heads, kv_heads, **_) -> dict[str, tuple[int, int]]:
+    """(out, in) of each projection of a decoder layer, by PEFT's name."""
+    kv = kv_heads * hidden // heads
+    return {"q_proj": (hidden, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, hidden),
+            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+
+
+def parameter_count(hidden, vocab, layers, **shape) -> int:
+    """Every parameter of LlamaForCausalLM with an untied head: embedding, per layer the projections
+    and two norms, the final norm, the LM head."""
+    per_layer = sum(o * i for o, i in projection_shapes(hidden=hidden, **shape).values()) + 2 * hidden
+    return 2 * vocab * hidden + layers * per_layer + hidden
+
+
+def lora_parameter_count(hidden, layers, rank=LORA_RANK, targets=LORA_TARGETS, **shape) -> int:
+    """A [r, in] and B [out, r] per adapted projection and layer."""
+    shapes = projection_shapes(hidden=hidden, **shape)
+    return layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+def model_flops(batch, seq, hidden, vocab, layers, **shape) -> float:
+    """Model FLOPs of one training step, bench_step.step_flops's convention (MFU's): 3x the forward,
+    i.e. 6 x (every GEMM weight, the LM head's included) x tokens, plus causal attention at half,
+    6 x layers x batch x seq^2 x hidden (QK^T and PV, 2 x 2 x b s^2 h forward, halved, times 3); the
+    embedding lookup, norms, elementwise work, the loss's softmax and the optimizer not counted. The
+    LoRA workload is quoted in the same model FLOPs (the model's, not the work a LoRA step does;
+    lora_executed_flops is that)."""
+    tokens = batch * seq
+    gemm_weights = layers * sum(o * i for o, i in projection_shapes(hidden=hidden, **shape).values()) + hidden * vocab
+    return 6 * gemm_weights * tokens + 6 * layers * batch * seq * seq * hidden
+
+
+def lora_executed_flops(batch, seq, hidden, vocab, layers, rank=LORA_RANK, targets=LORA_TARGETS, **shape) -> float:
+    """The GEMM work a LoRA step does: each frozen projection and the LM head forward and input
+    gradient (4 x weights x tokens, no weight gradient), attention as model_flops counts it, and
+    the adapters' forward, input and weight gradients (6 x adapter weights x tokens). Layer 0's
+    frozen q/k/v/gate/up input gradients are counted although autograd skips them (its input, the
+    frozen embedding's output, needs none): 5 of 224 projection GEMMs' dgrad, under 2%."""
+    tokens = batch * seq
+    frozen = layers * sum(o * i for o, i in projection_shapes(hidden=hidden, **shape).values()) + hidden * vocab
+    adapters = lora_parameter_count(hidden=hidden, layers=layers, rank=rank, targets=targets, **shape)
+    return 4 * frozen * tokens + 6 * layers * batch * seq * seq * hidden + 6 * adapters * tokens
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def persistent_state_bytes(workload: str, **shape) -> dict[str, int]:
+    """What a contender holds across steps, before activations: bf16 weights; the trainable
+    parameters' bf16 gradients, fp32 masters and two fp32 moments (FusedMasterAdamW: 14 bytes per
+    trainable parameter on top of its bf16 copy)."""
+    weights = parameter_count(**shape)
+    trainable = weights if workload == "full" else lora_parameter_count(**shape)
+    parts = {"weights_bf16": 2 * (weights + (trainable if workload == "lora" else 0)),
+             "gradients_bf16": 2 * trainable, "master_fp32": 4 * trainable, "moments_fp32": 8 * trainable}
+    return {**parts, "total": sum(parts.values())}
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE = r"([0-9.]+) (B|KiB|MiB|GiB|TiB)"
+
+
+def parse_oom(message: str) -> dict:
+    """torch's CUDA out-of-memory message -> {requested_bytes, free_bytes, capacity_bytes} (None
+    where the message lacks it): "Tried to allocate 1.95 GiB. GPU 0 has a total capacity of
+    139.81 GiB of which 1.02 GiB is free. ..."."""
+    def size(pattern):
+        match = re.search(pattern, message)
+        return None if match is None else round(float(match.group(1)) * _UNITS[match.group(2)])
+    return {"requested_bytes": size(r"Tried to allocate " + _SIZE),
+            "free_bytes": size(r"of which " + _SIZE + r" is free"),
+            "capacity_bytes": size(r"total capacity of " + _SIZE)}
+
+
+def oom_report(message: str, phase: str, allocated_bytes: int | None = None, peak_bytes: int | None = None) -> dict:
+    """The row of a configuration that does not fit: what it asked for against what was free when it
+    failed (short_by_bytes: a lower bound of the shortfall, later allocations would have needed more),
+    in which phase (build, step), and the allocator's figures at that moment."""
+    parsed = parse_oom(message)
+    requested, free = parsed["requested_bytes"], parsed["free_bytes"]
+    short = requested - free if requested is not None and free is not None else None
+    return {"oom": True, "phase": phase, **parsed, "short_by_bytes": short, "allocated_bytes": allocated_bytes,
+            "peak_bytes_at_oom": peak_bytes, "message": message.split("\n")[0][:400]}
+
+
+def gib(n) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def describe_oom(row: dict) -> str:
+    """One line for logs and the report: 'OOM in step: asked 1.95 GiB, 1.02 GiB free (short by at
+    least 0.93 GiB) of 139.81 GiB'."""
+    line = f"OOM in {row['phase']}: asked {gib(row['requested_bytes'])}, {gib(row['free_bytes'])} free"
+    if row.get("short_by_bytes") is not None:
+        line += f" (short by at least {gib(row['short_by_bytes'])})"
+    if row.get("capacity_bytes") is not None:
+        line += f" of {gib(row['capacity_bytes'])}"
+    return line
