@@ -6,7 +6,6 @@ from .linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_ref
 from .varlen_attention import PackedSegments, packed_attention, packed_attention_ref
 from .rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 from .rotary import rotary_embedding, rotary_embedding_ref
-from .qkv_rotary import qkv_rotary
 from .swiglu import swiglu, swiglu_down_proj, swiglu_ref
 
 __all__ = [
