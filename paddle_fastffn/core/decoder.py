@@ -19,9 +19,9 @@ Attention sub-layer (attention); attributes num_heads, num_kv_heads, head_dim, v
 "unfused", decoder_steps.ATTENTION_VARIANTS):
     qkv(x) -> [b, s, (h + 2 hk) d]           qkv_proj: the fused projection through the layer's own
                                              Linear (its LoRA / FP8 / tensor-parallel forward stays its)
-    qkv_rotary(qkv4) -> (q, k, v)            rotary: qkv4 is the projection viewed as PaddleNLP's
-                                             interleaved [b, s, hk, (h/hk + 2) d] (per KV group its query
-                                             heads, then k, then v); q [b, s, h, d] and k [b, s, hk, d]
+    qkv_rotary(qkv) -> (q, k, v)             rotary: qkv in PaddleNLP's interleaved fused layout (per
+                                             KV group its h/hk query heads, then k, then v) read through
+                                             the kernel's strides; q [b, s, h, d] and k [b, s, hk, d]
                                              rotated, v [b, s, hk, d] a dense copy; the backward writes
                                              one d_qkv (no split copies, no concat)
     q(x), k(x), v(x) -> [b, s, heads * d]    q_proj / k_proj / v_proj (the unfused variant)
@@ -69,12 +69,10 @@ def attention(be, parts, x):
     b, s = be.shape(x)[:2]
     h, hk, d = parts.num_heads, parts.num_kv_heads, parts.head_dim
     if parts.variant == "fused":
-        # PaddleNLP's fused layout read in place: one [b, s, hk, (h/hk + 2) d] view, the rotary op
-        # reads q and k through its strides and copies v; the projection output is not kept (v is a
-        # copy, and the backward writes d_qkv from d_q, d_k, d_v alone).
-        qkv = be.reshape(parts.qkv(x), [b, s, hk, (h // hk + 2) * d])
-        q, k, v = parts.qkv_rotary(qkv)
-        del qkv
+        # PaddleNLP's fused layout read in place: the rotary op reads q and k through its strides
+        # and copies v, so the projection output is not kept (the backward writes d_qkv from d_q,
+        # d_k and d_v alone).
+        q, k, v = parts.qkv_rotary(parts.qkv(x))
     elif parts.variant == "unfused":
         q = be.reshape(parts.q(x), [b, s, h, d])
         k = be.reshape(parts.k(x), [b, s, hk, d])

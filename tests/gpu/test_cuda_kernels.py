@@ -271,12 +271,12 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
     weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
     import copy
 
-    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+    from benchmarks.gpu.llama_model import COMPOSITION, UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
     config, hf = fp32_hf_decoder_layer()
     lora = LoraSettings(rank=4, alpha=8)
     fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
-    assert fast.steps == FastDecoderLayer.UNFUSED_STEPS
+    assert fast.steps == COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED
     assert not any(p.requires_grad for n, p in fast.named_parameters() if not n.startswith("lora_"))
     merged = copy.deepcopy(hf)
     with torch.no_grad():
@@ -321,3 +321,35 @@ def test_qkv_rotary_gradient_lands_in_one_buffer(dtype, heads):
         close(got, want, dtype, f"qkv-rotary {name}")
     (ref_grad,) = torch.autograd.grad(outs, [ref_in], [t.double() for t in u])
     close(d_qkv, ref_grad, dtype, "d_qkv")
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "lora"])
+def test_benchmarked_decoder_layer_executes_the_core_steps(kind, monkeypatch):
+    """FastDecoderLayer runs core.decoder over its parts: recording each part it calls (by the step
+    core/decoder.py names it) gives the list the Paddle patch is traced against on CPU
+    (tests/integration/test_composition.py): the fast path's default, FP8 and LoRA layers."""
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from benchmarks.gpu.llama_model import COMPOSITION, FastDecoderLayer, LoraSettings, rope_tables
+    from paddle_fastffn.core.decoder import STEP_OF_PART
+
+    config, hf = fp32_hf_decoder_layer()
+    hf = hf.to(torch.bfloat16)
+    options = {"bf16": {}, "fp8": {"fp8_recipe": Fp8Recipe("current")}, "lora": {"lora": LoraSettings(rank=4)}}
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, **options[kind]).to("cuda")
+    expected = {"bf16": COMPOSITION.LLAMA_DECODER_LAYER, "fp8": COMPOSITION.LLAMA_DECODER_LAYER_FP8,
+                "lora": COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED}[kind]
+    steps = []
+
+    def recording(step, part):
+        def call(*args):
+            steps.append(step)
+            return part(*args)
+        return call
+    for part, step in STEP_OF_PART.items():
+        monkeypatch.setattr(fast, part, recording(step, getattr(fast, part)))
+    x = rand((2, 32, 256), torch.bfloat16).requires_grad_()
+    cos, sin = rope_tables(config, 32)
+    out = fast(x, cos, sin)
+    out.backward(torch.ones_like(out))
+    assert tuple(steps) == expected == fast.steps, steps
+    assert torch.isfinite(x.grad).all()

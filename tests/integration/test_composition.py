@@ -49,8 +49,9 @@ class RecordingParts:
 
     def qkv_rotary(self, qkv):
         self.steps.append("rotary")
-        b, s, hk, width = qkv.shape
-        assert (hk, width) == (self.num_kv_heads, (self.num_heads // hk + 2) * self.head_dim), qkv.shape
+        b, s, width = qkv.shape
+        hk = self.num_kv_heads
+        assert width == (self.num_heads + 2 * hk) * self.head_dim, qkv.shape
         return (np.zeros((b, s, self.num_heads, self.head_dim)), np.zeros((b, s, hk, self.head_dim)),
                 np.zeros((b, s, hk, self.head_dim)))
 
