@@ -114,7 +114,7 @@ def test_qkv_rotary_rejects_bad_heads_widths_and_positions():
     with pytest.raises(ValueError, match=r"last axis 48 must be \(num_heads \+ 2 \* num_kv_heads\) = 10"):
         ops.qkv_rotary(qkv, 6, 2, cos, sin)
     with pytest.raises(ValueError, match=r"`qkv` must be the fused projection \[batch, seq"):
-        ops.qkv_rotary(qkv.reshape([3, 8, 6]), 4, 2, cos, sin)
+        ops.qkv_rotary(qkv.reshape([1, 3, 8, 6]), 4, 2, cos, sin)
     with pytest.raises(ValueError, match="`position_ids` must be \\[batch, seq\\]"):
         ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.zeros([2, 3], dtype="int64"))
     # On CPU the step's position flag is read at once: the call itself raises.

@@ -241,3 +241,26 @@ def test_rotary_position_flag_is_read_once_per_step_on_the_loss_or_backward(monk
     layers = [ops.qkv_rotary(qkv, h, hk, cos, sin, good) for _ in range(3)]
     sum(t.sum() for outs in layers for t in outs).backward()
     assert reads == [1, 1]
+
+
+def test_rotary_position_flag_rides_in_the_fused_loss_readback(monkeypatch):
+    """With the fused loss the pending flag is read in the loss's own copy to the host, at the
+    start of the step's backward, before any rotary backward."""
+    from paddle_fastffn.core import rotary as core_rotary
+    from paddle_fastffn.ops import _rotary_backend
+
+    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    reads = []
+    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "read_flag",
+                        lambda self, flag: reads.append(1))
+    d = 4
+    cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
+    qkv = random_tensor((1, 3, 4 * d), "float32")
+    q, k, v = ops.qkv_rotary(qkv, 2, 1, cos, sin, paddle.to_tensor([[0, 9, 1]], dtype="int64"))
+    assert core_rotary.POSITION_CHECK.flag is not None
+    hidden = paddle.nan_to_num(q.reshape([3, 2 * d])) + 0 * (k.sum() + v.sum())
+    weight = random_tensor((2 * d, 11), "float32")
+    loss = ops.linear_cross_entropy(hidden, weight, paddle.to_tensor([1, 2, 3], dtype="int64"))
+    with pytest.raises(Exception, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
+        loss.backward()
+    assert reads == [] and core_rotary.POSITION_CHECK.flag is None  # read by the loss, not rotary
