@@ -60,7 +60,11 @@ class FastDecoderLayer(torch.nn.Module):
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
         cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
-        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        # PaddleNLP's interleaved fused qkv_proj (per KV group: its query heads, k head, v head),
+        # which harness.qkv_rotary reads in place.
+        self.w_qkv = torch.nn.Parameter(harness.fuse_qkv_weight(
+            attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach(),
+            heads, kv_heads))
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
         self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
         self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
@@ -94,8 +98,8 @@ class FastDecoderLayer(torch.nn.Module):
         st["x"] = self._linear(st["x"], self.w_qkv, "qkv")
 
     def rotary(self, st):
-        st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"],
-                                                            st.get("position_ids"))
+        st["q"], st["k"], st["v"] = harness.qkv_rotary(st["x"], self.heads, self.kv_heads, st["cos"], st["sin"],
+                                                       st.get("position_ids"))
 
     def attention(self, st):
         b, s, _ = st["residual"].shape
