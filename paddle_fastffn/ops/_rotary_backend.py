@@ -27,7 +27,7 @@ class RotaryPaddleBackend:
         return t if t.is_contiguous() else t.contiguous()
 
     def empty(self, shape, like):
-        return paddle.empty(list(shape), dtype=like.dtype)
+        return paddle.empty(list(shape), dtype=like.dtype, device=like.place)
 
     def is_cpu(self, t) -> bool:
         return t.place.is_cpu_place()
@@ -38,7 +38,7 @@ class RotaryPaddleBackend:
         return t.shape[2] * t.shape[3]
 
     def position_flag(self, like):
-        return paddle.zeros([1], dtype=paddle.int32)
+        return paddle.zeros([1], dtype=paddle.int32, device=like.place)
 
     def read_flag(self, flag) -> int:
         return int(flag.numpy()[0])
