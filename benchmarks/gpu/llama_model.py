@@ -90,7 +90,11 @@ class FastDecoderLayer(torch.nn.Module):
             self._init_lora(hf_layer, lora, fp8_recipe)
             return
         cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
-        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        # PaddleNLP's interleaved fused qkv_proj (per KV group: its query heads, k head, v head),
+        # which harness.qkv_rotary reads in place.
+        self.w_qkv = torch.nn.Parameter(harness.fuse_qkv_weight(
+            attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach(),
+            heads, kv_heads))
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
         self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
         self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
@@ -164,7 +168,7 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(x, self.w_qkv, "qkv")
 
     def qkv_rotary(self, qkv):
-        return harness.QKVRotary.apply(qkv, self.heads, self.kv_heads, self._cos, self._sin, self._position_ids)
+        return harness.qkv_rotary(qkv, self.heads, self.kv_heads, self._cos, self._sin, self._position_ids)
 
     def q(self, x):
         return self._linear(x, self.w_q, "q")

@@ -44,7 +44,8 @@ class Backend(Protocol):
         """An uninitialised dense tensor of `like`'s dtype on `like`'s device."""
     def token_stride(self, t: Tensor) -> int:
         """Elements between consecutive tokens (axis 1) of a [b, s, heads, d] tensor whose heads
-        are dense within each token (a dense tensor: heads * d); raises if its heads are not."""
+        are dense within each token, as the kernel will see it (Paddle's custom ops receive
+        their inputs contiguous: heads * d; torch passes a token-strided view as it is)."""
     def is_cpu(self, t: Tensor) -> bool: ...
 
     # --- kernels -----------------------------------------------------------------------------

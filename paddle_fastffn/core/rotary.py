@@ -141,6 +141,7 @@ class Rotary(FusedOp):
     @staticmethod
     def backward(be, saved: Saved, d_q_out, d_k_out):
         cos, sin, position_ids = _cos_sin_positions(saved)
+        POSITION_CHECK.after_backward(be, saved)  # before the kernel: the ids' error comes first
         d_q_out, d_k_out = be.contiguous(d_q_out), be.contiguous(d_k_out)
         b, s, hq, d = be.shape(d_q_out)
         hk = be.shape(d_k_out)[2]
@@ -149,7 +150,6 @@ class Rotary(FusedOp):
                   (dense_heads(hq, d), dense_heads(hk, d), None,
                    dense_heads(hq, d), dense_heads(hk, d), None),
                   cos, sin, position_ids, None, inverse=True)
-        POSITION_CHECK.after_backward(be, saved)
         return saved.only_needed(d_q, d_k, None, None, None)
 
 
@@ -191,6 +191,7 @@ class QKVRotary(FusedOp):
     @staticmethod
     def backward(be, saved: Saved, d_q, d_k, d_v):
         cos, sin, position_ids = _cos_sin_positions(saved)
+        POSITION_CHECK.after_backward(be, saved)  # before the kernel: the ids' error comes first
         num_heads, num_kv_heads = saved.heads
         d_q, d_k, d_v = be.contiguous(d_q), be.contiguous(d_k), be.contiguous(d_v)
         b, s, _, d = be.shape(d_q)
@@ -200,5 +201,4 @@ class QKVRotary(FusedOp):
                   (dense_heads(num_heads, d), dense_heads(num_kv_heads, d),
                    dense_heads(num_kv_heads, d), q_out, k_out, v_out),
                   cos, sin, position_ids, None, inverse=True)
-        POSITION_CHECK.after_backward(be, saved)
         return saved.only_needed(d_qkv, None, None, None)

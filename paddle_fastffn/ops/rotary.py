@@ -45,17 +45,6 @@ def cos_sin_table(table: paddle.Tensor, head_dim: int, name: str) -> paddle.Tens
     return _checks.contiguous(table.astype(paddle.float32))
 
 
-def _token_dense(t: paddle.Tensor) -> paddle.Tensor:
-    """Keeps a strided view (q/k sliced from a fused QKV output) when each token is dense."""
-    if t.is_contiguous():
-        return t
-    strides = t.strides
-    b, s, h, d = t.shape
-    if strides[3] == 1 and strides[2] == d and strides[0] == strides[1] * s:
-        return t
-    return t.contiguous()
-
-
 def _check_rotary_inputs(q, k, position_ids):
     _checks.check_float(q, OP, "q")
     _checks.check_like(q, "q", k, OP, "k", same_shape=False)
@@ -111,7 +100,9 @@ def rotary_embedding(q: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin
         warn_fallback(OP, q.place)
         return rotary_embedding_ref(q, k, cos, sin, position_ids)
     tables = _kernel_tables(cos, sin, position_ids, q.shape[0], q.shape[1], q.shape[3])
-    return _Rotary.apply(_token_dense(q), _token_dense(k), *tables)
+    # Paddle's custom-op call makes a strided view (q/k sliced from a fused projection) contiguous
+    # anyway; the copy is made here, visibly. qkv_rotary reads a fused projection without one.
+    return _Rotary.apply(_checks.contiguous(q), _checks.contiguous(k), *tables)
 
 
 def _check_qkv_inputs(qkv, num_heads, num_kv_heads, position_ids) -> int:
