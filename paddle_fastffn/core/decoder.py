@@ -13,7 +13,8 @@ Layer (decoder_layer):
                                              runs its attention sub-layer (Paddle: through the layer's
                                              self_attn, under PaddleNLP's full_attn recompute when on)
     post_norm_add(a, residual) -> (x, residual)   add_rms_norm: residual + a fused into the norm
-    mlp(x) -> y                              runs mlp(be, mlp_parts, x, variant) likewise
+    mlp(x) -> y                              runs mlp(mlp_parts, x, variant) likewise (Paddle: the
+                                             layer's own mlp sub-layer call)
     residual_add(residual, y) -> out         residual_add: the framework's own add
 Attention sub-layer (attention); attributes num_heads, num_kv_heads, head_dim, variant ("fused" or
 "unfused", decoder_steps.ATTENTION_VARIANTS):
