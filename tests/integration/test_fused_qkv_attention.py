@@ -137,4 +137,5 @@ def test_attention_recompute_wraps_what_stock_wraps(granularity, monkeypatch):
     assert fast_wrapped == stock_wrapped
     assert fast_grads.keys() == stock_grads.keys()
     for name in stock_grads:
-        assert_close(fast_grads[name], stock_grads[name], paddle.float32, name, reduced_rows=ids.shape[0] * ids.shape[1])
+        assert_close(fast_grads[name], stock_grads[name], paddle.float32, name,
+                     reduced_rows=ids.shape[0] * ids.shape[1])
