@@ -18,6 +18,8 @@ import torch
 
 from benchmarks.gpu.build_definition import REPO, definition
 from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
+from benchmarks.gpu.torch_rotary_backend import function
+from paddle_fastffn.core import rotary as core_rotary
 
 
 
@@ -47,11 +49,16 @@ class RmsNormBwdPlan(ctypes.Structure):
                 ("shared_partials", ctypes.c_int), ("workspace_bytes", ctypes.c_int64)]
 
 
+class HeadsLayout(ctypes.Structure):  # fastffn_heads_layout
+    _fields_ = [("token_stride", ctypes.c_int64), ("group_stride", ctypes.c_int64),
+                ("heads_per_group", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
+
+
 class RotaryArgs(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
                 ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-                ("q_token_stride", ctypes.c_int64), ("k_token_stride", ctypes.c_int64),
-                ("q_out_token_stride", ctypes.c_int64), ("k_out_token_stride", ctypes.c_int64),
+                ("q_in", HeadsLayout), ("k_in", HeadsLayout), ("v_in", HeadsLayout),
+                ("q_out", HeadsLayout), ("k_out", HeadsLayout), ("v_out", HeadsLayout),
                 ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("position_error", ctypes.c_void_p)]
 
@@ -208,25 +215,36 @@ class Kernels:
         return d_x, d_w
 
     # --- Rotary -----------------------------------------------------------------------------
-    def rotary(self, q, k, cos, sin, position_ids=None, inverse=False, q_out=None, k_out=None):
-        """q [b, s, hq, d], k [b, s, hk, d] (token-strided views allowed); cos/sin fp32 [rows, d].
-        q_out/k_out may be given as token-strided views (e.g. slices of a d_qkv buffer)."""
-        b, s, hq, d = q.shape
-        hk = k.shape[2]
-        q_out = self.empty((b, s, hq, d), q.dtype, q.device) if q_out is None else q_out
-        k_out = self.empty((b, s, hk, d), k.dtype, k.device) if k_out is None else k_out
-        for t in (q, k, q_out, k_out):
-            assert t.stride(3) == 1 and t.stride(2) == d and t.stride(0) == t.stride(1) * s
-        # As the Paddle binding: the forward with position ids reads back the kernel's range flag.
-        error = torch.zeros(1, dtype=torch.int32, device=q.device) if position_ids is not None and not inverse else None
-        args = RotaryArgs(b, s, hq, hk, d, q.stride(1), k.stride(1), q_out.stride(1), k_out.stride(1),
-                          cos.shape[0], int(inverse), _DTYPES[q.dtype], self._ptr(error))
+    def rotary(self, sources, outputs, dims, layouts, cos, sin, position_ids, position_error,
+               inverse):
+        """fastffn_rotary_cuda in place, as core/backend.py's `rotary` describes it: sources (q,
+        k, v) and outputs (q_out, k_out, v_out) tensors (one tensor may serve several slots; v
+        and v_out None = no v), dims (b, s, hq, hk, d), six heads layouts (offset, token_stride,
+        group_stride, heads_per_group, head_stride) in elements; cos/sin fp32 [rows, d];
+        position_ids int64 [b, s] or None; position_error a zeroed int32 flag or None."""
+        b, s, hq, hk, d = dims
+        heads = (hq, hk, hk) * 2
+        pointers = []
+        for slot, (t, layout) in enumerate(zip(tuple(sources) + tuple(outputs), layouts)):
+            if t is None:
+                pointers.append(ctypes.c_void_p(0))
+                continue
+            offset, token, group, per_group, head = layout
+            assert t.dtype == sources[0].dtype and t.device == sources[0].device, "rotary: tensor"
+            # The kernel touches [offset, last) of t's storage: it must lie inside it.
+            last = offset + (b * s - 1) * token + (heads[slot] // per_group - 1) * group + \
+                (per_group - 1) * head + d
+            storage = t.untyped_storage().nbytes() // t.element_size()
+            assert t.storage_offset() + last <= storage, f"rotary: slot {slot} layout exceeds its tensor"
+            pointers.append(ctypes.c_void_p(t.data_ptr() + offset * t.element_size()))
+        plain = [HeadsLayout(*layout[1:]) if layout is not None else HeadsLayout(0, 0, 1, 1)
+                 for layout in layouts]
+        args = RotaryArgs(b, s, hq, hk, d, *plain, cos.shape[0], int(inverse),
+                          _DTYPES[sources[0].dtype], self._ptr(position_error))
+        q, k, v, q_out, k_out, v_out = pointers
         self._check(self.lib.fastffn_rotary_cuda(
-            args, self._ptr(q), self._ptr(k), self._ptr(cos), self._ptr(sin), self._ptr(position_ids),
-            self._ptr(q_out), self._ptr(k_out), self._stream()), "rotary")
-        if error is not None and int(error.item()) != 0:
-            raise ValueError(f"rotary: position_ids holds a position outside the cos/sin table [0, {cos.shape[0]})")
-        return q_out, k_out
+            args, q, k, v, self._ptr(cos), self._ptr(sin), self._ptr(position_ids), q_out, k_out,
+            v_out, self._stream()), "rotary")
 
     # --- AdamW (fastffn/optimizer.h) ----------------------------------------------------------
     def adamw(self, param, grad, moment1, moment2, master=None, *, lr, beta1_pow, beta2_pow,
@@ -335,52 +353,40 @@ class AddRMSNorm(torch.autograd.Function):
         return d_x, d_x, d_w, None
 
 
-class Rotary(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, position_ids):
-        ctx.save_for_backward(cos, sin, position_ids)
-        return kernels().rotary(q, k, cos, sin, position_ids)
-
-    @staticmethod
-    def backward(ctx, d_q, d_k):
-        cos, sin, position_ids = ctx.saved_tensors
-        d_q, d_k = kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, position_ids,
-                                    inverse=True)
-        return d_q, d_k, None, None, None
+# The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.
+# Rotary.apply(q, k, cos, sin, position_ids): q/k may be token-strided views.
+Rotary = function(core_rotary.Rotary)
+_QKVRotary = function(core_rotary.QKVRotary)
 
 
-class QKVRotary(torch.autograd.Function):
-    """Splits a fused QKV projection output [b, s, (hq + 2 hk) d] into rotated q, rotated k and v.
-    The rotary kernel reads q and k straight from the strided slices; the backward writes d_q and
-    d_k straight into one d_qkv buffer (no zero-fill, slice copies or gradient adds). v is a copy,
-    as PaddleNLP's paddle.split gives it (Paddle 3.3 split copies): a view would keep the whole
-    QKV output alive as long as attention keeps v for its backward (2/3 of it dead weight)."""
+def qkv_rotary(qkv, heads, kv_heads, cos, sin, position_ids=None):
+    """ops.qkv_rotary's signature: PaddleNLP's interleaved fused qkv [b, s, kv_heads * (G + 2) * d]
+    -> rotated q [b, s, heads, d], rotated k and v [b, s, kv_heads, d] (v a dense copy, see
+    core/rotary.py), the backward writing one d_qkv. position_ids: None or int64 [b, s]; an
+    out-of-table id is flagged on the device and raises when the step's flag is read."""
+    if position_ids is not None:
+        position_ids = position_ids.to(torch.int64).expand(qkv.shape[0], qkv.shape[1]).contiguous()
+    return _QKVRotary.apply(qkv.contiguous(), cos, sin, position_ids, heads, kv_heads)
 
-    @staticmethod
-    def forward(ctx, qkv, heads, kv_heads, cos, sin, position_ids=None):
-        """position_ids: None (positions 0..seq-1) or int64 [b, s] (packed rows: restarting per
-        example), read by the kernel, which flags out-of-table positions as the Paddle binding."""
-        b, s, width = qkv.shape
-        d = width // (heads + 2 * kv_heads)
-        q = qkv[..., : heads * d].view(b, s, heads, d)
-        k = qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d)
-        v = qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).contiguous()
-        q_rot, k_rot = kernels().rotary(q, k, cos, sin, position_ids)
-        ctx.save_for_backward(cos, sin, position_ids)
-        ctx.dims = (heads, kv_heads, d)
-        return q_rot, k_rot, v
 
-    @staticmethod
-    def backward(ctx, d_q, d_k, d_v):
-        cos, sin, position_ids = ctx.saved_tensors
-        heads, kv_heads, d = ctx.dims
-        b, s = d_q.shape[:2]
-        d_qkv = torch.empty(b, s, (heads + 2 * kv_heads) * d, dtype=d_q.dtype, device=d_q.device)
-        kernels().rotary(d_q.contiguous(), d_k.contiguous(), cos, sin, position_ids, inverse=True,
-                         q_out=d_qkv[..., : heads * d].view(b, s, heads, d),
-                         k_out=d_qkv[..., heads * d: (heads + kv_heads) * d].view(b, s, kv_heads, d))
-        d_qkv[..., (heads + kv_heads) * d:].view(b, s, kv_heads, d).copy_(d_v)
-        return d_qkv, None, None, None, None, None
+def fuse_qkv_weight(q_weight, k_weight, v_weight, heads, kv_heads):
+    """PaddleNLP's fused qkv_proj layout in torch's [out, in] weights: per KV group its G query
+    heads' rows, its k head's, its v head's (fuse_param_func(is_qkv=True) on the out axis)."""
+    d = q_weight.shape[0] // heads
+    groups = heads // kv_heads
+    rest = tuple(q_weight.shape[1:])
+    return torch.cat([q_weight.reshape(kv_heads, groups * d, *rest),
+                      k_weight.reshape(kv_heads, d, *rest),
+                      v_weight.reshape(kv_heads, d, *rest)], 1).reshape(-1, *rest)
+
+
+def split_qkv_weight(weight, heads, kv_heads):
+    """The inverse of fuse_qkv_weight: (q, k, v) rows (for comparing gradients with HF's)."""
+    d = weight.shape[0] // (heads + 2 * kv_heads)
+    groups = heads // kv_heads
+    rest = tuple(weight.shape[1:])
+    parts = weight.reshape(kv_heads, (groups + 2) * d, *rest).split([groups * d, d, d], 1)
+    return tuple(p.reshape(-1, *rest) for p in parts)
 
 
 class SwiGLUDownProj(torch.autograd.Function):

@@ -1,12 +1,13 @@
 """The LLaMA of the Paddle fast path, built in the GPU harness from the same kernels and the same
 composition, for the benchmarks and the convergence run on the H200 (which has no Paddle):
 
-- FastDecoderLayer: the decoder layer, executed step by step from the shared composition list
-  (paddle_fastffn/integration/composition.py; tests/integration/test_composition.py checks that
-  list against a traced patched PaddleNLP layer). With an Fp8Recipe it executes the FP8 list
-  (LLAMA_DECODER_LAYER_FP8): qkv_proj and o_proj through fp8_linear, and the FFN as one fp8_ffn
+- FastDecoderLayer: the decoder layer, paddle_fastffn/core/decoder.py (the code the Paddle patch
+  runs) executed over this layer's parts, the torch side of its layer-parts protocol; the steps it
+  runs are core/decoder_steps.py's lists (tests/integration/test_composition.py checks the Paddle
+  side against them, tests/gpu/test_cuda_kernels.py this one). With an Fp8Recipe it runs the FP8
+  list (LLAMA_DECODER_LAYER_FP8): qkv_proj and o_proj through fp8_linear, and the FFN as one fp8_ffn
   step (gate_up GEMM -> SwiGLU fused with quantisation -> down GEMM, SwiGLU recomputed), whose C
-  calls composition.fp8_ffn_calls lists (tests/gpu check them; the Paddle FFN is checked against
+  calls decoder_steps.fp8_ffn_calls lists (tests/gpu check them; the Paddle FFN is checked against
   the same list on CPU).
 - With lora= (LoraSettings): the layer of a PaddleNLP LoRAModel on the fast path, the unfused list
   (LLAMA_DECODER_LAYER_UNFUSED): q/k/v_proj, o_proj, gate/up_proj and down_proj each a LoRA linear
@@ -32,7 +33,6 @@ Paddle's; everything fastffn fuses is the csrc/kernels CUDA code through ctypes.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -42,18 +42,11 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from benchmarks.gpu import harness
+from benchmarks.gpu.torch_backend import TorchBackend
+from paddle_fastffn.core import decoder
+from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
 
-
-def load_composition():
-    """paddle_fastffn/integration/composition.py by path (no Paddle here)."""
-    spec = importlib.util.spec_from_file_location(
-        "paddle_fastffn_composition", harness.REPO / "paddle_fastffn" / "integration" / "composition.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-COMPOSITION = load_composition()
+TORCH = TorchBackend()
 
 
 @dataclass(frozen=True)
@@ -80,14 +73,13 @@ UNFUSED_PROJECTIONS = (("q", "w_q", "self_attn.q_proj"), ("k", "w_k", "self_attn
 
 
 class FastDecoderLayer(torch.nn.Module):
-    """The decoder layer of the Paddle fast path, executed step by step from the shared
-    composition list. Each step reads and writes the layer's running state. Weights are taken
-    from a Hugging Face LlamaDecoderLayer (copied, fused as PaddleNLP fuses them; kept unfused,
-    frozen, with LoRA adapters under lora=)."""
+    """The decoder layer of the Paddle fast path: core.decoder.decoder_layer over this layer's
+    parts (the methods after _linear, named as core/decoder.py's protocol names them), which hold
+    only torch's plumbing. Weights are taken from a Hugging Face LlamaDecoderLayer (copied, fused
+    as PaddleNLP fuses them; kept unfused, frozen, with LoRA adapters under lora=).
 
-    STEPS = COMPOSITION.LLAMA_DECODER_LAYER
-    FP8_STEPS = COMPOSITION.LLAMA_DECODER_LAYER_FP8
-    UNFUSED_STEPS = COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED  # LoRA: bf16 and FP8 alike
+    variant / mlp_variant: the sub-layers' variants (decoder_steps.ATTENTION_VARIANTS, MLP_VARIANTS);
+    steps: the steps a forward runs, in order."""
 
     def __init__(self, hf_layer, heads, kv_heads, eps, recompute=True, fp8_recipe=None, lora=None):
         super().__init__()
@@ -98,14 +90,18 @@ class FastDecoderLayer(torch.nn.Module):
             self._init_lora(hf_layer, lora, fp8_recipe)
             return
         cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
-        self.w_qkv = cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        # PaddleNLP's interleaved fused qkv_proj (per KV group: its query heads, k head, v head),
+        # which harness.qkv_rotary reads in place.
+        self.w_qkv = torch.nn.Parameter(harness.fuse_qkv_weight(
+            attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach(),
+            heads, kv_heads))
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
         self.w_gate_up = cat(mlp.gate_proj.weight, mlp.up_proj.weight)
         self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
         self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
         self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
         self.fp8 = None
-        self.steps = self.STEPS if fp8_recipe is None else self.FP8_STEPS
+        self.variant, self.mlp_variant = "fused", "fused" if fp8_recipe is None else "fp8"
         if fp8_recipe is not None:
             from benchmarks.gpu.fp8_ffn import Fp8FFNState
             from benchmarks.gpu.fp8_linear import Fp8LinearState
@@ -118,7 +114,7 @@ class FastDecoderLayer(torch.nn.Module):
         """LoRAModel's layer: every weight frozen (mark_only_lora_as_trainable), the projections
         unfused, and per projection A [r, in] (Kaiming-uniform, a = sqrt(5)) and B [out, r] (zeros),
         PaddleNLP's LoRALinear initialisation in torch's [out, in] layout (and PEFT's)."""
-        self.steps, self.fp8 = self.UNFUSED_STEPS, None
+        self.variant, self.mlp_variant, self.fp8 = "unfused", "unfused", None  # bf16 and FP8 alike
         frozen = lambda w: torch.nn.Parameter(w.detach().clone(), requires_grad=False)  # noqa: E731
         self.w_in = frozen(hf_layer.input_layernorm.weight)
         self.w_post = frozen(hf_layer.post_attention_layernorm.weight)
@@ -157,79 +153,86 @@ class FastDecoderLayer(torch.nn.Module):
             return base
         return base + (x @ self.lora_a[fp8_name].t() @ self.lora_b[fp8_name].t()) * self.lora.scaling
 
-    def rms_norm(self, st):
-        st["residual"], st["x"] = st["x"], harness.RMSNorm.apply(st["x"], self.w_in, self.eps)
+    # --- core.decoder's layer parts (its module docstring names them): torch's plumbing only ----------
+    @property
+    def steps(self) -> tuple:
+        return COMPOSITION.decoder_layer_steps(self.variant, self.mlp_variant)
 
-    def qkv_proj(self, st):
-        st["x"] = self._linear(st["x"], self.w_qkv, "qkv")
+    def input_norm(self, x):
+        return harness.RMSNorm.apply(x, self.w_in, self.eps)
 
-    def q_proj(self, st):  # the unfused layout: x stays the normed input of k_proj and v_proj
-        st["q"] = self._linear(st["x"], self.w_q, "q")
+    def self_attention(self, x):
+        return decoder.attention(TORCH, self, x)
 
-    def k_proj(self, st):
-        st["k"] = self._linear(st["x"], self.w_k, "k")
+    def qkv(self, x):
+        return self._linear(x, self.w_qkv, "qkv")
 
-    def v_proj(self, st):
-        st["v"] = self._linear(st["x"], self.w_v, "v")
+    def qkv_rotary(self, qkv):
+        return harness.qkv_rotary(qkv, self.heads, self.kv_heads, self._cos, self._sin, self._position_ids)
 
-    def rotary(self, st):
-        if self.lora is None:
-            st["q"], st["k"], st["v"] = harness.QKVRotary.apply(st["x"], self.heads, self.kv_heads, st["cos"],
-                                                                st["sin"], st.get("position_ids"))
-            return
-        # PaddleNLP's unfused attention: each projection reshaped to [b, s, heads, d] (views), q and k
-        # rotated together by the kernel.
-        b, s, _ = st["q"].shape
-        d = st["q"].shape[-1] // self.heads
-        q, k = st["q"].view(b, s, self.heads, d), st["k"].view(b, s, self.kv_heads, d)
-        st["q"], st["k"] = harness.Rotary.apply(q, k, st["cos"], st["sin"], st.get("position_ids"))
-        st["v"] = st["v"].view(b, s, self.kv_heads, d)
+    def q(self, x):
+        return self._linear(x, self.w_q, "q")
 
-    def attention(self, st):
-        b, s, _ = st["residual"].shape
-        q, k, v = (st[name].transpose(1, 2) for name in ("q", "k", "v"))
-        if st.get("block_mask") is not None:  # a packed batch: each example attends to itself
-            out = packed_attention(q, k, v, st["block_mask"])
+    def k(self, x):
+        return self._linear(x, self.w_k, "k")
+
+    def v(self, x):
+        return self._linear(x, self.w_v, "v")
+
+    def rotary(self, q, k):
+        return harness.Rotary.apply(q, k, self._cos, self._sin, self._position_ids)
+
+    def attention(self, q, k, v):
+        b, s = q.shape[:2]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self._block_mask is not None:  # a packed batch: each example attends to itself
+            out = packed_attention(q, k, v, self._block_mask)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
-        st["x"] = out.transpose(1, 2).reshape(b, s, -1)
+        return out.transpose(1, 2).reshape(b, s, -1)
 
-    def o_proj(self, st):
-        st["x"] = self._linear(st["x"], self.w_o, "o")
+    def o_proj(self, a):
+        return self._linear(a, self.w_o, "o")
 
-    def add_rms_norm(self, st):
-        st["x"], st["residual"] = harness.AddRMSNorm.apply(st["x"], st["residual"], self.w_post, self.eps)
+    def post_norm_add(self, a, residual):
+        return harness.AddRMSNorm.apply(a, residual, self.w_post, self.eps)
 
-    def gate_up_proj(self, st):
-        st["x"] = st["x"] @ self.w_gate_up.t()
+    def mlp(self, x):
+        return decoder.mlp(self, x, self.mlp_variant)
 
-    def gate_proj(self, st):
-        st["gate"] = self._linear(st["x"], self.w_gate, "gate")
+    def gate_up(self, x):
+        return x @ self.w_gate_up.t()
 
-    def up_proj(self, st):
-        st["up"] = self._linear(st["x"], self.w_up, "up")
+    def swiglu_down(self, gate_up):
+        return harness.SwiGLUDownProj.apply(gate_up, self.w_down, self.recompute)
 
-    def swiglu(self, st):
-        st["x"] = harness.SwiGLUPair.apply(st.pop("gate"), st.pop("up"))
+    def gate(self, x):
+        return self._linear(x, self.w_gate, "gate")
 
-    def down_proj(self, st):
-        st["x"] = self._linear(st["x"], self.w_down, "down")
+    def up(self, x):
+        return self._linear(x, self.w_up, "up")
 
-    def swiglu_down_proj(self, st):
-        st["x"] = harness.SwiGLUDownProj.apply(st["x"], self.w_down, self.recompute)
+    def swiglu(self, gate, up):
+        return harness.SwiGLUPair.apply(gate, up)
 
-    def fp8_ffn(self, st):
+    def down(self, h):
+        return self._linear(h, self.w_down, "down")
+
+    def fp8_ffn(self, x):
         from benchmarks.gpu.fp8_ffn import fp8_ffn
-        st["x"] = fp8_ffn(st["x"], self.w_gate_up, self.w_down, self.fp8["ffn"])
+        return fp8_ffn(x, self.w_gate_up, self.w_down, self.fp8["ffn"])
 
-    def residual_add(self, st):
-        st["x"] = st["residual"] + st["x"]
+    def residual_add(self, residual, y):
+        return residual + y
 
     def forward(self, hidden, cos, sin, position_ids=None, block_mask=None):
-        state = {"x": hidden, "cos": cos, "sin": sin, "position_ids": position_ids, "block_mask": block_mask}
-        for step in self.steps:
-            getattr(self, step)(state)
-        return state["x"]
+        """core.decoder.decoder_layer over this layer's parts; the rotary tables, positions and
+        packed mask are this call's (set here, read by the parts)."""
+        self._cos, self._sin, self._position_ids, self._block_mask = cos, sin, position_ids, block_mask
+        try:
+            return decoder.decoder_layer(self, hidden)
+        finally:
+            self._cos = self._sin = self._position_ids = self._block_mask = None
 
 
 def rope_tables(hf_config, seq: int, device="cuda"):

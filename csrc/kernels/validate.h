@@ -26,20 +26,36 @@ inline bool rms_norm_bwd_valid(const fastffn_rms_norm_args& a, const void* x, co
          d_x != nullptr && d_weight != nullptr && a.rows >= 0 && a.cols > 0;
 }
 
-// Shapes and strides only; position ids are range-checked by the CPU entry point and flagged
-// through args.position_error by the CUDA kernel (they live on the device there).
-inline bool rotary_valid(const fastffn_rotary_args& a, const void* q, const void* k,
+// One tensor's head addressing (fastffn_heads_layout in c_api.h): heads_per_group divides heads,
+// the heads of a group and the groups of a token do not overlap, and a token's heads fit in its
+// token stride.
+inline bool heads_layout_valid(const fastffn_heads_layout& l, int64_t heads, int64_t head_dim) {
+  if (l.heads_per_group <= 0 || heads % l.heads_per_group != 0 || l.head_stride < 0 ||
+      l.group_stride < 0)
+    return false;
+  const int64_t groups = heads / l.heads_per_group;
+  const int64_t group_extent = (l.heads_per_group - 1) * l.head_stride + head_dim;
+  return (l.heads_per_group == 1 || l.head_stride >= head_dim) &&
+         (groups == 1 || l.group_stride >= group_extent) &&
+         l.token_stride >= (groups - 1) * l.group_stride + group_extent;
+}
+
+// Shapes and strides only; position ids are range-checked by the entry points (see c_api.h).
+inline bool rotary_valid(const fastffn_rotary_args& a, const void* q, const void* k, const void* v,
                          const float* cos, const float* sin, const void* q_out, const void* k_out,
-                         const int64_t* position_ids) {
-  const int64_t q_width = a.q_heads * a.head_dim;
-  const int64_t k_width = a.k_heads * a.head_dim;
+                         const void* v_out, const int64_t* position_ids) {
+  const bool with_v = v != nullptr;
   return q != nullptr && k != nullptr && cos != nullptr && sin != nullptr && q_out != nullptr &&
-         k_out != nullptr && a.batch >= 0 && a.seq > 0 && a.head_dim > 0 && a.head_dim % 2 == 0 &&
-         a.k_heads > 0 && a.q_heads % a.k_heads == 0 && a.table_rows > 0 &&
-         a.q_token_stride >= q_width && a.k_token_stride >= k_width &&
-         (a.q_out_token_stride == 0 || a.q_out_token_stride >= q_width) &&
-         (a.k_out_token_stride == 0 || a.k_out_token_stride >= k_width) &&
-         (position_ids != nullptr || a.seq <= a.table_rows);
+         k_out != nullptr && (v_out != nullptr) == with_v && a.batch >= 0 && a.seq > 0 &&
+         a.head_dim > 0 && a.head_dim % 2 == 0 && a.k_heads > 0 && a.q_heads > 0 &&
+         a.q_heads % a.k_heads == 0 && a.table_rows > 0 &&
+         (position_ids != nullptr || a.seq <= a.table_rows) &&
+         heads_layout_valid(a.q_in, a.q_heads, a.head_dim) &&
+         heads_layout_valid(a.k_in, a.k_heads, a.head_dim) &&
+         heads_layout_valid(a.q_out, a.q_heads, a.head_dim) &&
+         heads_layout_valid(a.k_out, a.k_heads, a.head_dim) &&
+         (!with_v || (heads_layout_valid(a.v_in, a.k_heads, a.head_dim) &&
+                      heads_layout_valid(a.v_out, a.k_heads, a.head_dim)));
 }
 
 // AdamW: INVALID_ARGUMENT for missing tensors or n < 0, UNSUPPORTED_DTYPE for dtypes outside

@@ -1,122 +1,170 @@
-// Paddle binding of the rotary-embedding kernel:
-//   fastffn_rotary(q, k, cos, sin, position_ids?; inverse) -> (q_out, k_out)
-// q [batch, seq, q_heads, head_dim], k [batch, seq, k_heads, head_dim]; cos/sin fp32
-// [table_rows, head_dim]; position_ids int64 [batch, seq]. inverse=true is the backward.
-// q and k may be strided views whose token stride exceeds heads * head_dim (slices of a fused QKV
-// projection): only the head and head_dim axes must be dense.
+// Paddle binding of the rotary-embedding kernel (fastffn_rotary_* in c_api.h):
+//   fastffn_rotary(q, k?, v?, cos, sin, position_ids?, out, k_out?, v_out?, position_error?;
+//                  dims, layouts, with_v, inverse)
+// Every q/k/v source and output is addressed by a heads layout with an element offset into its
+// tensor, so q, k and v can be read out of one fused qkv tensor (k and v absent: they live in
+// q's tensor) and d_q, d_k, d_v written into one d_qkv buffer (k_out and v_out absent: they live
+// in out's tensor). The outputs and the position flag are written in place (no allocation here:
+// the caller, paddle_fastffn/core/rotary.py, decides what exists).
+//   dims    = {batch, seq, q_heads, k_heads, head_dim}
+//   layouts = 6 x {offset, token_stride, group_stride, heads_per_group, head_stride} for
+//             q, k, v, q_out, k_out, v_out (v's entries ignored without with_v)
+// cos/sin: contiguous fp32 [table_rows, head_dim]; position_ids: contiguous int64 [batch, seq];
+// position_error: one zeroed int32 where the tensors are; the kernel sets it for a position
+// outside the table (the caller reads it once per step, see core/rotary.py).
 #include "binding_utils.h"
 
 namespace {
 
 using namespace fastffn::paddle_binding;
 constexpr const char* kOp = "paddle_fastffn.ops.rotary_embedding";
+constexpr int kLayoutFields = 5;
+const char* const kSlotNames[6] = {"q", "k", "v", "q_out", "k_out", "v_out"};
 
-int64_t token_stride(const paddle::Tensor& t, const char* arg) {
-  const auto shape = t.shape();
-  if (t.is_contiguous()) return shape[2] * shape[3];
-  const auto strides = t.strides();
-  PD_CHECK(strides[3] == 1 && strides[2] == shape[3] && strides[0] == strides[1] * shape[1], kOp,
-           ": argument `", arg, "` must be dense within each token (the Python wrapper makes it so)");
-  return strides[1];
+struct HeadsView {
+  int64_t offset;
+  fastffn_heads_layout layout;
+};
+
+HeadsView view_at(const std::vector<int64_t>& layouts, int slot) {
+  const int64_t* f = layouts.data() + slot * kLayoutFields;
+  return {f[0], fastffn_heads_layout{f[1], f[2], f[3], f[4]}};
 }
 
-std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor& k,
-                                   const paddle::Tensor& cos, const paddle::Tensor& sin,
-                                   const paddle::optional<paddle::Tensor>& position_ids,
-                                   bool inverse) {
-  PD_CHECK(q.shape().size() == 4, kOp, ": argument `q` must be [batch, seq, heads, head_dim]");
-  PD_CHECK(k.shape().size() == 4, kOp, ": argument `k` must be [batch, seq, heads, head_dim]");
-  check_same_dtype(q, "q", k, "k", kOp);
-  check_same_place(q, k, "k", kOp);
-  const auto qs = q.shape();
-  const auto ks = k.shape();
-  PD_CHECK(ks[0] == qs[0] && ks[1] == qs[1] && ks[3] == qs[3], kOp,
-           ": `k` must share batch, seq and head_dim with `q`");
-  PD_CHECK(ks[2] > 0 && qs[2] % ks[2] == 0, kOp, ": k heads (", ks[2], ") must divide q heads (",
-           qs[2], ")");
-  PD_CHECK(qs[3] % 2 == 0, kOp, ": head_dim must be even, got ", qs[3]);
+// The kernel reads or writes [offset, offset + last element of the last token] of the tensor:
+// a contiguous tensor must hold that range (the layout's own consistency is validate.h's rule);
+// a strided view (q or k sliced from a fused projection) must be [b, s, heads, head_dim] with
+// dense heads and the layout must be its own strides.
+void check_extent(const paddle::Tensor& t, const HeadsView& view, int64_t batch, int64_t seq,
+                  int64_t heads, int64_t head_dim, int slot) {
+  const fastffn_heads_layout& l = view.layout;
+  const int64_t tokens = batch * seq;
+  PD_CHECK(l.heads_per_group > 0 && heads % l.heads_per_group == 0 && view.offset >= 0, kOp,
+           ": the `", kSlotNames[slot], "` heads layout is invalid (heads_per_group ",
+           l.heads_per_group, " for ", heads, " heads, offset ", view.offset, ")");
+  if (!t.is_contiguous()) {
+    const auto shape = t.shape();
+    const auto strides = t.strides();
+    PD_CHECK(shape.size() == 4 && shape[0] == batch && shape[1] == seq && shape[2] == heads &&
+                 shape[3] == head_dim && strides[3] == 1 && strides[2] == head_dim &&
+                 strides[0] == strides[1] * seq && view.offset == 0 &&
+                 l.token_stride == strides[1] && l.heads_per_group == heads &&
+                 l.head_stride == head_dim,
+             kOp, ": argument `", kSlotNames[slot],
+             "` must be dense within each token (the Python wrapper makes it so)");
+    return;
+  }
+  if (tokens == 0) return;
+  const int64_t groups = heads / l.heads_per_group;
+  const int64_t last = view.offset + (tokens - 1) * l.token_stride + (groups - 1) * l.group_stride +
+                       (l.heads_per_group - 1) * l.head_stride + head_dim;
+  PD_CHECK(last <= t.numel(), kOp, ": argument `", kSlotNames[slot], "` (", t.numel(),
+           " elements) is too small for its heads layout (needs ",
+           last, ")");
+}
+
+void RotaryInPlace(const paddle::Tensor& q, const paddle::optional<paddle::Tensor>& k,
+                   const paddle::optional<paddle::Tensor>& v, const paddle::Tensor& cos,
+                   const paddle::Tensor& sin, const paddle::optional<paddle::Tensor>& position_ids,
+                   paddle::Tensor& out, paddle::optional<paddle::Tensor>& k_out,
+                   paddle::optional<paddle::Tensor>& v_out,
+                   paddle::optional<paddle::Tensor>& position_error,
+                   const std::vector<int64_t>& dims, const std::vector<int64_t>& layouts,
+                   bool with_v, bool inverse) {
+  PD_CHECK(dims.size() == 5 && layouts.size() == 6 * kLayoutFields, kOp,
+           ": dims must be {batch, seq, q_heads, k_heads, head_dim} and layouts 6 x 5 integers");
+  const paddle::Tensor& k_src = k ? *k : q;
+  const paddle::Tensor& v_src = v ? *v : q;
+  paddle::Tensor& k_dst = k_out ? *k_out : out;
+  paddle::Tensor& v_dst = v_out ? *v_out : out;
+  const paddle::Tensor* tensors[6] = {&q, &k_src, &v_src, &out, &k_dst, &v_dst};
+  fastffn_rotary_args args;
+  args.batch = dims[0];
+  args.seq = dims[1];
+  args.q_heads = dims[2];
+  args.k_heads = dims[3];
+  args.head_dim = dims[4];
+  args.dtype = kernel_dtype(q, kOp, "q");
+  const int64_t tokens = args.batch * args.seq;
+  HeadsView views[6];
+  for (int slot = 0; slot < 6; ++slot) {
+    views[slot] = view_at(layouts, slot);
+    if (!with_v && (slot == 2 || slot == 5)) continue;
+    check_same_dtype(q, "q", *tensors[slot], kSlotNames[slot], kOp);
+    check_same_place(q, *tensors[slot], kSlotNames[slot], kOp);
+    check_extent(*tensors[slot], views[slot], args.batch, args.seq,
+                 slot % 3 == 0 ? args.q_heads : args.k_heads, args.head_dim, slot);
+  }
+  args.q_in = views[0].layout;
+  args.k_in = views[1].layout;
+  args.v_in = views[2].layout;
+  args.q_out = views[3].layout;
+  args.k_out = views[4].layout;
+  args.v_out = views[5].layout;
   for (const paddle::Tensor* t : {&cos, &sin}) {
     PD_CHECK(t->dtype() == paddle::DataType::FLOAT32 && t->shape().size() == 2 &&
-                 t->shape()[1] == qs[3] && t->is_contiguous(),
+                 t->shape()[1] == args.head_dim && t->is_contiguous(),
              kOp, ": cos/sin must be contiguous float32 [table_rows, head_dim]");
     check_same_place(q, *t, "cos/sin", kOp);
   }
-  fastffn_rotary_args args;
-  args.batch = qs[0];
-  args.seq = qs[1];
-  args.q_heads = qs[2];
-  args.k_heads = ks[2];
-  args.head_dim = qs[3];
-  args.q_token_stride = token_stride(q, "q");
-  args.k_token_stride = token_stride(k, "k");
-  args.q_out_token_stride = 0;  // dense outputs
-  args.k_out_token_stride = 0;
   args.table_rows = cos.shape()[0];
   args.inverse = inverse ? 1 : 0;
-  args.dtype = kernel_dtype(q, kOp, "q");
   args.position_error = nullptr;
   const int64_t* pos = nullptr;
   if (position_ids) {
     PD_CHECK(position_ids->dtype() == paddle::DataType::INT64 && position_ids->is_contiguous() &&
-                 position_ids->numel() == qs[0] * qs[1],
+                 position_ids->numel() == tokens,
              kOp, ": `position_ids` must be contiguous int64 [batch, seq]");
     check_same_place(q, *position_ids, "position_ids", kOp);
     pos = position_ids->data<int64_t>();
   } else {
-    PD_CHECK(qs[1] <= args.table_rows, kOp, ": seq (", qs[1], ") exceeds the cos/sin table (",
+    PD_CHECK(args.seq <= args.table_rows, kOp, ": seq (", args.seq, ") exceeds the cos/sin table (",
              args.table_rows, " rows)");
   }
-  auto q_out = paddle::empty(qs, q.dtype(), q.place());
-  auto k_out = paddle::empty(ks, k.dtype(), k.place());
+  if (position_error) {
+    PD_CHECK(position_error->dtype() == paddle::DataType::INT32 && position_error->numel() == 1,
+             kOp, ": argument `position_error` must be one int32 (a zeroed flag)");
+    check_same_place(q, *position_error, "position_error", kOp);
+    args.position_error = position_error->data<int32_t>();
+  }
+  auto element = [&](const paddle::Tensor& t, int slot) -> char* {
+    return static_cast<char*>(const_cast<void*>(t.data())) +
+           views[slot].offset * static_cast<int64_t>(phi::SizeOf(t.dtype()));
+  };
+  const void* q_ptr = element(q, 0);
+  const void* k_ptr = element(k_src, 1);
+  const void* v_ptr = with_v ? element(v_src, 2) : nullptr;
+  void* q_out_ptr = element(out, 3);
+  void* k_out_ptr = element(k_dst, 4);
+  void* v_out_ptr = with_v ? element(v_dst, 5) : nullptr;
   const fastffn_status status = run_on_device(
       q, kOp,
       [&] {
-        return fastffn_rotary_cpu(args, q.data(), k.data(), cos.data<float>(), sin.data<float>(),
-                                  pos, q_out.data(), k_out.data());
+        return fastffn_rotary_cpu(args, q_ptr, k_ptr, v_ptr, cos.data<float>(), sin.data<float>(),
+                                  pos, q_out_ptr, k_out_ptr, v_out_ptr);
       },
       [&](void* stream) {
-        // The ids live on the device: the kernel flags an out-of-range one, and one 4-byte copy
-        // reads the flag (forward only: the backward reuses ids the forward checked).
-        paddle::Tensor error;
-        if (pos != nullptr && !inverse) {
-          error = paddle::full({1}, 0, paddle::DataType::INT32, q.place());
-          args.position_error = error.data<int32_t>();
-        }
-        fastffn_status cuda_status =
-            fastffn_rotary_cuda(args, q.data(), k.data(), cos.data<float>(), sin.data<float>(),
-                                pos, q_out.data(), k_out.data(), stream);
-        if (cuda_status == FASTFFN_STATUS_OK && args.position_error != nullptr &&
-            error.copy_to(paddle::CPUPlace(), true).data<int32_t>()[0] != 0)
-          cuda_status = FASTFFN_STATUS_INVALID_ARGUMENT;
-        return cuda_status;
+        return fastffn_rotary_cuda(args, q_ptr, k_ptr, v_ptr, cos.data<float>(), sin.data<float>(),
+                                   pos, q_out_ptr, k_out_ptr, v_out_ptr, stream);
       });
-  PD_CHECK(status != FASTFFN_STATUS_INVALID_ARGUMENT || pos == nullptr, kOp,
+  // Only reached without position_error on CPU (the ids are checked before anything is written).
+  PD_CHECK(status != FASTFFN_STATUS_INVALID_ARGUMENT || pos == nullptr || !q.is_cpu(), kOp,
            ": `position_ids` holds a position outside the cos/sin table [0, ", args.table_rows, ")");
   check_status(status, kOp);
-  return {q_out, k_out};
-}
-
-std::vector<std::vector<int64_t>> RotaryShape(const std::vector<int64_t>& q,
-                                              const std::vector<int64_t>& k,
-                                              const std::vector<int64_t>&,
-                                              const std::vector<int64_t>&,
-                                              const paddle::optional<std::vector<int64_t>>&,
-                                              bool) {
-  return {q, k};
-}
-
-std::vector<paddle::DataType> RotaryDtype(const paddle::DataType& q, const paddle::DataType& k,
-                                          const paddle::DataType&, const paddle::DataType&,
-                                          const paddle::optional<paddle::DataType>&) {
-  return {q, k};
 }
 
 }  // namespace
 
 PD_BUILD_OP(fastffn_rotary)
-    .Inputs({"Q", "K", "Cos", "Sin", paddle::Optional("PositionIds")})
-    .Outputs({"QOut", "KOut"})
-    .Attrs({"inverse: bool"})
-    .SetKernelFn(PD_KERNEL(Rotary))
-    .SetInferShapeFn(PD_INFER_SHAPE(RotaryShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(RotaryDtype));
+    .Inputs({"Q", paddle::Optional("K"), paddle::Optional("V"), "Cos", "Sin",
+             paddle::Optional("PositionIds"), "Out", paddle::Optional("KOut"),
+             paddle::Optional("VOut"), paddle::Optional("PositionError")})
+    .Outputs({"OutOut", paddle::Optional("KOutOut"), paddle::Optional("VOutOut"),
+              paddle::Optional("PositionErrorOut")})
+    .Attrs({"dims: std::vector<int64_t>", "layouts: std::vector<int64_t>", "with_v: bool",
+            "inverse: bool"})
+    .SetInplaceMap({{"Out", "OutOut"},
+                    {paddle::Optional("KOut"), paddle::Optional("KOutOut")},
+                    {paddle::Optional("VOut"), paddle::Optional("VOutOut")},
+                    {paddle::Optional("PositionError"), paddle::Optional("PositionErrorOut")}})
+    .SetKernelFn(PD_KERNEL(RotaryInPlace));

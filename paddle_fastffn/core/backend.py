@@ -38,3 +38,27 @@ class Backend(Protocol):
     def linear_grad_weight(self, x: Tensor, dy: Tensor) -> Tensor:
         """The gradient of `linear` with respect to weight, in the framework's weight layout; x and
         dy are taken as 2-D rows."""
+
+    # --- allocation and addressing (core/rotary.py) ------------------------------------------
+    def empty(self, shape, like: Tensor) -> Tensor:
+        """An uninitialised dense tensor of `like`'s dtype on `like`'s device."""
+    def token_stride(self, t: Tensor) -> int:
+        """Elements between consecutive tokens (axis 1) of a [b, s, heads, d] tensor whose heads
+        are dense within each token, as the kernel will see it (Paddle's custom ops receive
+        their inputs contiguous: heads * d; torch passes a token-strided view as it is)."""
+    def is_cpu(self, t: Tensor) -> bool: ...
+
+    # --- kernels -----------------------------------------------------------------------------
+    def rotary(self, sources, outputs, dims, layouts, cos: Tensor, sin: Tensor,
+               position_ids: Tensor | None, position_error: Tensor | None, inverse: bool) -> None:
+        """fastffn_rotary_* (c_api.h) in place. sources = (q, k, v), outputs = (q_out, k_out,
+        v_out): tensors, where the same tensor may appear several times (q, k and v read from one
+        fused qkv; one d_qkv written); v and v_out both None = no v. dims = (batch, seq, q_heads,
+        k_heads, head_dim); layouts = six (offset, token_stride, group_stride, heads_per_group,
+        head_stride) for q, k, v, q_out, k_out, v_out in elements of their tensors (None for an
+        absent v). cos/sin fp32 [rows, head_dim]; position_ids int64 [b, s] or None;
+        position_error a flag from position_flag (or None: ids already checked)."""
+    def position_flag(self, like: Tensor) -> Tensor:
+        """One zeroed int32 on `like`'s device, for kernels to flag bad input into."""
+    def read_flag(self, flag: Tensor) -> int:
+        """The flag's value on the host (a synchronising copy on a GPU)."""

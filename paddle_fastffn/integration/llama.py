@@ -1,8 +1,10 @@
 """The fast path for PaddleNLP's LLaMA family (paddlenlp.transformers.llama).
 
-Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP and
-LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are replaced by fused versions that read
-the same sub-layers and parameters. LoRA's LoRALinear sub-layers keep working (the MLP calls its
+Patches are class-level (Liger's pattern): forwards of LlamaRMSNorm, LlamaMLP, LlamaAttention
+(its plain fused-QKV path) and LlamaDecoderLayer, and the module's apply_rotary_pos_emb, are
+replaced by fused versions that read the same sub-layers and parameters. The decoder layer, its
+attention and its MLP run paddle_fastffn/core/decoder.py over this module's layer parts, the code
+the GPU harness runs over its own. LoRA's LoRALinear sub-layers keep working (the MLP calls its
 sub-layers; the single fused `swiglu_down_proj` kernel path is only taken when down_proj is a plain
 Linear), and so do tensor parallel layers (each rank applies SwiGLU to its own shard). What the
 fused path does not cover (NPU/XPU fused norms, sequence parallel, AMP O1 dtype mixes) keeps PaddleNLP's
@@ -46,11 +48,14 @@ import paddle
 from paddle import nn
 
 from .. import ops
+from ..core import decoder as core_decoder
+from ..ops._backend import PaddleBackend
 from ..ops._fallback import raise_if_strict
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
 MODEL_TYPES = ("llama",)
+_PADDLE = PaddleBackend()  # the views core.decoder asks for
 
 _ORIGINALS: dict = {}
 _ACTIVE: FastFFNOptions | None = None
@@ -130,8 +135,60 @@ def _is_plain_linear(layer) -> bool:
     return type(layer) is nn.Linear and getattr(layer, "bias", None) is None
 
 
+class _MLPParts:
+    """core.decoder's MLP parts over a PaddleNLP LlamaMLP: its own sub-layers (LoRA, FP8 and tensor
+    parallel linears keep their forwards) and the fused ops."""
+
+    def __init__(self, mlp, fp8_ffn=None):
+        self.mlp, self.fp8_ffn = mlp, fp8_ffn
+
+    def gate_up(self, x):
+        return self.mlp.gate_up_fused_proj(x)
+
+    def swiglu_down(self, gate_up):
+        # gate_up is this forward's private intermediate: its memory can hold its gradient.
+        return ops.swiglu_down_proj(gate_up, self.mlp.down_proj.weight, reuse_gate_up_memory=True)
+
+    def gate(self, x):
+        return self.mlp.gate_proj(x)
+
+    def up(self, x):
+        return self.mlp.up_proj(x)
+
+    def swiglu(self, gate_or_gate_up, up=None):
+        return ops.swiglu(gate_or_gate_up, up)
+
+    def down(self, h):
+        return self.mlp.down_proj(h)
+
+
+def _mlp_variant(mlp, tokens: int, ffn) -> str:
+    """Which of decoder_steps.MLP_VARIANTS this MLP runs (with one info line per reason where
+    swiglu_recompute cannot apply)."""
+    if ffn is not None and ffn.uses_fp8(tokens):
+        return "fp8"
+    recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
+    if not mlp.fuse_attention_ffn:
+        if recompute:
+            _info_once("recompute_unfused", "swiglu_recompute needs the fused gate/up projection (a model built "
+                                            "while the fast path is enabled, fast_ffn_fuse_projections): this "
+                                            "model's MLP keeps gate_proj/up_proj and stores the SwiGLU output")
+        return "unfused"
+    if recompute and _is_plain_linear(mlp.down_proj) and not _fp8_attached(mlp.down_proj):
+        return "fused"
+    if recompute and _fp8_attached(mlp.down_proj):
+        _info_once("recompute_fp8", "fast_ffn_precision=fp8: this MLP's down_proj runs through Fp8Linear (per "
+                                    "linear), so the fused SwiGLU output is stored for it")
+    elif recompute:
+        _info_once("recompute_down_proj", f"swiglu_recompute needs a plain Linear down_proj, this one is "
+                                          f"{type(mlp.down_proj).__name__} (LoRA or tensor parallel): "
+                                          f"the SwiGLU output is stored")
+    return "fused_stored"
+
+
 def fast_mlp_forward(self, x):
-    """SwiGLU MLP: gate/up projection(s) -> fused SwiGLU -> down projection.
+    """SwiGLU MLP, core.decoder.mlp over this layer's sub-layers: gate/up projection(s) -> fused
+    SwiGLU -> down projection.
 
     With fuse_attention_ffn the gate and up projections are one GEMM and the kernel reads the packed
     [gate | up] output; otherwise the two projections run and the two-input kernel fuses silu * up.
@@ -139,27 +196,7 @@ def fast_mlp_forward(self, x):
     not stored for backward; elsewhere it is (one info line per reason). Under FP8 an MLP with the
     FP8 FFN attached (attach_fp8) runs it: the FFN recomputes SwiGLU in backward by construction."""
     ffn = self.__dict__.get("_fast_ffn_fp8") if _FP8 is not None else None
-    if ffn is not None and ffn.uses_fp8(math.prod(x.shape[:-1])):
-        return ffn(x)
-    recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
-    if self.fuse_attention_ffn:
-        gate_up = self.gate_up_fused_proj(x)
-        if recompute and _is_plain_linear(self.down_proj) and not _fp8_attached(self.down_proj):
-            # gate_up is this forward's private intermediate: its memory can hold its gradient.
-            return ops.swiglu_down_proj(gate_up, self.down_proj.weight, reuse_gate_up_memory=True)
-        if recompute and _fp8_attached(self.down_proj):
-            _info_once("recompute_fp8", "fast_ffn_precision=fp8: this MLP's down_proj runs through Fp8Linear (per "
-                                        "linear), so the fused SwiGLU output is stored for it")
-        elif recompute:
-            _info_once("recompute_down_proj", f"swiglu_recompute needs a plain Linear down_proj, this one is "
-                                              f"{type(self.down_proj).__name__} (LoRA or tensor parallel): "
-                                              f"the SwiGLU output is stored")
-        return self.down_proj(ops.swiglu(gate_up))
-    if recompute:
-        _info_once("recompute_unfused", "swiglu_recompute needs the fused gate/up projection (a model built "
-                                        "while the fast path is enabled, fast_ffn_fuse_projections): this "
-                                        "model's MLP keeps gate_proj/up_proj and stores the SwiGLU output")
-    return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+    return core_decoder.mlp(_MLPParts(self, ffn), x, _mlp_variant(self, math.prod(x.shape[:-1]), ffn))
 
 
 def fast_apply_rotary_pos_emb(q, k, cos, sin, position_ids):
@@ -175,12 +212,55 @@ def _can_fuse_add_norm(layer) -> bool:
     )
 
 
+class _DecoderLayerParts:
+    """core.decoder's layer parts over a PaddleNLP LlamaDecoderLayer: its norms, its self_attn
+    (called as the stock layer calls it, under its full_attn recompute) and its mlp. The attention
+    sub-layer's extra outputs (weights, cache) are kept for the layer's result."""
+
+    def __init__(self, layer, attention_arguments, npu_is_casual):
+        self.layer, self.attention_arguments, self.npu_is_casual = layer, attention_arguments, npu_is_casual
+        self.attention_extras = ()
+
+    def input_norm(self, x):
+        return self.layer.input_layernorm(x)
+
+    def self_attention(self, x):
+        layer = self.layer
+        if (layer.enable_recompute and layer.layerwise_recompute and not x.stop_gradient
+                and layer.recompute_granularity == "full_attn"):
+            # The modeling module's recompute: the FP8 path's while FP8 is on (fp8/recompute.py).
+            outputs = _modeling().recompute(layer.self_attn, x, *self.attention_arguments,
+                                            use_reentrant=layer.config.recompute_use_reentrant)
+        else:
+            outputs = layer.self_attn(x, *self.attention_arguments, npu_is_casual=self.npu_is_casual)
+        if isinstance(outputs, tuple):
+            self.attention_extras = tuple(outputs[1:])
+            return outputs[0]
+        return outputs
+
+    def post_norm_add(self, a, residual):
+        norm = self.layer.post_attention_layernorm
+        if _same_dtype(a, norm.weight) and _same_dtype(residual, norm.weight):
+            return ops.fused_add_rms_norm(a, residual, norm.weight, norm.variance_epsilon)
+        _warn_once("add_norm_dtype", "residual and attention output dtypes differ (AMP O1): the residual add "
+                                     "and post-attention norm keep PaddleNLP's math")
+        residual = residual + a
+        return norm(residual), residual
+
+    def mlp(self, x):
+        return self.layer.mlp(x)
+
+    def residual_add(self, residual, y):
+        return residual + y
+
+
 def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention_mask=None,
                                output_attentions=False, past_key_value=None, use_cache=False,
                                alibi=None, npu_is_casual=False):
-    """LlamaDecoderLayer.forward with the attention residual add fused into the post-attention
-    RMSNorm (one pass: sum, statistics, normalise). Everything else is the stock layer's flow,
-    including its layer-wise recompute of attention."""
+    """LlamaDecoderLayer.forward as core.decoder.decoder_layer: the attention residual add fused
+    into the post-attention RMSNorm (one pass: sum, statistics, normalise); the attention and MLP
+    sub-layers called as the stock layer calls them (its layer-wise recompute of attention
+    included)."""
     if not _can_fuse_add_norm(self):
         if self.sequence_parallel:
             _warn_once("sequence_parallel", "sequence-parallel decoder layers keep PaddleNLP's residual add "
@@ -188,34 +268,73 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
         return _ORIGINALS["decoder_layer"](self, hidden_states, position_ids, attention_mask,
                                            output_attentions, past_key_value, use_cache, alibi,
                                            npu_is_casual)
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    attn_args = (hidden_states, position_ids, past_key_value, attention_mask, output_attentions,
-                 use_cache, alibi)
-    if (self.enable_recompute and self.layerwise_recompute and not hidden_states.stop_gradient
-            and self.recompute_granularity == "full_attn"):
-        # The modeling module's recompute: the FP8 path's while FP8 is on (fp8/recompute.py).
-        outputs = _modeling().recompute(self.self_attn, *attn_args,
-                                        use_reentrant=self.config.recompute_use_reentrant)
-    else:
-        outputs = self.self_attn(*attn_args, npu_is_casual=npu_is_casual)
-    attn_output = outputs[0] if isinstance(outputs, tuple) else outputs
-    norm = self.post_attention_layernorm
-    if _same_dtype(attn_output, norm.weight) and _same_dtype(residual, norm.weight):
-        hidden_states, residual = ops.fused_add_rms_norm(attn_output, residual, norm.weight,
-                                                         norm.variance_epsilon)
-    else:
-        _warn_once("add_norm_dtype", "residual and attention output dtypes differ (AMP O1): the residual add "
-                                     "and post-attention norm keep PaddleNLP's math")
-        residual = residual + attn_output
-        hidden_states = norm(residual)
-    hidden_states = residual + self.mlp(hidden_states)
-    result = (hidden_states,)
-    if output_attentions:
-        result += (outputs[1],)
-    if use_cache:
-        result += (outputs[2 if output_attentions else 1],)
+    parts = _DecoderLayerParts(self, (position_ids, past_key_value, attention_mask, output_attentions, use_cache,
+                                      alibi), npu_is_casual)
+    result = (core_decoder.decoder_layer(parts, hidden_states),) + parts.attention_extras
     return result[0] if len(result) == 1 else result
+
+
+class _AttentionParts:
+    """core.decoder's attention parts over a PaddleNLP LlamaAttention on its plain fused path: its
+    qkv_proj and o_proj (FP8 attachments keep theirs), its rotary tables, ops.qkv_rotary, and the
+    modeling module's scaled_dot_product_attention (the fast path's, packed segments included) under
+    the attention's core_attn recompute as stock wraps it."""
+
+    variant = "fused"
+
+    def __init__(self, attention, position_ids, attention_mask, npu_is_casual):
+        self.layer, self.position_ids, self.attention_mask = attention, position_ids, attention_mask
+        self.npu_is_casual = npu_is_casual
+        self.num_heads, self.num_kv_heads = attention.num_heads, attention.num_key_value_heads
+        self.head_dim = attention.head_dim
+
+    def qkv(self, x):
+        return self.layer.qkv_proj(x)
+
+    def qkv_rotary(self, qkv):
+        cos, sin = self.layer.rotary_emb(qkv, seq_len=qkv.shape[1])  # the tables in qkv's dtype, as stock
+        return ops.qkv_rotary(qkv, self.num_heads, self.num_kv_heads, cos, sin, self.position_ids)
+
+    def attention(self, q, k, v):
+        layer, config, modeling = self.layer, self.layer.config, _modeling()
+        if not config.use_flash_attention:  # stock's eager attention wants every query head's k and v
+            k = modeling.repeat_kv(k, layer.num_key_value_groups)
+            v = modeling.repeat_kv(v, layer.num_key_value_groups)
+        has_gradient = not (q.stop_gradient and k.stop_gradient and v.stop_gradient)
+        if (layer.enable_recompute and layer.layerwise_recompute and has_gradient
+                and layer.recompute_granularity == "core_attn"):
+            return modeling.recompute(modeling.scaled_dot_product_attention, q, config, k, v, self.attention_mask,
+                                      False, None, False, reshard_layer=None,
+                                      use_reentrant=config.recompute_use_reentrant)
+        return modeling.scaled_dot_product_attention(q, config, k, v, self.attention_mask, False, None, False,
+                                                     reshard_layer=None, npu_is_casual=self.npu_is_casual)
+
+    def o_proj(self, a):
+        return self.layer.o_proj(a)
+
+
+def _takes_fused_attention(attention, past_key_value, output_attentions, use_cache, alibi) -> bool:
+    """Whether stock would take its plain fused-QKV path here (one qkv_proj Linear, no cache,
+    attention weights, alibi, sequence / sep parallel, KV-head gathering, fused or long-sequence
+    rope): that path is the one the fast attention forward replaces."""
+    config = attention.config
+    return (_ACTIVE is not None and _ACTIVE.rotary and attention.fuse_attention_qkv
+            and _is_plain_linear(attention._sub_layers.get("qkv_proj"))
+            and past_key_value is None and not output_attentions and not use_cache and alibi is None
+            and not attention.sequence_parallel and attention.reshard_layer is None and attention.kv_indices is None
+            and config.rope and not config.use_long_sequence_strategies and not attention.use_fused_rope)
+
+
+def fast_attention_forward(self, hidden_states, position_ids=None, past_key_value=None, attention_mask=None,
+                           output_attentions=False, use_cache=False, alibi=None, npu_is_casual=False):
+    """LlamaAttention.forward on the plain fused-QKV path as core.decoder.attention: q, k and v read
+    from PaddleNLP's interleaved qkv_proj output by ops.qkv_rotary (no paddle.split copies, and one
+    d_qkv written in backward, no concat). Every other path (and fast_ffn_rotary off) is stock's."""
+    if not _takes_fused_attention(self, past_key_value, output_attentions, use_cache, alibi):
+        return _ORIGINALS["attention"](self, hidden_states, position_ids, past_key_value, attention_mask,
+                                       output_attentions, use_cache, alibi, npu_is_casual)
+    parts = _AttentionParts(self, position_ids, attention_mask, npu_is_casual)
+    return core_decoder.attention(_PADDLE, parts, hidden_states)
 
 
 def prepare_attention_mask_for_generation(input_ids, pad_token_id, eos_token_id):
@@ -1065,6 +1184,7 @@ def apply(options: FastFFNOptions, model=None) -> None:
             prepare_mask=own_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask"),
             is_casual_mask=modeling.is_casual_mask,
         )
+    _ORIGINALS.setdefault("attention", modeling.LlamaAttention.forward)
     _ACTIVE = options
     _ORIGINALS.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
     # Always the fast forward: it takes packed batches' segments; the fused loss is its own option.
@@ -1075,6 +1195,8 @@ def apply(options: FastFFNOptions, model=None) -> None:
     modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
+    # The plain fused-QKV attention reads q, k, v through the rotary op; other paths stay stock's.
+    modeling.LlamaAttention.forward = fast_attention_forward if options.rotary else _ORIGINALS["attention"]
     # The attention path: SDPA with the decode-time causal mask, and generate()'s mask on Paddle 3.x
     # (both only where fast_ffn_attention puts the model on PaddleNLP's flash-attention path).
     attention = options.attention
@@ -1116,6 +1238,7 @@ def revert() -> None:
     modeling.LlamaMLP.forward = _ORIGINALS["mlp"]
     modeling.LlamaDecoderLayer.forward = _ORIGINALS["decoder_layer"]
     modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
+    modeling.LlamaAttention.forward = _ORIGINALS["attention"]
     restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]

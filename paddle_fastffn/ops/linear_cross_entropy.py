@@ -25,6 +25,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from ..core.rotary import POSITION_CHECK
 from . import _checks
 from ._fallback import warn_fallback
 from ._loader import run_op
@@ -89,7 +90,14 @@ class _PendingReadback:
                  self.label_error.astype(paddle.float64).reshape([1])]
         if d_loss is not None:
             parts.append(d_loss.astype(paddle.float64).reshape([1]))
+        # The step's rotary position flag (core/rotary.py PositionCheck) rides in the same copy.
+        rotary_rows = POSITION_CHECK.table_rows
+        rotary_flag = POSITION_CHECK.pending()
+        if rotary_flag is not None:
+            parts.append(rotary_flag.astype(paddle.float64).reshape([1]))
         values = paddle.concat(parts).numpy()  # the one copy to the host
+        if rotary_flag is not None:
+            POSITION_CHECK.raise_if_set(values[-1], rotary_rows)
         if values[1] != 0:
             raise ValueError(f"{OP}: argument `labels` holds a label outside the vocabulary [0, "
                              f"{self.vocab}) that is not ignore_index ({self.ignore_index})")

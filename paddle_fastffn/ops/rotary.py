@@ -1,36 +1,32 @@
-"""Rotary position embedding for q and k (grouped-query attention) in one pass.
+"""Rotary position embedding for q and k (grouped-query attention) in one pass, and the same read
+straight out of PaddleNLP's fused, interleaved qkv projection.
 
-Stack: compiled op call -> autograd (PyLayer) -> public ``rotary_embedding`` -> ``rotary_embedding_ref``.
-Signature and result of ``paddlenlp.transformers.llama.modeling.apply_rotary_pos_emb``.
+Stack: compiled op -> core op (paddle_fastffn/core/rotary.py: Rotary, QKVRotary) -> PyLayer
+adapter (_rotary_backend.pylayer) -> public ``rotary_embedding`` / ``qkv_rotary`` -> ``*_ref``.
+``rotary_embedding`` has the signature and result of
+``paddlenlp.transformers.llama.modeling.apply_rotary_pos_emb``; ``qkv_rotary`` that of LlamaAttention's
+fused-qkv reshape + split + apply_rotary_pos_emb, without the split's copies.
 """
 
 from __future__ import annotations
 
 import paddle
-from paddle.autograd import PyLayer
 
+from ..core import rotary as core_rotary
 from . import _checks
 from ._fallback import warn_fallback
-from ._loader import run_op
+from ._rotary_backend import pylayer
 
-OP = "paddle_fastffn.ops.rotary_embedding"
+OP = core_rotary.OP
+_Rotary = pylayer(core_rotary.Rotary)
+_QKVRotary = pylayer(core_rotary.QKVRotary)
 
 
-class _Rotary(PyLayer):
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, position_ids):
-        _checks.remember_grad_needs(ctx, q, k, cos, sin, position_ids)
-        q_out, k_out = run_op("fastffn_rotary", q, k, cos, sin, position_ids, False)
-        ctx.save_for_backward(cos, sin, position_ids)
-        return q_out, k_out
-
-    @staticmethod
-    def backward(ctx, d_q_out, d_k_out):
-        cos, sin, position_ids = ctx.saved_tensor()
-        d_q, d_k = run_op("fastffn_rotary", _checks.contiguous(d_q_out),
-                          _checks.contiguous(d_k_out), cos, sin, position_ids, True)
-        grads = _checks.needed_grads(ctx, d_q, d_k, None, None, None)
-        return grads[: 4 if position_ids is None else 5]
+def check_rotary_positions() -> None:
+    """Reads the step's pending position-range flag now (one copy to the host on a GPU) and
+    raises if a rotary call of the step got a position outside its cos/sin table. The fused loss
+    and the backward read it without this call (core/rotary.py, PositionCheck)."""
+    core_rotary.POSITION_CHECK.check()
 
 
 def cos_sin_table(table: paddle.Tensor, head_dim: int, name: str) -> paddle.Tensor:
@@ -49,17 +45,6 @@ def cos_sin_table(table: paddle.Tensor, head_dim: int, name: str) -> paddle.Tens
     return _checks.contiguous(table.astype(paddle.float32))
 
 
-def _token_dense(t: paddle.Tensor) -> paddle.Tensor:
-    """Keeps a strided view (q/k sliced from a fused QKV output) when each token is dense."""
-    if t.is_contiguous():
-        return t
-    strides = t.strides
-    b, s, h, d = t.shape
-    if strides[3] == 1 and strides[2] == d and strides[0] == strides[1] * s:
-        return t
-    return t.contiguous()
-
-
 def _check_rotary_inputs(q, k, position_ids):
     _checks.check_float(q, OP, "q")
     _checks.check_like(q, "q", k, OP, "k", same_shape=False)
@@ -74,13 +59,31 @@ def _check_rotary_inputs(q, k, position_ids):
                          f"grouped-query attention")
     if q.shape[3] % 2 != 0:
         raise ValueError(f"{OP}: head_dim must be even for rotate_half, got {q.shape[3]}")
+    _check_position_ids(position_ids, q.shape[0], q.shape[1])
+
+
+def _check_position_ids(position_ids, batch: int, seq: int) -> None:
+    if position_ids is None:
+        return
+    _checks.check_tensor(position_ids, OP, "position_ids")
+    if position_ids.dtype not in (paddle.int64, paddle.int32):
+        raise TypeError(f"{OP}: `position_ids` must be int64 or int32, got {position_ids.dtype}")
+    if list(position_ids.shape) not in ([batch, seq], [seq]):
+        raise ValueError(f"{OP}: `position_ids` must be [batch, seq] = {[batch, seq]}, got "
+                         f"{list(position_ids.shape)}")
+
+
+def _kernel_tables(cos, sin, position_ids, batch: int, seq: int, head_dim: int):
+    """The kernel's fp32 [rows, head_dim] tables and contiguous int64 [batch, seq] ids (or None,
+    after checking that seq fits the table)."""
+    cos_table = cos_sin_table(cos, head_dim, "cos")
+    sin_table = cos_sin_table(sin, head_dim, "sin")
     if position_ids is not None:
-        _checks.check_tensor(position_ids, OP, "position_ids")
-        if position_ids.dtype not in (paddle.int64, paddle.int32):
-            raise TypeError(f"{OP}: `position_ids` must be int64 or int32, got {position_ids.dtype}")
-        if list(position_ids.shape) not in ([q.shape[0], q.shape[1]], [q.shape[1]]):
-            raise ValueError(f"{OP}: `position_ids` must be [batch, seq] = {q.shape[:2]}, got "
-                             f"{list(position_ids.shape)}")
+        position_ids = _checks.contiguous(position_ids.astype(paddle.int64).expand([batch, seq]))
+    elif seq > cos_table.shape[0]:
+        raise ValueError(f"{OP}: seq ({seq}) exceeds the cos/sin table ({cos_table.shape[0]} "
+                         f"rows); build the rotary embedding with a larger max_position_embeddings")
+    return cos_table, sin_table, position_ids
 
 
 def rotary_embedding(q: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
@@ -96,16 +99,59 @@ def rotary_embedding(q: paddle.Tensor, k: paddle.Tensor, cos: paddle.Tensor, sin
     if not _checks.kernel_supports_place(q):
         warn_fallback(OP, q.place)
         return rotary_embedding_ref(q, k, cos, sin, position_ids)
-    head_dim = q.shape[3]
-    cos_table = cos_sin_table(cos, head_dim, "cos")
-    sin_table = cos_sin_table(sin, head_dim, "sin")
-    if position_ids is not None:
-        position_ids = _checks.contiguous(
-            position_ids.astype(paddle.int64).expand([q.shape[0], q.shape[1]]))
-    elif q.shape[1] > cos_table.shape[0]:
-        raise ValueError(f"{OP}: seq ({q.shape[1]}) exceeds the cos/sin table ({cos_table.shape[0]} "
-                         f"rows); build the rotary embedding with a larger max_position_embeddings")
-    return _Rotary.apply(_token_dense(q), _token_dense(k), cos_table, sin_table, position_ids)
+    tables = _kernel_tables(cos, sin, position_ids, q.shape[0], q.shape[1], q.shape[3])
+    # Paddle's custom-op call makes a strided view (q/k sliced from a fused projection) contiguous
+    # anyway; the copy is made here, visibly. qkv_rotary reads a fused projection without one.
+    return _Rotary.apply(_checks.contiguous(q), _checks.contiguous(k), *tables)
+
+
+def _check_qkv_inputs(qkv, num_heads, num_kv_heads, position_ids) -> int:
+    """head_dim, after checking qkv [batch, seq, num_kv_heads * (num_heads / num_kv_heads + 2) *
+    head_dim] and the head counts."""
+    _checks.check_float(qkv, OP, "qkv")
+    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{OP}: `{name}` must be a positive int, got {value!r}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"{OP}: num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+    if len(qkv.shape) != 3:
+        raise ValueError(f"{OP}: `qkv` must be the fused projection [batch, seq, (num_heads + 2 * "
+                         f"num_kv_heads) * head_dim]; got {list(qkv.shape)}")
+    width = qkv.shape[2]
+    heads = num_heads + 2 * num_kv_heads
+    if width % heads != 0 or (width // heads) % 2 != 0:
+        raise ValueError(f"{OP}: `qkv` last axis {width} must be (num_heads + 2 * num_kv_heads) = "
+                         f"{heads} times an even head_dim")
+    _check_position_ids(position_ids, qkv.shape[0], qkv.shape[1])
+    return width // heads
+
+
+def qkv_rotary(qkv: paddle.Tensor, num_heads: int, num_kv_heads: int, cos: paddle.Tensor,
+               sin: paddle.Tensor, position_ids: paddle.Tensor | None = None):
+    """PaddleNLP's fused-qkv attention input: ``qkv`` [batch, seq, num_kv_heads * (G + 2) *
+    head_dim] (G = num_heads / num_kv_heads; per KV group its G query heads, its k head, its v
+    head: what LlamaAttention's qkv_proj gives with fuse_attention_qkv) ->
+    ``(q_rot [b, s, num_heads, d], k_rot [b, s, num_kv_heads, d], v [b, s, num_kv_heads, d])``,
+    q and k rotated as ``rotary_embedding``. One kernel launch reads qkv and writes all three
+    (v a dense copy, see core/rotary.py QKVRotary); the backward writes the one d_qkv. cos/sin and
+    position_ids as for ``rotary_embedding``."""
+    head_dim = _check_qkv_inputs(qkv, num_heads, num_kv_heads, position_ids)
+    if not _checks.kernel_supports_place(qkv):
+        warn_fallback(OP, qkv.place)
+        return qkv_rotary_ref(qkv, num_heads, num_kv_heads, cos, sin, position_ids)
+    tables = _kernel_tables(cos, sin, position_ids, qkv.shape[0], qkv.shape[1], head_dim)
+    return _QKVRotary.apply(_checks.contiguous(qkv), *tables, num_heads, num_kv_heads)
+
+
+def qkv_rotary_ref(qkv, num_heads, num_kv_heads, cos, sin, position_ids=None):
+    """LlamaAttention's fused-qkv path: reshape to [b, s, kv_heads, (G + 2) d], split, rotate."""
+    groups = num_heads // num_kv_heads
+    head_dim = qkv.shape[2] // (num_heads + 2 * num_kv_heads)
+    mixed = qkv.reshape([qkv.shape[0], qkv.shape[1], num_kv_heads, (groups + 2) * head_dim])
+    q, k, v = paddle.split(mixed, [groups * head_dim, head_dim, head_dim], axis=-1)
+    q = q.reshape([qkv.shape[0], qkv.shape[1], num_heads, head_dim])
+    q_rot, k_rot = rotary_embedding_ref(q, k, cos, sin, position_ids)
+    return q_rot, k_rot, v
 
 
 def rotate_half(x: paddle.Tensor) -> paddle.Tensor:

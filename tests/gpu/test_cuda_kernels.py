@@ -124,19 +124,44 @@ def test_rms_norm_backward_plan_uses_the_device():
 
 
 def test_rotary_position_out_of_range_raises_instead_of_clamping():
-    k = harness.kernels()
+    """The kernel flags an out-of-table id on the device (no host read in the forward) and
+    poisons that token; the step's read of the flag raises."""
+    from paddle_fastffn.core import rotary as core_rotary
+
     q, kk = rand((1, 4, 2, 8), torch.bfloat16), rand((1, 4, 1, 8), torch.bfloat16)
     cos = torch.ones(6, 8, device="cuda")
     sin = torch.zeros(6, 8, device="cuda")
     for bad in (6, -1):
         pos = torch.tensor([[0, 1, bad, 2]], device="cuda")
-        with pytest.raises(ValueError, match="outside the cos/sin table"):
-            k.rotary(q, kk, cos, sin, pos)
-    q_out, _ = k.rotary(q, kk, cos, sin, torch.tensor([[0, 1, 5, 2]], device="cuda"))
+        q_out, k_out = harness.Rotary.apply(q, kk, cos, sin, pos)
+        assert core_rotary.POSITION_CHECK.flag is not None  # pending, not read yet
+        assert torch.isnan(q_out[0, 2]).all() and torch.isnan(k_out[0, 2]).all()
+        with pytest.raises(ValueError, match=r"position_ids.*outside the cos/sin table \[0, 6\)"):
+            core_rotary.POSITION_CHECK.check()
+    q_out, _ = harness.Rotary.apply(q, kk, cos, sin, torch.tensor([[0, 1, 5, 2]], device="cuda"))
+    core_rotary.POSITION_CHECK.check()  # valid ids: nothing flagged
     assert torch.equal(q_out, q)  # cos 1, sin 0: the identity where positions are valid
 
 
 ROPE_SHAPES = [(1, 1, 1, 1, 2), (2, 7, 4, 2, 6), (3, 5, 8, 8, 64), (2, 9, 8, 2, 128), (4, 2048, 32, 8, 128)]
+
+
+def _rope_tables(d, rows):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    emb = torch.cat([torch.outer(torch.arange(rows, device="cuda").float(), inv_freq)] * 2, -1)
+    return emb.cos().contiguous(), emb.sin().contiguous()
+
+
+def _rotate_reference(cos, sin, positions):
+    """x -> x * cos[p] + rotate_half(x) * sin[p] in fp64, positions [b, s]."""
+    c, sn = cos.double()[positions].unsqueeze(2), sin.double()[positions].unsqueeze(2)
+
+    def rot(x):
+        d = x.shape[-1]
+        x = x.double()
+        return x * c + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sn
+
+    return rot
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -144,37 +169,44 @@ ROPE_SHAPES = [(1, 1, 1, 1, 2), (2, 7, 4, 2, 6), (3, 5, 8, 8, 64), (2, 9, 8, 2, 
 @pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "position_ids"])
 @pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv_views"])
 def test_rotary(shape, dtype, positions, fused_qkv):
-    k = harness.kernels()
+    """harness.Rotary (the core op): q and k dense or token-strided views, forward and the
+    transposed rotation in backward, against fp64 autograd."""
     b, s, hq, hk, d = shape
     rows = s + 5
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    freqs = torch.outer(torch.arange(rows, device="cuda").float(), inv_freq)
-    emb = torch.cat([freqs, freqs], -1)
-    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    cos, sin = _rope_tables(d, rows)
     if fused_qkv:
-        qkv = rand((b, s, (hq + 2 * hk) * d), dtype)
+        qkv = rand((b, s, (hq + 2 * hk) * d), dtype).requires_grad_()
         q = qkv[..., : hq * d].view(b, s, hq, d)
         kk = qkv[..., hq * d: (hq + hk) * d].view(b, s, hk, d)
+        leaves = [qkv]
     else:
-        q, kk = rand((b, s, hq, d), dtype), rand((b, s, hk, d), dtype)
+        q, kk = rand((b, s, hq, d), dtype).requires_grad_(), rand((b, s, hk, d), dtype).requires_grad_()
+        leaves = [q, kk]
     pos = torch.randint(0, rows, (b, s), device="cuda") if positions else None
-    q_out, k_out = k.rotary(q, kk, cos, sin, pos)
-    p = pos if positions else torch.arange(s, device="cuda").expand(b, s)
-    c, sn = cos.double()[p].unsqueeze(2), sin.double()[p].unsqueeze(2)
-
-    def rot(x):
-        x = x.double()
-        return x * c + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sn
-
-    close(q_out, rot(q), dtype, "rope q")
-    close(k_out, rot(kk), dtype, "rope k")
+    q_out, k_out = harness.Rotary.apply(q, kk, cos, sin, pos)
+    rot = _rotate_reference(cos, sin, pos if positions else torch.arange(s, device="cuda").expand(b, s))
+    close(q_out, rot(q.detach()), dtype, "rope q")
+    close(k_out, rot(kk.detach()), dtype, "rope k")
     # Backward = transpose: <R q, u> == <q, R^T u> checked elementwise against autograd.
-    q64, k64 = q.double().requires_grad_(), kk.double().requires_grad_()
+    q64, k64 = q.detach().double().requires_grad_(), kk.detach().double().requires_grad_()
     u_q, u_k = rand(q_out.shape, dtype), rand(k_out.shape, dtype)
     ((rot(q64) * u_q.double()).sum() + (rot(k64) * u_k.double()).sum()).backward()
-    d_q, d_k = k.rotary(u_q, u_k, cos, sin, pos, inverse=True)
+    grads = torch.autograd.grad((q_out, k_out), leaves, (u_q, u_k))
+    if fused_qkv:
+        d_q = grads[0][..., : hq * d].view(b, s, hq, d)
+        d_k = grads[0][..., hq * d: (hq + hk) * d].view(b, s, hk, d)
+    else:
+        d_q, d_k = grads
     close(d_q, q64.grad, dtype, "rope d_q")
     close(d_k, k64.grad, dtype, "rope d_k")
+    core_rotary_check()
+
+
+def core_rotary_check():
+    """Reads the step's pending position flag (positions in these tests are all in the table)."""
+    from paddle_fastffn.core import rotary as core_rotary
+
+    core_rotary.POSITION_CHECK.check()
 
 
 @pytest.mark.parametrize("split_gemms", [False, True], ids=["fused_gemm", "split_gemm"])
@@ -259,7 +291,8 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     # layer chains about ten reductions, the longest over K = 688 terms (the down GEMM), and
     # fp32 summation-order error grows like sqrt(K): the absolute tolerance scales with it.
     for got_t, want, name in ((got, ref, "out"), (grads[0], ref_grads[0], "d_x"),
-                              (grads[1][:256], ref_grads[1], "d_w_q"), (grads[2], ref_grads[2], "d_w_down")):
+                              (harness.split_qkv_weight(grads[1], 4, 2)[0], ref_grads[1], "d_w_q"),
+                              (grads[2], ref_grads[2], "d_w_down")):
         close(got_t, want, torch.float32, f"decoder layer {name}", reduced_rows=688)
 
 
@@ -271,12 +304,12 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
     weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
     import copy
 
-    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+    from benchmarks.gpu.llama_model import COMPOSITION, UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
     config, hf = fp32_hf_decoder_layer()
     lora = LoraSettings(rank=4, alpha=8)
     fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
-    assert fast.steps == FastDecoderLayer.UNFUSED_STEPS
+    assert fast.steps == COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED
     assert not any(p.requires_grad for n, p in fast.named_parameters() if not n.startswith("lora_"))
     merged = copy.deepcopy(hf)
     with torch.no_grad():
@@ -299,25 +332,74 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
-def test_qkv_rotary_gradient_lands_in_one_buffer(dtype, heads):
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (6, 2)], ids=["mha", "gqa4", "gqa3"])
+@pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "position_ids"])
+def test_qkv_rotary_reads_and_writes_the_interleaved_fused_qkv(dtype, heads, positions):
+    """harness.qkv_rotary on PaddleNLP's interleaved fused qkv ([b, s, kv_heads, (G + 2) d]: per KV
+    group its G query heads, its k head, its v head): rotated q, k and a copy of v against the
+    reshape + split + rotate reference, and the one d_qkv buffer (every slot written: outputs
+    start as NaN under POISON_OUTPUTS) against fp64 autograd through the same reference."""
     hq, hk = heads
+    groups = hq // hk
     b, s, d = 2, 33, 64
     qkv = rand((b, s, (hq + 2 * hk) * d), dtype).requires_grad_()
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    emb = torch.cat([torch.outer(torch.arange(s, device="cuda").float(), inv_freq)] * 2, -1)
-    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
-    q, k, v = harness.QKVRotary.apply(qkv, hq, hk, cos, sin)
+    cos, sin = _rope_tables(d, s + 7)
+    pos = torch.randint(0, s + 7, (b, s), device="cuda") if positions else None
+    q, k, v = harness.qkv_rotary(qkv, hq, hk, cos, sin, pos)
     u = [rand(t.shape, dtype) for t in (q, k, v)]
     (d_qkv,) = torch.autograd.grad((q, k, v), [qkv], u)
     ref_in = qkv.detach().double().requires_grad_()
-    rq = ref_in[..., : hq * d].view(b, s, hq, d)
-    rk = ref_in[..., hq * d: (hq + hk) * d].view(b, s, hk, d)
-    rv = ref_in[..., (hq + hk) * d:].view(b, s, hk, d)
-    c, sn = cos.double()[None, :, None], sin.double()[None, :, None]
-    rot = lambda x: x * c + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sn  # noqa: E731
-    outs = (rot(rq), rot(rk), rv)
+    rq, rk, rv = ref_in.view(b, s, hk, (groups + 2) * d).split([groups * d, d, d], -1)
+    rot = _rotate_reference(cos, sin, pos if positions else torch.arange(s, device="cuda").expand(b, s))
+    outs = (rot(rq.reshape(b, s, hq, d)), rot(rk), rv)
     for got, want, name in zip((q, k, v), outs, "qkv"):
+        assert got.is_contiguous() and got.shape == want.shape, name
         close(got, want, dtype, f"qkv-rotary {name}")
     (ref_grad,) = torch.autograd.grad(outs, [ref_in], [t.double() for t in u])
     close(d_qkv, ref_grad, dtype, "d_qkv")
+    core_rotary_check()
+
+
+def test_fused_qkv_weight_is_paddlenlp_interleaved_layout():
+    """fuse_qkv_weight orders rows per KV group as PaddleNLP's fuse_param_func(is_qkv=True) does
+    ([q1, q2, k1, v1, q3, q4, k2, v2] for 4 heads, 2 KV heads), and split_qkv_weight undoes it."""
+    d = 3
+    q_w, k_w, v_w = (torch.arange(n * d, dtype=torch.float32).repeat_interleave(2).view(n * d, 2) + base
+                     for n, base in ((4, 0), (2, 100), (2, 200)))
+    fused = harness.fuse_qkv_weight(q_w, k_w, v_w, 4, 2)
+    blocks = [q_w[0:6], k_w[0:3], v_w[0:3], q_w[6:12], k_w[3:6], v_w[3:6]]
+    assert torch.equal(fused, torch.cat(blocks))
+    for got, want in zip(harness.split_qkv_weight(fused, 4, 2), (q_w, k_w, v_w)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "lora"])
+def test_benchmarked_decoder_layer_executes_the_core_steps(kind, monkeypatch):
+    """FastDecoderLayer runs core.decoder over its parts: recording each part it calls (by the step
+    core/decoder.py names it) gives the list the Paddle patch is traced against on CPU
+    (tests/integration/test_composition.py): the fast path's default, FP8 and LoRA layers."""
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from benchmarks.gpu.llama_model import COMPOSITION, FastDecoderLayer, LoraSettings, rope_tables
+    from paddle_fastffn.core.decoder import STEP_OF_PART
+
+    config, hf = fp32_hf_decoder_layer()
+    hf = hf.to(torch.bfloat16)
+    options = {"bf16": {}, "fp8": {"fp8_recipe": Fp8Recipe("current")}, "lora": {"lora": LoraSettings(rank=4)}}
+    fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, **options[kind]).to("cuda")
+    expected = {"bf16": COMPOSITION.LLAMA_DECODER_LAYER, "fp8": COMPOSITION.LLAMA_DECODER_LAYER_FP8,
+                "lora": COMPOSITION.LLAMA_DECODER_LAYER_UNFUSED}[kind]
+    steps = []
+
+    def recording(step, part):
+        def call(*args):
+            steps.append(step)
+            return part(*args)
+        return call
+    for part, step in STEP_OF_PART.items():
+        monkeypatch.setattr(fast, part, recording(step, getattr(fast, part)))
+    x = rand((2, 32, 256), torch.bfloat16).requires_grad_()
+    cos, sin = rope_tables(config, 32)
+    out = fast(x, cos, sin)
+    out.backward(torch.ones_like(out))
+    assert tuple(steps) == expected == fast.steps, steps
+    assert torch.isfinite(x.grad).all()

@@ -25,6 +25,7 @@ from test_swiglu_fp8_kernels import FP8_BUDGET, rel_err, scale_rule  # noqa: E40
 from fp8_ffn_budget import rss  # noqa: E402
 
 from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
+from benchmarks.gpu import harness  # noqa: E402
 from benchmarks.gpu.fp8_ffn import Fp8Recipe  # noqa: E402
 from benchmarks.gpu.fp8_linear import Fp8LinearState, fp8_linear  # noqa: E402
 
@@ -221,16 +222,17 @@ def _hf_model(config, dtype):
 
 def gradient_pairs(ours, hf) -> list:
     """(ours, Hugging Face's, name) for the gradients the FastLlama-vs-HF tests compare: embedding,
-    LM head (ours [H, V]), final norm, a down projection and the q and k rows of the fused QKV."""
+    LM head (ours [H, V]), final norm, a down projection and the q and k rows of the fused QKV
+    (PaddleNLP's interleaved layout, split back per projection)."""
     attention = hf.model.layers[0].self_attn
-    q_rows = attention.q_proj.weight.shape[0]
-    k_rows = attention.k_proj.weight.shape[0]
+    layer = ours.layers[0]
+    d_w_q, d_w_k, _ = harness.split_qkv_weight(layer.w_qkv.grad, layer.heads, layer.kv_heads)
     return [(ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
             (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
             (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
             (ours.layers[1].w_down.grad, hf.model.layers[1].mlp.down_proj.weight.grad, "d_w_down[1]"),
-            (ours.layers[0].w_qkv.grad[:q_rows], attention.q_proj.weight.grad, "d_w_q[0]"),
-            (ours.layers[0].w_qkv.grad[q_rows:q_rows + k_rows], attention.k_proj.weight.grad, "d_w_k[0]")]
+            (d_w_q, attention.q_proj.weight.grad, "d_w_q[0]"),
+            (d_w_k, attention.k_proj.weight.grad, "d_w_k[0]")]
 
 
 def test_fast_llama_loss_and_gradients_match_hugging_face_in_fp32():

@@ -3,6 +3,7 @@ patched PaddleNLP LLaMA follows paddle_fastffn/integration/composition.py step b
 that benchmarks/gpu/llama_model.py's FastDecoderLayer executes. If either side changes its
 composition, this test (or the GPU test of the benchmarked layer) fails."""
 
+import numpy as np
 import paddle
 import pytest
 
@@ -11,11 +12,98 @@ from llama_fixtures import batch, tiny_model
 from paddle_fastffn import ops
 from paddle_fastffn.fp8 import FP8_DTYPES, Fp8FFN, Fp8Recipe, WeightCache, fp8_ffn_cuda
 from paddle_fastffn.fp8 import cuda as fp8_cuda
-from paddle_fastffn.integration.composition import (IN_OUT, LLAMA_DECODER_LAYER, LLAMA_DECODER_LAYER_FP8,
-                                                    LLAMA_DECODER_LAYER_UNFUSED, OUT_IN, ROWWISE, TRANSPOSED,
-                                                    comparable, fp8_ffn_calls)
+from paddle_fastffn.core import decoder
+from paddle_fastffn.integration.composition import (ATTENTION_VARIANTS, IN_OUT, LLAMA_DECODER_LAYER,
+                                                    LLAMA_DECODER_LAYER_FP8, LLAMA_DECODER_LAYER_UNFUSED,
+                                                    MLP_VARIANTS, OUT_IN, ROWWISE, TRANSPOSED, comparable,
+                                                    decoder_layer_steps, fp8_ffn_calls)
 from paddle_fastffn.integration.llama import fp8_layers
 from paddle_fastffn.ops import _loader
+
+
+class RecordingParts:
+    """Layer, attention and MLP parts at once that record the step of each part core.decoder calls
+    (decoder.STEP_OF_PART) and return arrays of the shape the protocol promises, so the core's
+    reshapes run on them."""
+
+    num_heads, num_kv_heads, head_dim, hidden = 4, 2, 3, 12
+
+    def __init__(self, attention_variant, mlp_variant):
+        self.variant, self.mlp_variant, self.steps = attention_variant, mlp_variant, []
+        for part, step in decoder.STEP_OF_PART.items():
+            if not hasattr(self, part):
+                setattr(self, part, self._recorder(step))
+
+    def _recorder(self, step):
+        def part(*tensors):
+            self.steps.append(step)
+            return tensors[0] if len(tensors) == 1 else tensors
+        return part
+
+    def _width(self, step, x, width):
+        self.steps.append(step)
+        return np.zeros(x.shape[:2] + (width,), np.float32)
+
+    def qkv(self, x):
+        return self._width("qkv_proj", x, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim)
+
+    def qkv_rotary(self, qkv):
+        self.steps.append("rotary")
+        b, s, width = qkv.shape
+        hk = self.num_kv_heads
+        assert width == (self.num_heads + 2 * hk) * self.head_dim, qkv.shape
+        return (np.zeros((b, s, self.num_heads, self.head_dim)), np.zeros((b, s, hk, self.head_dim)),
+                np.zeros((b, s, hk, self.head_dim)))
+
+    def q(self, x):
+        return self._width("q_proj", x, self.num_heads * self.head_dim)
+
+    def k(self, x):
+        return self._width("k_proj", x, self.num_kv_heads * self.head_dim)
+
+    def v(self, x):
+        return self._width("v_proj", x, self.num_kv_heads * self.head_dim)
+
+    def attention(self, q, k, v):
+        assert q.shape[2:] == (self.num_heads, self.head_dim) and k.shape == v.shape, (q.shape, k.shape, v.shape)
+        return self._width("attention", q, self.num_heads * self.head_dim)
+
+    def post_norm_add(self, a, residual):
+        self.steps.append("add_rms_norm")
+        return a, residual
+
+    def self_attention(self, x):
+        return decoder.attention(NumpyViews(), self, x)
+
+    def mlp(self, x):
+        return decoder.mlp(self, x, self.mlp_variant)
+
+
+class NumpyViews:
+    """The backend's views over numpy arrays (the core's reshapes are all it asks of one here)."""
+
+    def shape(self, t):
+        return t.shape
+
+    def reshape(self, t, shape):
+        return t.reshape(shape)
+
+
+@pytest.mark.parametrize("attention_variant", sorted(ATTENTION_VARIANTS))
+@pytest.mark.parametrize("mlp_variant", sorted(MLP_VARIANTS))
+def test_core_decoder_runs_the_named_steps(attention_variant, mlp_variant):
+    """The step lists are the steps core.decoder executes, for every variant of each sub-layer."""
+    parts = RecordingParts(attention_variant, mlp_variant)
+    decoder.decoder_layer(parts, np.zeros((2, 5, parts.hidden), np.float32))
+    assert tuple(parts.steps) == decoder_layer_steps(attention_variant, mlp_variant)
+
+
+def test_core_decoder_names_unknown_variants():
+    with pytest.raises(ValueError, match="variant must be"):
+        decoder.mlp(RecordingParts("fused", "fused"), np.zeros((1, 1, 12)), "gated")
+    with pytest.raises(ValueError, match="variant must be"):
+        decoder.attention(NumpyViews(), RecordingParts("grouped", "fused"), np.zeros((1, 1, 12)))
+
 
 KERNEL_STEPS = {"fastffn_rms_norm_fwd": "rms_norm", "fastffn_rotary": "rotary", "fastffn_swiglu_fwd": "swiglu"}
 # (step, sub-layer path in a decoder layer) of the projections a forward hook records

@@ -102,3 +102,23 @@ def test_an_asked_for_fallback_warns_once(allow_fallback, recwarn):
     for _ in range(2):
         _fallback.warn_fallback("paddle_fastffn.ops.test_only_op", "Place(xpu:0)")
     assert sum("test_only_op" in str(w.message) for w in recwarn) == 1
+
+
+def test_qkv_rotary_rejects_bad_heads_widths_and_positions():
+    cos, sin = _cos_sin(rows=8)
+    qkv = random_tensor((1, 3, (4 + 2 * 2) * 6), "float32")
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) must divide num_heads \(4\)"):
+        ops.qkv_rotary(qkv, 4, 3, cos, sin)
+    with pytest.raises(ValueError, match="`num_heads` must be a positive int"):
+        ops.qkv_rotary(qkv, 0, 2, cos, sin)
+    with pytest.raises(ValueError, match=r"last axis 48 must be \(num_heads \+ 2 \* num_kv_heads\) = 10"):
+        ops.qkv_rotary(qkv, 6, 2, cos, sin)
+    with pytest.raises(ValueError, match=r"`qkv` must be the fused projection \[batch, seq"):
+        ops.qkv_rotary(qkv.reshape([1, 3, 8, 6]), 4, 2, cos, sin)
+    with pytest.raises(ValueError, match="`position_ids` must be \\[batch, seq\\]"):
+        ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.zeros([2, 3], dtype="int64"))
+    # On CPU the step's position flag is read at once: the call itself raises.
+    with pytest.raises(ValueError, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
+        ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.to_tensor([[0, 8, 1]], dtype="int64"))
+    with pytest.raises(ValueError, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
+        ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.to_tensor([[0, -1, 1]], dtype="int64"))

@@ -137,40 +137,60 @@ fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args args, const void*
 // head_dim] (grouped-query attention: k_heads divides q_heads), the math of PaddleNLP's
 // apply_rotary_pos_emb:  out = x * cos[p] + rotate_half(x) * sin[p],
 // rotate_half(x) = [-x[h:], x[:h]], h = head_dim / 2, p = position_ids[b, s] or s when NULL.
-// cos/sin are fp32 tables [table_rows, head_dim]. Inputs may have a token stride larger than
-// heads * head_dim (q and k read straight out of a fused QKV projection); heads are contiguous
-// inside a token. Outputs have their own token strides (0 = dense, heads * head_dim), so the
-// backward can write d_q and d_k straight into a fused d_qkv buffer. With inverse != 0 the
-// transposed rotation is applied
-// (the backward: d_x = d_out * cos[p] + rotate_half^T(d_out * sin[p])).
-// Position ids outside [0, table_rows) make the CPU entry point return INVALID_ARGUMENT. On CUDA
-// (where the ids live on the device) the kernel writes NaN for such tokens and sets
-// *position_error to 1 (a device int32 the caller zeroes and reads after the launch; it may be
-// NULL only when position_ids is NULL or the ids were already checked, as in the backward).
+// cos/sin are fp32 tables [table_rows, head_dim]. With inverse != 0 the transposed rotation is
+// applied (the backward: d_x = d_out * cos[p] + rotate_half^T(d_out * sin[p])).
+// Optionally v [batch, seq, k_heads, head_dim] is copied unchanged in the same pass (v and v_out
+// both NULL or both set): PaddleNLP's fused qkv_proj holds q, k and v interleaved per KV group,
+//   token = [group 0: q heads 0..G-1 | k head 0 | v head 0] [group 1: ...] ...,  G = q_heads / k_heads,
+// so one launch reads q and k from it into dense rotated outputs and v into a dense copy (the
+// forward), or writes all of d_qkv from dense d_q, d_k, d_v (the backward): no split, no concat.
+// Every tensor's heads are addressed through a fastffn_heads_layout (elements, from the tensor's
+// pointer): head i of token t starts at
+//   t * token_stride + (i / heads_per_group) * group_stride + (i % heads_per_group) * head_stride
+// and its head_dim elements are contiguous. A dense [batch, seq, heads, head_dim] tensor is
+// {heads * head_dim, heads * head_dim, heads, head_dim}; in PaddleNLP's interleaved qkv
+// (width W = k_heads * (G + 2) * head_dim) q is {W, (G + 2) d, G, d} at offset 0, k is
+// {W, (G + 2) d, 1, d} at offset G d, v the same at offset (G + 1) d.
+// Position ids outside [0, table_rows) are never read through: with position_error set (an
+// int32 where the tensors are, zeroed by the caller; the kernels only ever write 1 to it, so one
+// flag can serve many calls and be read once) both entry points write NaN over such tokens' q/k
+// outputs and set *position_error = 1. With position_error NULL the CPU entry point returns
+// INVALID_ARGUMENT before writing and the CUDA one poisons silently, so NULL is for calls whose
+// ids were already checked (the backward) or absent.
 // ---------------------------------------------------------------------------------------------
+typedef struct {
+  int64_t token_stride;
+  int64_t group_stride;
+  int64_t heads_per_group;  // divides the tensor's heads
+  int64_t head_stride;
+} fastffn_heads_layout;
+
 typedef struct {
   int64_t batch;
   int64_t seq;
   int64_t q_heads;
-  int64_t k_heads;
+  int64_t k_heads;  // also v's heads
   int64_t head_dim;
-  int64_t q_token_stride;
-  int64_t k_token_stride;
-  int64_t q_out_token_stride;
-  int64_t k_out_token_stride;
+  fastffn_heads_layout q_in;
+  fastffn_heads_layout k_in;
+  fastffn_heads_layout v_in;  // ignored when v is NULL
+  fastffn_heads_layout q_out;
+  fastffn_heads_layout k_out;
+  fastffn_heads_layout v_out;  // ignored when v_out is NULL
   int64_t table_rows;
   int inverse;
   fastffn_dtype dtype;
-  int32_t* position_error;  // CUDA only, see above
+  int32_t* position_error;  // see above
 } fastffn_rotary_args;
 
 fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const void* q, const void* k,
-                                  const float* cos, const float* sin, const int64_t* position_ids,
-                                  void* q_out, void* k_out);
+                                  const void* v, const float* cos, const float* sin,
+                                  const int64_t* position_ids, void* q_out, void* k_out,
+                                  void* v_out);
 fastffn_status fastffn_rotary_cuda(fastffn_rotary_args args, const void* q, const void* k,
-                                   const float* cos, const float* sin,
+                                   const void* v, const float* cos, const float* sin,
                                    const int64_t* position_ids, void* q_out, void* k_out,
-                                   void* stream);
+                                   void* v_out, void* stream);
 
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy over the rows of logits [rows, vocab] (row stride in elements), fused with its
