@@ -70,3 +70,23 @@ class FusedOp:
     @staticmethod
     def backward(be, saved: Saved, *output_grads):
         raise NotImplementedError
+
+
+# --- what both adapters do around an op (ops/_autograd.pylayer, torch_backend.function) ------------
+
+def run_forward(op: type[FusedOp], be, needs, args, save_for_backward):
+    """(outputs, saved): op.forward with a fresh Saved, its tensors handed to the framework's own
+    saving (save_for_backward(*tensors)) so recompute, hooks and memory accounting see them."""
+    saved = Saved(needs)
+    outputs = op.forward(be, saved, *args)
+    save_for_backward(*saved.tensors)
+    saved.tensors = ()
+    return outputs, saved
+
+
+def run_backward(op: type[FusedOp], be, saved: Saved, framework_saved, output_grads) -> tuple:
+    """op.backward on the framework's saved copies; one gradient per op input, as a tuple."""
+    saved.tensors = tuple(framework_saved)
+    grads = op.backward(be, saved, *output_grads)
+    saved.tensors = ()
+    return grads if isinstance(grads, tuple) else (grads,)
