@@ -2,8 +2,11 @@
 with nvcc into a shared library and drives it through ctypes. PyTorch only allocates memory,
 supplies the stream, runs the GEMMs and attention around our kernels, and computes references.
 
-The compositions here (FFN, decoder layer) are the ones the Paddle fast path uses, with torch's
-cuBLAS and SDPA standing in for Paddle's.
+The fused ops' autograd (SwiGLU, RMSNorm, SwiGLUDownProj, the FFN, the fused loss) is not written
+here: it is paddle_fastffn/core's classes, which the Paddle ops run too, built into torch Functions
+by benchmarks/gpu/torch_backend.py over these kernels, with torch's cuBLAS (and the project's
+cuBLASLt provider where the Paddle path calls it) standing in for Paddle's GEMMs and SDPA for its
+attention.
 """
 
 from __future__ import annotations

@@ -166,7 +166,9 @@ class PaddleBackend(IndexingBackend):
             if a.shape[1] <= b.shape[1]:
                 return out.addmm_(a.T, b, beta=1.0, alpha=alpha)
             return out.add_(PaddleBackend.matmul(a, b, transpose_a=True, alpha=alpha))
-        # 16-bit inputs (GPU): the cuBLASLt provider, fp32 output, accumulating in place.
+        # 16-bit inputs (GPU): the cuBLASLt provider, fp32 output, accumulating in place; D =
+        # alpha * A @ B^T with A = a^T, B = b^T (both stored [K, .], dense rows).
+        a, b = PaddleBackend.contiguous(a), PaddleBackend.contiguous(b)
         if out is None:
             return run_op("fastffn_gemm", a, b, None, None, "float32", True, True, False, float(alpha))[0]
         run_op("fastffn_gemm_accumulate", a, b, None, None, out, True, True, False, float(alpha))

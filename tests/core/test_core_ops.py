@@ -125,3 +125,22 @@ def test_the_harness_ffn_composition_matches_the_reference_on_paddle_cpu():
     assert_close(x.grad, rx.grad, paddle.float32, "d_x")
     assert_close(w_gate_up.grad, rw_gate_up.grad, paddle.float32, "d_w_gate_up", reduced_rows=tokens)
     assert_close(w_down.grad, rw_down.grad, paddle.float32, "d_w_down", reduced_rows=tokens)
+
+
+@needs_paddle
+def test_the_paddle_weight_gradient_gemm_passes_the_providers_argument_checks():
+    """PaddleBackend.gemm_fp32_accumulate's 16-bit branch (the loss's d_weight on GPU) calls the
+    cuBLASLt provider's binding, which checks every argument before refusing a CPU tensor: on CPU
+    the call must get as far as that device check (a wrong `out` shape is caught before it)."""
+    import paddle
+
+    from paddle_fastffn.ops._backend import BACKEND
+
+    a = paddle.randn([5, 3]).astype(paddle.bfloat16)  # [K, M]: the chunk's hidden rows
+    b = paddle.randn([5, 4]).astype(paddle.bfloat16)  # [K, N]: the chunk's d_logits
+    with pytest.raises(Exception, match="got a tensor on Place\\(cpu\\)"):
+        BACKEND.gemm_fp32_accumulate(None, a, b)
+    with pytest.raises(Exception, match="got a tensor on Place\\(cpu\\)"):
+        BACKEND.gemm_fp32_accumulate(paddle.zeros([3, 4]), a, b, 0.5)
+    with pytest.raises(Exception, match=r"argument `d` must be \[3, 4\]"):
+        BACKEND.gemm_fp32_accumulate(paddle.zeros([4, 3]), a, b)
