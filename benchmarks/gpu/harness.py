@@ -2,8 +2,11 @@
 with nvcc into a shared library and drives it through ctypes. PyTorch only allocates memory,
 supplies the stream, runs the GEMMs and attention around our kernels, and computes references.
 
-The compositions here (FFN, decoder layer) are the ones the Paddle fast path uses, with torch's
-cuBLAS and SDPA standing in for Paddle's.
+The fused ops' autograd (SwiGLU, RMSNorm, SwiGLUDownProj, the FFN, the fused loss) is not written
+here: it is paddle_fastffn/core's classes, which the Paddle ops run too, built into torch Functions
+by benchmarks/gpu/torch_backend.py over these kernels, with torch's cuBLAS (and the project's
+cuBLASLt provider where the Paddle path calls it) standing in for Paddle's GEMMs and SDPA for its
+attention.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ import torch
 
 from benchmarks.gpu.build_definition import REPO, definition
 from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
-from benchmarks.gpu.torch_rotary_backend import function
+from benchmarks.gpu.torch_backend import TorchBackend, function
+from benchmarks.gpu.torch_rotary_backend import function as rotary_function
+from paddle_fastffn.core import ffn as core_ffn
+from paddle_fastffn.core import linear_cross_entropy as core_lce
+from paddle_fastffn.core import rms_norm as core_rms_norm
 from paddle_fastffn.core import rotary as core_rotary
+from paddle_fastffn.core import swiglu as core_swiglu
 
 
 
@@ -38,6 +46,12 @@ class SwigluArgs(ctypes.Structure):
 class RmsNormArgs(ctypes.Structure):
     _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("epsilon", ctypes.c_float),
                 ("dtype", ctypes.c_int)]
+
+
+class CrossEntropyArgs(ctypes.Structure):
+    _fields_ = [("rows", ctypes.c_int64), ("vocab", ctypes.c_int64), ("row_stride", ctypes.c_int64),
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_float), ("with_grad", ctypes.c_int),
+                ("dtype", ctypes.c_int), ("label_error", ctypes.c_void_p)]
 
 
 class DeviceLimits(ctypes.Structure):
@@ -214,6 +228,27 @@ class Kernels:
             self._stream()), "rms_norm_bwd")
         return d_x, d_w
 
+    # --- cross-entropy (the fused loss's per-chunk kernel) -----------------------------------
+    def cross_entropy(self, logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=True, error=None):
+        """The fused kernel in place on logits [rows, V] (fp32/fp16/bf16, unit column stride):
+        returns the fp32 [rows] losses; with_grad, logits becomes (softmax - onehot) * grad_scale
+        (0 on ignored rows and rows whose loss is not > 0). Labels (int64) outside [0, V) that are
+        not ignore_index raise ValueError, read back from the kernel's device flag as the Paddle
+        binding does; with `error` (a zeroed device int32 [1]) the flag is left there for the
+        caller to read once."""
+        self.lib.fastffn_cross_entropy_cuda.restype = ctypes.c_int
+        rows, vocab = logits.shape
+        assert logits.stride(1) == 1 and labels.dtype == torch.int64 and labels.is_contiguous()
+        loss = self.empty((rows,), torch.float32, logits.device)
+        flag = torch.zeros(1, dtype=torch.int32, device=logits.device) if error is None else error
+        args = CrossEntropyArgs(rows, vocab, logits.stride(0) if rows > 1 else vocab, ignore_index, grad_scale,
+                                int(with_grad), _DTYPES[logits.dtype], flag.data_ptr())
+        self._check(self.lib.fastffn_cross_entropy_cuda(args, self._ptr(logits), self._ptr(labels), self._ptr(loss),
+                                                        self._stream()), "cross_entropy")
+        if error is None and int(flag.item()) != 0:
+            raise core_lce.label_error(vocab, ignore_index)
+        return loss
+
     # --- Rotary -----------------------------------------------------------------------------
     def rotary(self, sources, outputs, dims, layouts, cos, sin, position_ids, position_error,
                inverse):
@@ -291,72 +326,22 @@ def rms_norm_bwd_plan(rows: int, cols: int, limits: DeviceLimits) -> RmsNormBwdP
     return kernels().lib.fastffn_plan_rms_norm_bwd(rows, cols, limits)
 
 
-# --- autograd wrappers (what the Paddle PyLayers do, in torch) ---------------------------------
+# --- the core layer's fused ops (paddle_fastffn/core), in torch's autograd -------------------------
+# The same classes the Paddle ops run through their PyLayer adapter; only the backend differs.
 
-class SwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate_up):
-        ctx.save_for_backward(gate_up)
-        return kernels().swiglu_fwd(gate_up)
+BACKEND = TorchBackend(kernels, Kernels.empty)
 
-    @staticmethod
-    def backward(ctx, d_out):
-        (gate_up,) = ctx.saved_tensors
-        return kernels().swiglu_bwd(gate_up, d_out.contiguous())[0]
-
-
-class SwiGLUPair(torch.autograd.Function):
-    """silu(gate) * up from two tensors (Paddle's ops.swiglu(x, y): the MLP with unfused gate_proj
-    and up_proj, as under LoRA); gate and up kept for backward, which writes d_gate and d_up."""
-
-    @staticmethod
-    def forward(ctx, gate, up):
-        gate, up = gate.contiguous(), up.contiguous()
-        ctx.save_for_backward(gate, up)
-        return kernels().swiglu_fwd(gate, up)
-
-    @staticmethod
-    def backward(ctx, d_out):
-        gate, up = ctx.saved_tensors
-        (d_gate, d_up), _ = kernels().swiglu_bwd(gate, d_out.contiguous(), up=up)
-        return d_gate, d_up
-
-
-class RMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        out, _, rstd = kernels().rms_norm_fwd(x, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.eps = eps
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        x, weight, rstd = ctx.saved_tensors
-        d_x, d_w = kernels().rms_norm_bwd(x, weight, rstd, d_out.contiguous(), ctx.eps)
-        return d_x, d_w, None
-
-
-class AddRMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        out, total, rstd = kernels().rms_norm_fwd(x, weight, eps, residual=residual)
-        ctx.save_for_backward(total, weight, rstd)
-        ctx.eps = eps
-        return out, total
-
-    @staticmethod
-    def backward(ctx, d_out, d_total):
-        total, weight, rstd = ctx.saved_tensors
-        d_sum = None if d_total is None else d_total.contiguous()
-        d_x, d_w = kernels().rms_norm_bwd(total, weight, rstd, d_out.contiguous(), ctx.eps, d_sum)
-        return d_x, d_x, d_w, None
+SwiGLU = function(core_swiglu.SwiGLUPacked, BACKEND)  # apply(gate_up): packed [gate | up]
+# apply(gate, up): two inputs (the MLP with unfused gate_proj and up_proj, as under LoRA)
+SwiGLUPair = function(core_swiglu.SwiGLU, BACKEND)
+RMSNorm = function(core_rms_norm.RMSNorm, BACKEND)  # apply(x, weight, eps)
+AddRMSNorm = function(core_rms_norm.AddRMSNorm, BACKEND)  # apply(x, residual, weight, eps)
 
 
 # The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.
 # Rotary.apply(q, k, cos, sin, position_ids): q/k may be token-strided views.
-Rotary = function(core_rotary.Rotary)
-_QKVRotary = function(core_rotary.QKVRotary)
+Rotary = rotary_function(core_rotary.Rotary)
+_QKVRotary = rotary_function(core_rotary.QKVRotary)
 
 
 def qkv_rotary(qkv, heads, kv_heads, cos, sin, position_ids=None):
@@ -389,251 +374,57 @@ def split_qkv_weight(weight, heads, kv_heads):
     return tuple(p.reshape(-1, *rest) for p in parts)
 
 
-class SwiGLUDownProj(torch.autograd.Function):
+_SwiGLUDownProj = function(core_swiglu.SwiGLUDownProj, BACKEND)
+
+
+class SwiGLUDownProj:
     """out = swiglu(gate_up) @ W_d^T: what the Paddle patch's MLP runs after its gate_up_fused_proj
-    GEMM (ops.swiglu_down_proj with reuse_gate_up_memory). With recompute only gate_up is kept;
-    the backward writes d_gate_up over it and the recomputed SwiGLU output over d_hidden."""
+    GEMM (ops.swiglu_down_proj with reuse_gate_up_memory: core.swiglu.SwiGLUDownProj). The
+    harness's gate_up is always its own GEMM's private output, so the backward writes d_gate_up
+    over it; with recompute only gate_up is kept and the recomputed SwiGLU output is written over
+    d_hidden."""
 
     @staticmethod
-    def forward(ctx, gate_up, w_down, recompute=True):
-        hidden = kernels().swiglu_fwd(gate_up)
-        ctx.recompute = recompute
-        ctx.save_for_backward(gate_up, w_down, None if recompute else hidden)
-        return hidden @ w_down.t()
-
-    @staticmethod
-    def backward(ctx, d_out):
-        gate_up, w_down, hidden = ctx.saved_tensors
-        d_hidden = d_out @ w_down
-        d_gate_up, recomputed = kernels().swiglu_bwd(gate_up, d_hidden, recompute=ctx.recompute, in_place=True)
-        hidden = recomputed if ctx.recompute else hidden
-        rows = hidden.numel() // hidden.shape[-1]
-        d_w_down = d_out.reshape(rows, -1).t() @ hidden.reshape(rows, -1)
-        return d_gate_up, d_w_down, None
+    def apply(gate_up, w_down, recompute=True):
+        return _SwiGLUDownProj.apply(gate_up, w_down, recompute, True)
 
 
-class FusedFFN(torch.autograd.Function):
-    """y = swiglu(x @ W_gu^T) @ W_d^T on PaddleNLP's fused gate_up weight (torch Linear layout
-    here: W_gu [2I, H] = [W_gate; W_up], W_d [H, I]).
-
-    split_gemms=False: one [T, 2I] GEMM (packed SwiGLU); True: two [T, I] GEMMs on the row halves
-    of W_gu (free views) and the two-input SwiGLU (see fused_ffn for which is the default and why).
-    With recompute the SwiGLU output is not stored: the backward kernel rewrites it in place over
-    d_hidden. The gate/up gradients overwrite gate/up, and the SwiGLU output is released before
-    the input-gradient GEMMs, so the backward's peak holds [T, 3I] activations, not [T, 6I]."""
-
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, recompute, split_gemms):
-        x2 = x.reshape(-1, x.shape[-1])
-        inter = w_down.shape[1]
-        if split_gemms:
-            gate, up = x2 @ w_gate_up[:inter].t(), x2 @ w_gate_up[inter:].t()
-            hidden = kernels().swiglu_fwd(gate, up)
-            saved = (gate, up)
-        else:
-            gate_up = x2 @ w_gate_up.t()
-            hidden = kernels().swiglu_fwd(gate_up)
-            saved = (gate_up, None)
-        out = hidden @ w_down.t()
-        ctx.recompute, ctx.split, ctx.x_shape = recompute, split_gemms, x.shape
-        ctx.save_for_backward(x2, w_gate_up, w_down, *saved, None if recompute else hidden)
-        return out.reshape(*x.shape[:-1], out.shape[-1])
-
-    @staticmethod
-    def backward(ctx, d_out):
-        x2, w_gate_up, w_down, first, up, hidden = ctx.saved_tensors
-        inter = w_down.shape[1]
-        d_out = d_out.reshape(-1, d_out.shape[-1])
-        d_hidden = d_out @ w_down
-        grads, recomputed = kernels().swiglu_bwd(first, d_hidden, up=up, recompute=ctx.recompute,
-                                                 in_place=True)
-        hidden = recomputed if ctx.recompute else hidden
-        d_w_down = d_out.t() @ hidden
-        del hidden, recomputed, d_hidden  # release [T, I] before the [T, H] / [2I, H] outputs
-        if ctx.split:
-            d_gate, d_up = grads
-            d_x = d_gate @ w_gate_up[:inter]
-            d_x.addmm_(d_up, w_gate_up[inter:])
-            d_w_gate_up = torch.empty_like(w_gate_up)
-            torch.mm(d_gate.t(), x2, out=d_w_gate_up[:inter])
-            torch.mm(d_up.t(), x2, out=d_w_gate_up[inter:])
-        else:
-            d_x = grads @ w_gate_up
-            d_w_gate_up = grads.t() @ x2
-        return d_x.reshape(ctx.x_shape), d_w_gate_up, d_w_down, None, None
+FusedFFN = function(core_ffn.FusedFFN, BACKEND)
 
 
 def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
-    """The FFN composition. split_gemms=False (one [T, 2I] GEMM) is the default because interleaved
-    timing on the H200 (2026-12-02, run 3, gpu_h200_run3_sweep.json) found it faster or level at
-    every shape, e.g. 7B: 2.55 vs 2.66 ms at 2048 tokens, 10.18 vs 10.39 ms at 8192. (A first,
-    sequential run had suggested the split layout at small T; that was drift, see
+    """The FFN composition (core.ffn.FusedFFN; torch Linear layout: w_gate_up [2I, H] =
+    [W_gate; W_up], w_down [H, I]). split_gemms=False (one [T, 2I] GEMM) is the default because
+    interleaved timing on the H200 (2026-12-02, run 3, gpu_h200_run3_sweep.json) found it faster or
+    level at every shape, e.g. 7B: 2.55 vs 2.66 ms at 2048 tokens, 10.18 vs 10.39 ms at 8192. (A
+    first, sequential run had suggested the split layout at small T; that was drift, see
     results/history/README.md.)"""
     return FusedFFN.apply(x, w_gate_up, w_down, recompute, split_gemms)
 
 
-# --- fused linear cross-entropy (paddle_fastffn/ops/linear_cross_entropy.py's composition) ------
-
-class CrossEntropyArgs(ctypes.Structure):
-    _fields_ = [("rows", ctypes.c_int64), ("vocab", ctypes.c_int64), ("row_stride", ctypes.c_int64),
-                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_float), ("with_grad", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("label_error", ctypes.c_void_p)]
-
-
-# One chunk's logits at most, counted in fp32 (chunk_tokens * vocab * 4 bytes): the Paddle op's GPU
-# default (paddle_fastffn/ops/linear_cross_entropy.py says what it was measured against).
-GPU_CHUNK_BYTES = 1 << 30
-
-
-def _label_error(vocab, ignore_index) -> ValueError:
-    return ValueError(f"cross_entropy: `labels` holds a label outside the vocabulary [0, {vocab}) that is "
-                      f"not ignore_index ({ignore_index})")
-
-
-def _raise_if_label_error(error, vocab, ignore_index):
-    if int(error.item()) != 0:
-        raise _label_error(vocab, ignore_index)
-
+# --- fused linear cross-entropy (core.linear_cross_entropy, as ops.linear_cross_entropy) ----------
 
 def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=True, error=None):
-    """The fused kernel in place on logits [rows, V] (fp32/fp16/bf16, unit column stride): returns
-    the fp32 [rows] losses; with_grad, logits becomes (softmax - onehot) * grad_scale (0 on ignored
-    rows and rows whose loss is not > 0). Labels (int64) outside [0, V) that are not ignore_index
-    raise ValueError, read back from the kernel's device flag as the Paddle binding does; with
-    `error` (a zeroed device int32 [1]) the flag is left there for the caller to read once."""
-    k = kernels()
-    k.lib.fastffn_cross_entropy_cuda.restype = ctypes.c_int
-    rows, vocab = logits.shape
-    assert logits.stride(1) == 1 and labels.dtype == torch.int64 and labels.is_contiguous()
-    loss = k.empty((rows,), torch.float32, logits.device)
-    flag = torch.zeros(1, dtype=torch.int32, device=logits.device) if error is None else error
-    args = CrossEntropyArgs(rows, vocab, logits.stride(0) if rows > 1 else vocab, ignore_index, grad_scale,
-                            int(with_grad), _DTYPES[logits.dtype], flag.data_ptr())
-    k._check(k.lib.fastffn_cross_entropy_cuda(args, k._ptr(logits), k._ptr(labels), k._ptr(loss), k._stream()),
-             "cross_entropy")
-    if error is None:
-        _raise_if_label_error(flag, vocab, ignore_index)
-    return loss
+    """Kernels.cross_entropy on the harness's library (the per-chunk kernel, for kernel tests)."""
+    return kernels().cross_entropy(logits, labels, ignore_index, grad_scale, with_grad, error)
 
 
-def _read_back(pending, d_loss=None) -> float:
-    """The Paddle op's _PendingReadback.read: one copy of (kept count, label flag, d_loss) to the
-    host; raises for a flagged label; returns d_loss * n_labelled / n_kept (1 almost always)."""
-    n_labelled, n_kept, error, vocab, ignore_index = pending
-    parts = [n_kept.double().reshape(1), error.double().reshape(1)]
-    if d_loss is not None:
-        parts.append(d_loss.double().reshape(1))
-    values = torch.cat(parts).tolist()
-    if values[1] != 0:
-        raise _label_error(vocab, ignore_index)
-    kept = int(values[0])
-    factor = n_labelled / kept if kept and kept != n_labelled else 1.0
-    return (values[2] if d_loss is not None else 1.0) * factor
-
-
-def _gemm_fp32_out(out, a, b, accumulate=False, alpha=1.0):
-    """out (fp32) = alpha * a @ b (+ out): torch's cuBLAS with fp32 output for 16-bit inputs
-    (torch.addmm's out_dtype), so d_weight sums every chunk in fp32 without rounding each chunk's
-    product to bf16 first."""
-    beta = 1.0 if accumulate else 0.0
-    if a.dtype == torch.float32:
-        return torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
-    return torch.addmm(out, a, b, out_dtype=torch.float32, beta=beta, alpha=alpha, out=out)
-
-
-class LinearCrossEntropy(torch.autograd.Function):
-    """PaddleNLP's LlamaPretrainingCriterion(hidden @ weight) in chunks of tokens (the Paddle op's
-    composition, torch's cuBLAS for Paddle's matmul): per chunk the logits in the inputs' dtype
-    (fp32 accumulation, as the stock LM head), the fused kernel in place, then
-    d_hidden_chunk = d_logits @ W^T (in the inputs' dtype) and d_W += hidden_chunk^T @ d_logits
-    (fp32, the sum over chunks; with one chunk the GEMM's output in the weight's dtype), held for
-    backward. weight: [H, V] (PaddleNLP's LM head) or [V, H] with transpose_weight (a tied
-    embedding, torch's Linear layout). fp16 logits keep the gradient unscaled (softmax values of a
-    128k vocabulary divided by the token count would underflow fp16) and apply 1/n in the GEMMs."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, grad_enabled, n_labelled):
-        """n_labelled: the labelled rows' count, found by linear_cross_entropy's gather (the
-        forward's one synchronisation)."""
-        tokens, width = hidden.shape
-        vocab = weight.shape[0] if transpose_weight else weight.shape[1]
-        chunk = chunk_tokens or max(1, GPU_CHUNK_BYTES // (4 * vocab))
-        mean_scale = 1.0 / n_labelled if n_labelled else 1.0
-        kernel_scale, gemm_scale = (1.0, mean_scale) if hidden.dtype == torch.float16 else (mean_scale, 1.0)
-        w = weight.t() if transpose_weight else weight  # [H, V] view
-        # needs_input_grad follows requires_grad even under torch.no_grad(); the grad mode of the
-        # caller (grad_enabled) decides, as paddle.is_grad_enabled() does in the Paddle op.
-        need_h, need_w = ctx.needs_input_grad[0] and grad_enabled, ctx.needs_input_grad[1] and grad_enabled
-        # d_hidden rows are each one GEMM (K = V, fp32 accumulation inside): written in the inputs'
-        # dtype.
-        d_hidden = Kernels.empty((tokens, width), hidden.dtype, hidden.device) if need_h else None
-        # d_weight: the first chunk's product overwrites it (no zero fill, no read of zeros); with a
-        # single chunk it comes out of the GEMM in the weight's dtype (fp32 accumulation inside, one
-        # rounding, as a cast of the fp32 result would give), 2 GiB less traffic at a 128k vocab.
-        single_chunk = tokens <= chunk
-        d_weight = (Kernels.empty(weight.shape, weight.dtype if single_chunk else torch.float32, weight.device)
-                    if need_w else None)
-        # The kernel's out-of-vocabulary flag, read with backward's one copy to the host.
-        error = torch.zeros(1, dtype=torch.int32, device=hidden.device)
-        losses = []
-        for start in range(0, tokens, chunk):
-            end = min(tokens, start + chunk)
-            h = hidden[start:end]
-            logits = h @ w
-            losses.append(cross_entropy(logits, labels[start:end], ignore_index, kernel_scale, need_h or need_w,
-                                        error))
-            if need_h:
-                torch.mm(logits, w.t(), out=d_hidden[start:end]) if gemm_scale == 1.0 else \
-                    torch.addmm(d_hidden[start:end], logits, w.t(), beta=0.0, alpha=gemm_scale, out=d_hidden[start:end])
-            if need_w:
-                a, b = (logits.t(), h) if transpose_weight else (h.t(), logits)
-                if single_chunk:
-                    torch.addmm(d_weight, a, b, beta=0.0, alpha=gemm_scale, out=d_weight)
-                else:
-                    _gemm_fp32_out(d_weight, a, b, accumulate=start > 0, alpha=gemm_scale)
-            del logits
-        if need_w and tokens == 0:  # no chunk wrote it
-            d_weight.zero_()
-        loss_rows = torch.cat(losses) if losses else torch.zeros(0, device=hidden.device)
-        # PaddleNLP's mean over the tokens whose loss is > 0, as a masked sum over a count on the
-        # device (NaN when nothing is kept), as the Paddle op computes it.
-        kept = loss_rows > 0
-        n_kept = kept.sum(dtype=torch.float32)
-        loss = torch.where(kept, loss_rows, 0.0).sum() / n_kept
-        ctx.pending = (n_labelled, n_kept, error, vocab, ignore_index)
-        if not (need_h or need_w):  # no backward will read the flag
-            _read_back(ctx.pending)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
-        ctx.save_for_backward(d_hidden, d_weight)
-        return loss
-
-    @staticmethod
-    def backward(ctx, d_loss):
-        d_hidden, d_weight = ctx.saved_tensors
-        scale = _read_back(ctx.pending, d_loss)  # one copy to the host per step, as the Paddle op
-        grads = [None if g is None else (g if scale == 1.0 else g.mul_(scale)).to(dtype)
-                 for g, dtype in zip((d_hidden, d_weight), ctx.dtypes)]
-        return grads[0], grads[1], None, None, None, None, None, None
+LinearCrossEntropy = function(core_lce.LinearCrossEntropy, BACKEND)
 
 
 def labelled_rows(hidden2d, labels1d, ignore_index: int):
-    """(hidden rows, labels, their count): the rows whose label is not ignore_index, as the Paddle
-    op's _labelled_rows (PaddleFormers' filtered label loss): prompt and padding tokens never reach
-    the LM head GEMMs (indexing's backward scatters the labelled rows' gradient into a zero
-    [T, H]). Finding them is the forward's one synchronisation. With no labelled token, or every
-    token labelled, the rows stay as they are."""
-    labelled = torch.nonzero(labels1d != ignore_index).reshape(-1)
-    count = int(labelled.shape[0])
-    if count == 0 or count == labels1d.shape[0]:
-        return hidden2d, labels1d, count
-    return hidden2d[labelled], labels1d[labelled], count
+    """core.linear_cross_entropy.labelled_rows over torch: (hidden rows, labels, their count)."""
+    return core_lce.labelled_rows(BACKEND, hidden2d, labels1d, ignore_index)
 
 
 def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
     """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
     -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits. Only the
-    labelled rows reach the LM head (labelled_rows), as in the Paddle op."""
+    labelled rows reach the LM head (labelled_rows), as in the Paddle op; chunks default to the
+    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES)."""
     hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
                                                    labels.reshape(-1).long().contiguous(), ignore_index)
+    vocab = weight.shape[0] if transpose_weight else weight.shape[1]
+    chunk = chunk_tokens or core_lce.default_chunk_tokens(vocab, on_gpu=True)
     return LinearCrossEntropy.apply(hidden2d, weight, labels1d.contiguous(), ignore_index, transpose_weight,
-                                    chunk_tokens, torch.is_grad_enabled(), n_labelled)
+                                    chunk, n_labelled)

@@ -42,11 +42,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from benchmarks.gpu import harness
-from benchmarks.gpu.torch_backend import TorchBackend
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
 
-TORCH = TorchBackend()
+TORCH = harness.BACKEND
 
 
 @dataclass(frozen=True)

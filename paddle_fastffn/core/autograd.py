@@ -4,10 +4,10 @@ A fused op is a class with two static methods and two names lists, written once 
 
     class SwiGLUDownProj(FusedOp):
         inputs = ("gate_up", "weight")          # tensor inputs, in call order (grads come back so)
-        options = ("reuse_gate_up_memory",)     # non-tensor arguments after them, in call order
+        options = ("recompute", "reuse_gate_up_memory")  # non-tensor arguments after them, in order
 
         @staticmethod
-        def forward(be, saved, gate_up, weight, reuse_gate_up_memory): ...
+        def forward(be, saved, gate_up, weight, recompute, reuse_gate_up_memory): ...
             # runs kernels and GEMMs through `be`; saved.save(...) what backward reads (tensors),
             # saved.<name> = ... for anything else; returns one tensor or a tuple of tensors.
 
@@ -20,7 +20,8 @@ A fused op is a class with two static methods and two names lists, written once 
 Each framework adapts the same class to its autograd once (Paddle: ops/_autograd.py `pylayer(op)`;
 torch: benchmarks/gpu/torch_backend.py `function(op)`): the adapter builds the backend, fills
 `needs`, routes saved tensors through the framework's own saving (so recompute, hooks and memory
-accounting see them), and returns None for options. Orchestration (what is allocated, which kernels
+accounting see them; run_forward / run_backward below are that shared part), and returns None for
+options. Orchestration (what is allocated, which kernels
 run, in which order, what is kept) lives only in the op class.
 """
 
@@ -70,3 +71,23 @@ class FusedOp:
     @staticmethod
     def backward(be, saved: Saved, *output_grads):
         raise NotImplementedError
+
+
+# --- what both adapters do around an op (ops/_autograd.pylayer, torch_backend.function) ------------
+
+def run_forward(op: type[FusedOp], be, needs, args, save_for_backward):
+    """(outputs, saved): op.forward with a fresh Saved, its tensors handed to the framework's own
+    saving (save_for_backward(*tensors)) so recompute, hooks and memory accounting see them."""
+    saved = Saved(needs)
+    outputs = op.forward(be, saved, *args)
+    save_for_backward(*saved.tensors)
+    saved.tensors = ()
+    return outputs, saved
+
+
+def run_backward(op: type[FusedOp], be, saved: Saved, framework_saved, output_grads) -> tuple:
+    """op.backward on the framework's saved copies; one gradient per op input, as a tuple."""
+    saved.tensors = tuple(framework_saved)
+    grads = op.backward(be, saved, *output_grads)
+    saved.tensors = ()
+    return grads if isinstance(grads, tuple) else (grads,)

@@ -1,34 +1,178 @@
-"""PaddleBackend: core.backend.Backend over Paddle tensors (weights in Paddle's [in, out] layout)."""
+"""PaddleBackend: the core layer's Backend (paddle_fastffn/core/backend.py says what each method
+must do) over the compiled Paddle custom ops (CPU and CUDA) and Paddle's own tensor ops and matmul.
+Paddle's Linear weight layout is [in, out]."""
 
 from __future__ import annotations
 
 import paddle
 
+from ..core.backend import IndexingBackend
+from ._loader import run_op
 
-class PaddleBackend:
+
+def _on_gpu(t) -> bool:
+    return not t.place.is_cpu_place()
+
+
+class PaddleBackend(IndexingBackend):
+    # take_rows is IndexingBackend's indexing, not paddle.gather: Paddle's CPU gather has no float16
+    # kernel.
     name = "paddle"
+    float16, float32, float64, int32 = paddle.float16, paddle.float32, paddle.float64, paddle.int32
 
-    def shape(self, t):
-        return tuple(t.shape)
-
-    def rows(self, t):
+    # --- tensors ------------------------------------------------------------------------------
+    @staticmethod
+    def rows(t):
         return t.reshape([-1, t.shape[-1]])
 
-    def reshape(self, t, shape):
+    @staticmethod
+    def reshape(t, shape):
         return t.reshape(list(shape))
 
-    def contiguous(self, t):
+    @staticmethod
+    def contiguous(t):
         return t if t.is_contiguous() else t.contiguous()
 
-    def detach(self, t):
-        return t.detach()
+    # On Paddle's current device, where the op's inputs are (Paddle's ops run on one device).
+    @staticmethod
+    def empty(shape, dtype, like):
+        return paddle.empty(list(shape), dtype=dtype)
 
-    def linear(self, x, weight):
+    @staticmethod
+    def zeros(shape, dtype, like):
+        return paddle.zeros(list(shape), dtype=dtype)
+
+    @staticmethod
+    def cast(t, dtype):
+        return t if t.dtype == dtype else t.astype(dtype)
+
+    @staticmethod
+    def scale_(t, factor):
+        return t.scale_(factor)
+
+    @staticmethod
+    def concat(tensors):
+        return paddle.concat(tensors)
+
+    @staticmethod
+    def indices_not_equal(t, value):
+        return paddle.nonzero(t != value).reshape([-1])
+
+    @staticmethod
+    def positive_mean(values):
+        kept = values > 0
+        count = kept.astype(paddle.float32).sum()
+        return paddle.where(kept, values, paddle.zeros_like(values)).sum() / count, count
+
+    @staticmethod
+    def to_host(scalars):
+        parts = [s.astype(paddle.float64).reshape([1]) for s in scalars]
+        return [float(v) for v in paddle.concat(parts).numpy()]  # the one copy to the host
+
+    # --- kernels ------------------------------------------------------------------------------
+    @staticmethod
+    def swiglu(gate, up=None):
+        return run_op("fastffn_swiglu_fwd", gate, up)[0]
+
+    @staticmethod
+    def swiglu_grad(gate, up, d_out, recompute):
+        d_gate, d_up, recomputed = run_op("fastffn_swiglu_bwd", gate, up, d_out, bool(recompute))
+        return d_gate, (d_up if up is not None else None), (recomputed if recompute else None)
+
+    @staticmethod
+    def swiglu_grad_in_place(gate, up, d_out, recompute):
+        # The binding's in-place backward is the packed one with recompute (the only one the
+        # Paddle path runs: swiglu_down_proj with reuse_gate_up_memory).
+        if up is not None or not recompute:
+            raise ValueError("paddle_fastffn.ops.swiglu: the in-place backward takes a packed [gate | up] "
+                             "with recompute")
+        run_op("fastffn_swiglu_bwd_inplace", gate, d_out)
+
+    @staticmethod
+    def rms_norm(x, weight, epsilon, residual=None):
+        out, total, rstd = run_op("fastffn_rms_norm_fwd", x, residual, weight, float(epsilon))
+        return out, (total if residual is not None else None), rstd
+
+    @staticmethod
+    def rms_norm_grad(x, weight, rstd, d_out, epsilon, d_total=None):
+        d_x, d_weight = run_op("fastffn_rms_norm_bwd", x, weight, rstd, d_out, d_total, float(epsilon))
+        return d_x, d_weight
+
+    @staticmethod
+    def cross_entropy(logits, labels, ignore_index, grad_scale, with_grad, label_error):
+        loss = paddle.empty([logits.shape[0]], dtype=paddle.float32)
+        try:
+            run_op("fastffn_cross_entropy", logits, labels, loss, label_error, int(ignore_index),
+                   float(grad_scale), bool(with_grad))
+        except OSError as error:  # the binding's PD_CHECK / PD_THROW; its first line names the argument
+            raise ValueError(str(error).strip().splitlines()[0]) from None
+        return loss
+
+    # --- GEMMs --------------------------------------------------------------------------------
+    @staticmethod
+    def gemm_dtype(t):
+        # Paddle CPU has no half-precision matmul; float64 stays float64 (for checks).
+        if _on_gpu(t) or t.dtype == paddle.float64:
+            return t.dtype
+        return paddle.float32
+
+    @staticmethod
+    def linear(x, weight):
         return paddle.matmul(x, weight)
 
-    def linear_grad_input(self, dy, weight):
+    @staticmethod
+    def linear_grad_input(dy, weight):
         return paddle.matmul(dy, weight, transpose_y=True)
 
-    def linear_grad_weight(self, x, dy):
-        return paddle.matmul(self.rows(x), self.rows(dy), transpose_x=True)
+    @staticmethod
+    def linear_grad_input_accumulate(out, dy, weight):
+        out.add_(paddle.matmul(dy, weight, transpose_y=True))
 
+    @staticmethod
+    def linear_grad_weight(x, dy):
+        return paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
+
+    @staticmethod
+    def linear_output_halves(weight):
+        half = weight.shape[1] // 2
+        return weight[:, :half], weight[:, half:]
+
+    @staticmethod
+    def linear_grad_weight_of_halves(x, dy_first, dy_second):
+        # Paddle's [in, out] layout puts the halves side by side in each row: no GEMM writes a
+        # strided half, so the two products are concatenated.
+        return paddle.concat([PaddleBackend.linear_grad_weight(x, dy_first),
+                              PaddleBackend.linear_grad_weight(x, dy_second)], axis=1)
+
+    @staticmethod
+    def matmul(a, b, transpose_a=False, transpose_b=False, alpha=1.0):
+        out = paddle.matmul(a, b, transpose_x=transpose_a, transpose_y=transpose_b)
+        return out if alpha == 1.0 else out.scale_(alpha)
+
+    @staticmethod
+    def matmul_into_rows(out, start, a, b, transpose_b, alpha=1.0):
+        part = PaddleBackend.matmul(a, b, transpose_b=transpose_b, alpha=alpha)
+        out[start:start + a.shape[0]] = part if part.dtype == out.dtype else part.astype(out.dtype)
+
+    @staticmethod
+    def gemm_fp32_accumulate(out, a, b, alpha=1.0):
+        if a.dtype in (paddle.float32, paddle.float64):
+            # fp32 (CPU) inputs: Paddle's own GEMM. addmm_ accumulates with no [M, N] temporary
+            # but copies a^T; when a is the wider operand (the tied [V, H] head's d_logits) a
+            # product and add_ is faster (CPU, T=2048/V=32000/H=256, chunks of 256: 98 ms per chunk
+            # for addmm_ against 112 ms for matmul + add_ on the [H, V] head).
+            if out is None:
+                return PaddleBackend.matmul(a, b, transpose_a=True, alpha=alpha)
+            if a.shape[1] <= b.shape[1]:
+                return out.addmm_(a.T, b, beta=1.0, alpha=alpha)
+            return out.add_(PaddleBackend.matmul(a, b, transpose_a=True, alpha=alpha))
+        # 16-bit inputs (GPU): the cuBLASLt provider, fp32 output, accumulating in place; D =
+        # alpha * A @ B^T with A = a^T, B = b^T (both stored [K, .], dense rows).
+        a, b = PaddleBackend.contiguous(a), PaddleBackend.contiguous(b)
+        if out is None:
+            return run_op("fastffn_gemm", a, b, None, None, "float32", True, True, False, float(alpha))[0]
+        run_op("fastffn_gemm_accumulate", a, b, None, None, out, True, True, False, float(alpha))
+        return out
+
+
+BACKEND = PaddleBackend()

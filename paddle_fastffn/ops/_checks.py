@@ -64,11 +64,6 @@ def remember_grad_needs(ctx, *tensors) -> None:
     ctx.grad_needs = [t is not None and not t.stop_gradient for t in tensors]
 
 
-def grad_needed(ctx, index: int) -> bool:
-    """Whether input `index` (in remember_grad_needs' order) wants a gradient."""
-    return ctx.grad_needs[index]
-
-
 def needed_grads(ctx, *grads):
     """Gradients for the inputs recorded by remember_grad_needs, None where none is wanted."""
     out = tuple(g if need else None for g, need in zip(grads, ctx.grad_needs))

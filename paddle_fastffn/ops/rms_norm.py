@@ -1,55 +1,23 @@
 """RMSNorm and residual-add + RMSNorm, with PaddleNLP LlamaRMSNorm numerics.
 
-Stack: compiled op call -> autograd (PyLayer) -> public ``rms_norm`` / ``fused_add_rms_norm``
--> ``rms_norm_ref`` / ``fused_add_rms_norm_ref``.
+Stack: core op (paddle_fastffn/core/rms_norm.py, over ops/_backend.py's compiled-op calls) ->
+autograd (``pylayer(core op)``) -> public ``rms_norm`` / ``fused_add_rms_norm`` -> ``rms_norm_ref`` /
+``fused_add_rms_norm_ref``.
 """
 
 from __future__ import annotations
 
 import paddle
-from paddle.autograd import PyLayer
 
+from ..core import rms_norm as core
 from . import _checks
+from ._autograd import pylayer
 from ._fallback import warn_fallback
-from ._loader import run_op
 
 OP = "paddle_fastffn.ops.rms_norm"
 
-
-class _RMSNorm(PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, epsilon):
-        _checks.remember_grad_needs(ctx, x, weight)
-        out, _, rstd = run_op("fastffn_rms_norm_fwd", x, None, weight, epsilon)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.epsilon = epsilon
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        x, weight, rstd = ctx.saved_tensor()
-        d_x, d_weight = run_op("fastffn_rms_norm_bwd", x, weight, rstd,
-                               _checks.contiguous(d_out), None, ctx.epsilon)
-        return _checks.needed_grads(ctx, d_x, d_weight)
-
-
-class _AddRMSNorm(PyLayer):
-    @staticmethod
-    def forward(ctx, x, residual, weight, epsilon):
-        _checks.remember_grad_needs(ctx, x, residual, weight)
-        out, total, rstd = run_op("fastffn_rms_norm_fwd", x, residual, weight, epsilon)
-        ctx.save_for_backward(total, weight, rstd)
-        ctx.epsilon = epsilon
-        return out, total
-
-    @staticmethod
-    def backward(ctx, d_out, d_total):
-        total, weight, rstd = ctx.saved_tensor()
-        d_total = None if d_total is None else _checks.contiguous(d_total)
-        d_x, d_weight = run_op("fastffn_rms_norm_bwd", total, weight, rstd,
-                               _checks.contiguous(d_out), d_total, ctx.epsilon)
-        # d(x + residual)/dx = d/dresidual = identity: both inputs receive the same gradient.
-        return _checks.needed_grads(ctx, d_x, d_x, d_weight)
+_RMSNorm = pylayer(core.RMSNorm)
+_AddRMSNorm = pylayer(core.AddRMSNorm)
 
 
 def _check_norm_inputs(x, weight, epsilon):

@@ -13,7 +13,7 @@ import paddle_fastffn
 from llama_fixtures import batch, loss_and_grads, tiny_model
 from tolerances import assert_close
 
-lce = importlib.import_module("paddle_fastffn.ops.linear_cross_entropy")
+core_lce = importlib.import_module("paddle_fastffn.core.linear_cross_entropy")
 VOCAB = 128  # llama_fixtures.tiny_config
 
 
@@ -78,7 +78,7 @@ def test_training_steps_match_stock_and_the_unfused_fast_path(kernel_calls):
 
 def test_the_fused_path_never_builds_a_tokens_by_vocab_tensor(monkeypatch, matmul_shapes, kernel_calls):
     chunk = 8
-    monkeypatch.setattr(lce, "CPU_CHUNK_BYTES", chunk * VOCAB * 4)  # 8 tokens per chunk
+    monkeypatch.setattr(core_lce, "CPU_CHUNK_BYTES", chunk * VOCAB * 4)  # 8 tokens per chunk
     ids, labels, mask = batch()  # 3 x 13 = 39 tokens
     model = tiny_model()
     loss_and_grads(model, ids, labels, mask)  # stock: the head's [3, 13, 128] logits

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 import parity_matrix as pm
-from paddle_fastffn.ops import _checks
+from paddle_fastffn.core import swiglu as core_swiglu
 from tolerances import MODEL_PARITY_FP32_RTOL, FP8_TRAINING_LOSS_RTOL, assert_close, fp8_model_grad_norm_rtol
 
 
@@ -56,8 +56,15 @@ def test_fast_path_gradients_and_losses_match_stock(cell):
 
 
 def test_the_matrix_finds_a_missing_gradient(monkeypatch):
-    """The matrix's own check: with a down_proj gradient dropped, as recompute once did, it fails."""
-    monkeypatch.setattr(_checks, "grad_needed", lambda ctx, index: index != 1)
+    """The matrix's own check: with a down_proj gradient dropped, as recompute once did (issue 19:
+    the weight's need was read off its detached replay copy), it fails."""
+    backward = core_swiglu.SwiGLUDownProj.backward
+
+    def backward_without_the_weights_need(be, saved, d_out):
+        saved.needs = (saved.needs[0], False)
+        return backward(be, saved, d_out)
+
+    monkeypatch.setattr(core_swiglu.SwiGLUDownProj, "backward", staticmethod(backward_without_the_weights_need))
     r = pm.measure(pm.CELLS_BY_NAME["recompute_full_nonreentrant"])
     assert set(r["grads_stock"]) - set(r["grads_fast"]) == {
         f"llama.layers.{i}.mlp.down_proj.weight" for i in range(pm.AWKWARD["num_hidden_layers"])}

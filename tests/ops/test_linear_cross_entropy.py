@@ -12,9 +12,10 @@ from paddlenlp.transformers import LlamaConfig
 from paddlenlp.transformers.llama.modeling import LlamaLMHead, LlamaPretrainingCriterion
 
 from paddle_fastffn import ops
+from paddle_fastffn.ops._backend import BACKEND
 from tolerances import assert_close, assert_close_to_scale
 
-lce = importlib.import_module("paddle_fastffn.ops.linear_cross_entropy")
+core_lce = importlib.import_module("paddle_fastffn.core.linear_cross_entropy")
 IGNORE = -100
 
 
@@ -86,7 +87,7 @@ def test_loss_and_gradients_match_paddlenlp_criterion_in_fp32(tokens, hidden, vo
     check_against_paddlenlp(h, w, labels, chunk_tokens=chunk)
     # Only the labelled tokens reach the LM head: the chunks cover them, not every token.
     labelled = int((labels != -100).astype("int64").sum())
-    chunks = math.ceil(labelled / (chunk or lce.default_chunk_tokens(vocab, on_gpu=False)))
+    chunks = math.ceil(labelled / (chunk or core_lce.default_chunk_tokens(vocab, on_gpu=False)))
     assert kernel_calls() == {"fastffn_cross_entropy": chunks}
 
 
@@ -233,11 +234,11 @@ def test_cpu_kernel_on_each_logits_dtype(dtype):
     ref_grad[np.arange(9)[valid], labels_np[valid]] -= 1.0
     ref_grad *= 0.25 * valid[:, None]
     grad = logits.clone()
-    loss = lce._cross_entropy_chunk(grad, labels, IGNORE, 0.25, True)
+    loss = BACKEND.cross_entropy(grad, labels, IGNORE, 0.25, True, None)
     assert_close(loss, ref_loss, paddle.float32, f"kernel loss on {dtype} logits")
     assert_close_to_scale(grad, ref_grad, dtype, f"kernel gradient on {dtype} logits")
     unchanged = logits.clone()
-    lce._cross_entropy_chunk(unchanged, labels, IGNORE, 0.25, False)
+    BACKEND.cross_entropy(unchanged, labels, IGNORE, 0.25, False, None)
     np.testing.assert_array_equal(unchanged.astype("float64").numpy(), x)  # loss only: untouched
 
 
@@ -255,9 +256,9 @@ def test_float64_inputs_accumulate_in_float64():
 
 
 def test_default_chunk_bounds_the_fp32_logits():
-    assert lce.default_chunk_tokens(32000, on_gpu=False) * 32000 * 4 <= lce.CPU_CHUNK_BYTES
-    assert lce.default_chunk_tokens(128256, on_gpu=True) * 128256 * 4 <= lce.GPU_CHUNK_BYTES
-    assert lce.default_chunk_tokens(10**9, on_gpu=False) == 1
+    assert core_lce.default_chunk_tokens(32000, on_gpu=False) * 32000 * 4 <= core_lce.CPU_CHUNK_BYTES
+    assert core_lce.default_chunk_tokens(128256, on_gpu=True) * 128256 * 4 <= core_lce.GPU_CHUNK_BYTES
+    assert core_lce.default_chunk_tokens(10**9, on_gpu=False) == 1
 
 
 def test_reference_matches_paddlenlp_criterion():
@@ -333,7 +334,7 @@ def test_the_label_error_flag_must_be_one_int32_where_the_logits_are():
     labels = paddle.to_tensor([1, 2, 3, 4], dtype="int64")
     for bad in (paddle.zeros([1], dtype="float32"), paddle.zeros([2], dtype="int32")):
         with pytest.raises(ValueError, match=r"argument `label_error` must be one int32"):
-            lce._cross_entropy_chunk(logits.clone(), labels, IGNORE, 1.0, True, bad)
+            BACKEND.cross_entropy(logits.clone(), labels, IGNORE, 1.0, True, bad)
 
 
 @pytest.mark.parametrize("needs_grad", [False, True], ids=["loss_only", "with_grad"])
