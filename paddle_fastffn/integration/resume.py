@@ -96,7 +96,7 @@ class StockOptimizerLayout:
     def of(cls, model) -> "StockOptimizerLayout | None":
         """The layout for `model`, or None where its optimizer state is stock already (no fused
         projections, or the fused checkpoint layout asked for)."""
-        from .llama import _save_fused, fast_fused_kinds
+        from .fused_projections import fast_fused_kinds, save_fused as _save_fused
 
         if not fast_fused_kinds(model) or _save_fused(_base_config(model)):
             return None
@@ -226,7 +226,7 @@ def _fused_linears(model) -> dict:
     projections in `model`."""
     from .llama import FUSED_LAYOUTS
 
-    return {id(getattr(owner, FUSED_LAYOUTS[owner._fast_ffn_fused][0])): (owner._fast_ffn_fused, owner)
+    return {id(getattr(owner, FUSED_LAYOUTS[owner._fast_ffn_fused].fused)): (owner._fast_ffn_fused, owner)
             for owner in model.sublayers(include_self=True) if getattr(owner, "_fast_ffn_fused", None)}
 
 
@@ -245,19 +245,19 @@ def _layers_counted_with(model, fused: dict) -> list:
 def _part_count(kind) -> int:
     from .llama import FUSED_LAYOUTS
 
-    return len(FUSED_LAYOUTS[kind][1]) if kind else 1
+    return len(FUSED_LAYOUTS[kind].parts) if kind else 1
 
 
 def _fused_parameter(layer, param, kind: str, owner, model, stock_names) -> _FusedParameter:
-    from .llama import FUSED_LAYOUTS, _fuse_fn, _split_fn
+    from .llama import FUSED_LAYOUTS, fuse_fn, split_fn
 
     if param is not layer.weight:
-        raise NotImplementedError(f"paddle_fastffn: the fused {FUSED_LAYOUTS[kind][0]} has a parameter besides its "
+        raise NotImplementedError(f"paddle_fastffn: the fused {FUSED_LAYOUTS[kind].fused} has a parameter besides its "
                                   f"weight ({param.name}); only bias-free fused projections are supported")
     config = getattr(owner, "config", None) or _base_config(model)
     widths, _ = layer._fast_ffn_stock_parts
     return _FusedParameter(tuple(stock_names), tuple((param.shape[0], width) for width in widths),
-                           tuple(param.shape), _split_fn(kind, config), _fuse_fn(kind, config))
+                           tuple(param.shape), split_fn(kind, config), fuse_fn(kind, config))
 
 
 def _base_config(model):
