@@ -20,9 +20,10 @@ _HOOKS: dict = {}
 
 
 def _family_of(model):
+    """The ModelFamily (family.py) of a model the fast path fused, by its config's model_type."""
     from .registry import family_for
 
-    return family_for(getattr(getattr(model, "config", None), "model_type", None))
+    return family_for(model.config.model_type)
 
 
 def install_lora_hooks() -> None:
