@@ -24,24 +24,27 @@ PRECISIONS = ("bf16", "fp8")
 TRAINING_ARGUMENT_PREFIX = "fast_ffn_"  # FastFFNOptions.swiglu is the fast_ffn_swiglu argument
 
 
-def option(default, help: str):
-    """One option: its default and the help text every place that lists it shows."""
-    return field(default=default, metadata={"help": help})
+def option(default, help: str, switch: bool = False):
+    """One option: its default, the help text every place that lists it shows, and whether it is a
+    switch (a part of the fast path that can be turned off, which the run report lists: report.py)."""
+    return field(default=default, metadata={"help": help, "switch": switch})
 
 
 @dataclass(frozen=True)
 class FastFFNOptions:
-    swiglu: bool = option(True, "Fused SwiGLU in the MLP.")
-    rms_norm: bool = option(True, "Fused RMSNorm, and the attention residual add fused into the post-attention norm.")
-    rotary: bool = option(True, "Fused rotary embedding on q and k.")
-    attention: bool = option(True, "Use the device's SDPA kernel (flash attention on GPU) via use_flash_attention.")
+    swiglu: bool = option(True, switch=True, help="Fused SwiGLU in the MLP.")
+    rms_norm: bool = option(True, switch=True, help=(
+        "Fused RMSNorm, and the attention residual add fused into the post-attention norm."))
+    rotary: bool = option(True, switch=True, help="Fused rotary embedding on q and k.")
+    attention: bool = option(True, switch=True, help=(
+        "Use the device's SDPA kernel (flash attention on GPU) via use_flash_attention."))
     # PaddleNLP fuses unfused checkpoints on load.
-    fuse_projections: bool = option(True, (
+    fuse_projections: bool = option(True, switch=True, help=(
         "Build fused qkv_proj and gate_up_fused_proj (one GEMM each) where the weights are plain Linear layers "
         "(not under tensor/pipeline parallel; LoRA gets the stock sub-layers back); PaddleNLP fuses unfused "
         "checkpoints on load."))
     # Saves [tokens, intermediate] per layer.
-    swiglu_recompute: bool = option(True, (
+    swiglu_recompute: bool = option(True, switch=True, help=(
         "Recompute the SwiGLU output in backward instead of storing it (where gate/up are fused and down_proj is "
         "a plain Linear)."))
     # The default: save_pretrained of a model whose projections the fast path fused writes the
@@ -51,12 +54,12 @@ class FastFFNOptions:
         "of the stock unfused LLaMA layout that the fast path saves by default."))
     # Through ops.linear_cross_entropy: the LM head GEMM and PaddleNLP's criterion in chunks of
     # tokens. Eval and generation keep stock (they need the logits).
-    fused_cross_entropy: bool = option(True, (
+    fused_cross_entropy: bool = option(True, switch=True, help=(
         "Training loss of LlamaForCausalLM as one fused LM head + cross-entropy in chunks of tokens (never the "
         "[tokens, vocab] fp32 logits; PaddleNLP's loss). Needs a plain LM head weight or tied embeddings, not "
         "tensor parallel; the training forward then returns no logits."))
     # fp32 master weights and moments under AMP O2; integration/trainer.py swaps the class.
-    fused_optimizer: bool = option(True, (
+    fused_optimizer: bool = option(True, switch=True, help=(
         "Build paddle_fastffn.optim.FastAdamW where the Trainer builds paddle.optimizer.AdamW: the same "
         "optimizer and checkpoints, each parameter updated in one pass of a fused kernel, global-norm clipping "
         "folded into it."))
@@ -115,10 +118,15 @@ def training_argument_fields() -> list:
     """[(name, type, dataclasses.field)] of the TrainingArguments fields, one per option: the name
     with TRAINING_ARGUMENT_PREFIX, the option's type, default and help (make_dataclass's form)."""
     types = typing.get_type_hints(FastFFNOptions)
-    return [(TRAINING_ARGUMENT_PREFIX + f.name, types[f.name], field(default=f.default, metadata=dict(f.metadata)))
-            for f in fields(FastFFNOptions)]
+    # PdArgumentParser hands a field's metadata to argparse's add_argument: the help only.
+    return [(TRAINING_ARGUMENT_PREFIX + f.name, types[f.name],
+             field(default=f.default, metadata={"help": f.metadata["help"]})) for f in fields(FastFFNOptions)]
 
 
 def option_defaults() -> dict:
     """{option name: default}."""
     return {f.name: f.default for f in fields(FastFFNOptions) if f.default is not MISSING}
+
+
+# The parts of the fast path that can be switched off, in declaration order.
+SWITCHES = tuple(f.name for f in fields(FastFFNOptions) if f.metadata["switch"])

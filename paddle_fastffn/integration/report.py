@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from . import llama
 from .fused_projections import distributed_layers, stock_config_values
+from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
 
-# FastFFNOptions switches, each the fast_ffn_<name> TrainingArguments field.
-SWITCHES = ("swiglu", "rms_norm", "rotary", "attention", "fuse_projections", "swiglu_recompute",
-            "fused_cross_entropy", "fused_optimizer")
 
 
 def _unwrap(model):
@@ -30,7 +28,7 @@ def fast_path_report(model, args=None) -> dict:
     options = enabled_options()
     modeling = llama._modeling()
     base = _unwrap(model)
-    decoders = [layer for layer in base.sublayers(include_self=True) if isinstance(layer, modeling.LlamaDecoderLayer)]
+    decoders = llama.decoder_layers(base)
     report = {"use_fast_ffn": options is not None, "decoder_layers": len(decoders),
               "fast_path_layers": llama.patched_layer_count(base) if options is not None else 0,
               "off": {}, "notes": []}
