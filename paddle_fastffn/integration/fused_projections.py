@@ -57,7 +57,9 @@ def stock_config_values(config) -> dict | None:
     return dict(entry[1]) if entry is not None and entry[0]() is config else None
 
 
-def save_fused(config) -> bool:
+def saves_fused_layout(config) -> bool:
+    """Whether `config`'s model saves PaddleNLP's fused layout (save_fused_checkpoint: the enabled
+    options', or those the model was built with once the fast path is off)."""
     options = state.current()
     if options is not None:
         return options.save_fused_checkpoint
@@ -166,7 +168,7 @@ def save_pretrained_stock(original, layouts: dict):
         model.config.dtype = str(get_parameter_dtype(model)).split(".")[1]
         config_to_save = extra.get("config_to_save") or model.config
         arguments["state_dict"], extra["config_to_save"] = stock_checkpoint(
-            model, state_dict, config_to_save, save_fused(model.config), layouts)
+            model, state_dict, config_to_save, saves_fused_layout(model.config), layouts)
         if positional:  # arguments past `variant` given by position: keep them positional
             return original(self, *arguments.values(), *positional, **extra)
         return original(self, **arguments, **extra)

@@ -298,8 +298,8 @@ def configure(config, options: FastFFNOptions) -> None:
     if options.fuse_projections:
         # PaddleNLP 2.8.1 fuses unfused checkpoints on load (and splits fused ones for unfused
         # models): LlamaPretrainedModel._get_fuse_or_split_param_mappings.
-        config.fuse_attention_qkv = True
-        config.fuse_attention_ffn = True
+        for layout in FUSED_LAYOUTS.values():
+            setattr(config, layout.config_flag, True)
 
 
 def mark_fast_built(layer, config) -> None:

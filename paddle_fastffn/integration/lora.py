@@ -13,7 +13,7 @@ import re
 import paddle
 from paddle import nn
 
-from .fused_projections import fast_fused_layers, save_fused, stock_checkpoint, stock_config_values
+from .fused_projections import fast_fused_layers, saves_fused_layout, stock_checkpoint, stock_config_values
 from .messages import info_once
 
 _HOOKS: dict = {}
@@ -46,7 +46,7 @@ def install_lora_hooks() -> None:
         lora_save(self, save_directory, merge_tensor_parallel=merge_tensor_parallel,
                   **{**kwargs, "save_model_config": False})
         if kwargs.get("is_main_process", paddle.distributed.get_rank() == 0):
-            _, config = stock_checkpoint(base, {}, base.config, save_fused(base.config),
+            _, config = stock_checkpoint(base, {}, base.config, saves_fused_layout(base.config),
                                           _family_of(base).FUSED_LAYOUTS)
             if merge_tensor_parallel:
                 config.tensor_parallel_degree = -1

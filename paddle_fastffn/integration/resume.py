@@ -99,9 +99,9 @@ class StockOptimizerLayout:
     def of(cls, model) -> "StockOptimizerLayout | None":
         """The layout for `model`, or None where its optimizer state is stock already (no fused
         projections, or the fused checkpoint layout asked for)."""
-        from .fused_projections import fast_fused_kinds, save_fused as _save_fused
+        from .fused_projections import fast_fused_kinds, saves_fused_layout
 
-        if not fast_fused_kinds(model) or _save_fused(_base_config(model)):
+        if not fast_fused_kinds(model) or saves_fused_layout(_base_config(model)):
             return None
         return cls(model)
 

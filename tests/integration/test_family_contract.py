@@ -110,9 +110,9 @@ def test_fused_layouts_build_split_fuse_and_save_as_declared(family):
         assert len(parts) == len(layout.parts) and sum(p.shape[-1] for p in parts) == weight.shape[-1]
         np.testing.assert_array_equal(family.fuse_fn(kind, config)(parts).numpy(), weight.numpy())
     # The stock checkpoint names the parts, never the fused layers, and says they are unfused.
-    from paddle_fastffn.integration.fused_projections import save_fused, stock_checkpoint
+    from paddle_fastffn.integration.fused_projections import saves_fused_layout, stock_checkpoint
 
-    stock_state, stock_config = stock_checkpoint(model, state, model.config, save_fused(model.config),
+    stock_state, stock_config = stock_checkpoint(model, state, model.config, saves_fused_layout(model.config),
                                                  family.FUSED_LAYOUTS)
     for owner_name, kind in fast_fused_layers(model).items():
         layout = family.FUSED_LAYOUTS[kind]
