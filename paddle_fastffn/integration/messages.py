@@ -44,11 +44,8 @@ def fp8_warn_once(key: str, message: str) -> None:
         warnings.warn(f"paddle_fastffn: {message}", UserWarning, stacklevel=4)
 
 
-def forget_info() -> None:
-    """Info lines and FP8 warnings are said again after this (a new enable may change them)."""
+def forget() -> None:
+    """Every reason is said again after this (registry.disable: a new enable may change them)."""
+    _WARNED.clear()
     _INFORMED.clear()
     _FP8_WARNED.clear()
-
-
-def forget_warnings() -> None:
-    _WARNED.clear()

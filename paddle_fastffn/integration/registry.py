@@ -68,8 +68,7 @@ def disable() -> None:
     for family in registered_families():
         family.revert()
     trainer.revert()
-    messages.forget_info()
-    messages.forget_warnings()
+    messages.forget()
 
 
 def enabled_options() -> FastFFNOptions | None:

@@ -28,7 +28,11 @@ _FastFFNFields.__module__ = __name__
 
 @dataclass
 class FastFFNTrainingArguments(_FastFFNFields):
+    """PaddleNLP's TrainingArguments with `use_fast_ffn` and the `fast_ffn_*` options."""
+
     def fast_ffn_options(self) -> FastFFNOptions:
+        """The FastFFNOptions of the fast_ffn_* fields (fused projections off where the checkpoint
+        writer would save them fused: _checkpoint_writer_without_split)."""
         values = {name[len(TRAINING_ARGUMENT_PREFIX):]: getattr(self, name)
                   for name, _type, _field in training_argument_fields()}
         values["fuse_projections"] = self.fast_ffn_fuse_projections and not self._checkpoint_writer_without_split()
