@@ -20,27 +20,20 @@ block-causal mask (stock zero_padding) still works: it is not causal-looking, so
 
 Fused projections. A model built while the fast path is enabled gets PaddleNLP's own fused
 qkv_proj and gate_up_fused_proj (config.fuse_attention_qkv / fuse_attention_ffn, set before the
-layers read the config; PaddleNLP fuses unfused checkpoints on load). Tensor and pipeline parallel
-models keep PaddleNLP's sharded sub-layers. The checkpoint contract stays stock, through hooks
-installed once (install_hooks) that act only on layers the fast path fused:
-- initialisation: a fused weight is drawn as its stock parts, in stock order, and fused, so a
-  seed gives the same model as stock PaddleNLP;
-- save_pretrained writes the stock unfused layout (q/k/v_proj, gate_proj/up_proj, split by
-  PaddleNLP's own split mappings) and the config the model had before the fast path touched it
-  (fuse_attention_*, use_flash_attention), unless save_fused_checkpoint is set;
-- set_state_dict (the Trainer's resume and best-model reload) fuses stock-layout weights;
-- LoRAModel: before adapters are placed, the fused layers it targets are split back into the
-  stock sub-layers and fused-name target patterns are aimed at the parts, so the adapters are
-  the ones stock PaddleNLP would create (and save under stock names).
+layers read the config: configure; PaddleNLP fuses unfused checkpoints on load). Tensor and
+pipeline parallel models keep PaddleNLP's sharded sub-layers. The checkpoint contract stays stock
+through the family-neutral fused_projections.py (stock initialisation, save_pretrained and
+set_state_dict) and lora.py (adapters on the stock sub-layers), which this file installs once on
+LLaMA's classes (install_hooks) with LLaMA's layouts (FUSED_LAYOUTS, fuse_fn, split_fn).
+
+This file is the LLaMA implementation of family.ModelFamily (the contract registry.py relies on);
+messages.py, state.py and options.py are the family-neutral parts it shares.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
-import re
-import warnings
 import weakref
 from functools import partial
 
@@ -51,54 +44,43 @@ from .. import ops
 from ..core import decoder as core_decoder
 from ..ops._backend import PaddleBackend
 from ..ops._fallback import raise_if_strict
+from . import state
+from .fused_projections import (FusedLayout, distributed_layers, init_weights_like_stock, keeps_distributed_layers,
+                                mark_fused, remember_stock, save_pretrained_stock, set_state_dict_fusing,
+                                stock_config_values)
+from .lora import install_lora_hooks
+from .messages import fp8_warn_once as _fp8_warn_once, info_once as _info_once, warn_once as _warn_once
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
+# The ModelFamily contract (family.py): the model types served, the fused layouts, and the functions
+# below (modeling_module, example_config, patched_attributes, hooked_attributes, install_hooks, apply,
+# revert, decoder_layers, patched_layer_count, configure, mark_fast_built, fuse_fn, split_fn,
+# unfused_linear_class).
 MODEL_TYPES = ("llama",)
 _PADDLE = PaddleBackend()  # the views core.decoder asks for
-
-_ORIGINALS: dict = {}
-_ACTIVE: FastFFNOptions | None = None
-_WARNED: set = set()
-_INFORMED: set = set()
-_HOOKS: dict = {}
-_FP8 = None  # the Fp8Recipe while FP8 GEMMs are active (FastFFNOptions.precision == "fp8" and they can run)
-_FP8_WARNED: set = set()
-# id(config) -> (weakref to it, {key: value before the fast path changed it}, save_fused_checkpoint)
-_STOCK: dict = {}
-_PATCHED_CONFIG_KEYS = ("use_flash_attention", "fuse_attention_qkv", "fuse_attention_ffn")
-# kind -> (fused sub-layer name, its stock parts in PaddleNLP's order, the config flag)
 FUSED_LAYOUTS = {
-    "qkv": ("qkv_proj", ("q_proj", "k_proj", "v_proj"), "fuse_attention_qkv"),
-    "ffn": ("gate_up_fused_proj", ("gate_proj", "up_proj"), "fuse_attention_ffn"),
+    "qkv": FusedLayout("qkv_proj", ("q_proj", "k_proj", "v_proj"), "fuse_attention_qkv"),
+    "ffn": FusedLayout("gate_up_fused_proj", ("gate_proj", "up_proj"), "fuse_attention_ffn"),
 }
 
-
-def _warn_once(key: str, message: str) -> None:
-    """Layers the fused path does not cover keep their stock math; say so once per reason (an
-    error in strict mode, as a fallback of an op is)."""
-    raise_if_strict(f"paddle_fastffn: {message}")
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(f"paddle_fastffn: {message}", RuntimeWarning, stacklevel=3)
-
-
-def _info_once(key: str, message: str, covers: tuple = ()) -> None:
-    """Where a part of the fast path does not apply by design (LoRA, tensor parallel, a model built
-    before enabling), the layer keeps PaddleNLP's sub-layers: one info line, not a fallback
-    warning. `covers`: the per-forward reasons this line already explains."""
-    if key not in _INFORMED:
-        from paddlenlp.utils.log import logger
-
-        logger.info(f"paddle_fastffn: {message}")
-    _INFORMED.add(key)
-    _INFORMED.update(covers)
+_ORIGINALS: dict = {}
+# The options the patched forwards run with, as apply() was given them: state.current() (the one
+# store) mirrored for the forwards that other open branches are editing (fast_mlp_forward,
+# _can_fuse_add_norm, fast_prepare_decoder_attention_mask, the FP8 attachment); they move to
+# state.current() when those land, and this mirror goes.
+_ACTIVE: FastFFNOptions | None = None
+_HOOKS: dict = {}
+_FP8 = None  # the Fp8Recipe while FP8 GEMMs are active (FastFFNOptions.precision == "fp8" and they can run)
 
 
 def _modeling():
     from paddlenlp.transformers.llama import modeling
 
     return modeling
+
+
+modeling_module = _modeling  # the ModelFamily member
 
 
 def _same_dtype(x: paddle.Tensor, weight: paddle.Tensor) -> bool:
@@ -419,76 +401,25 @@ def fast_is_casual_mask(attention_mask):
 def _enable_sdpa(config) -> None:
     # PaddleNLP's use_flash_attention path calls F.scaled_dot_product_attention: flash attention
     # on GPU, the fused SDPA on CPU; grouped-query heads natively (no repeat_kv copies).
-    _remember_stock(config)
+    remember_stock(config)
     config.use_flash_attention = True
-
-
-# ---------------------------------------------------------------------------------------------
-# The config the model had before the fast path changed it (what a checkpoint must say).
-
-def _remember_stock(config, save_fused: bool | None = None) -> None:
-    """Record `config`'s values of the keys the fast path changes, the first time it sees it.
-    Kept off the config itself: PretrainedConfig serialises every attribute into config.json."""
-    key = id(config)
-    entry = _STOCK.get(key)
-    if entry is None or entry[0]() is not config:
-        values = {name: bool(getattr(config, name, False)) for name in _PATCHED_CONFIG_KEYS}
-        entry = [weakref.ref(config, lambda _ref, key=key: _STOCK.pop(key, None)), values, False]
-        _STOCK[key] = entry
-    if save_fused is not None:
-        entry[2] = save_fused
-
-
-def stock_config_values(config) -> dict | None:
-    """{use_flash_attention, fuse_attention_qkv, fuse_attention_ffn} as they were before the fast
-    path changed `config`; None for a config it never touched."""
-    entry = _STOCK.get(id(config))
-    return dict(entry[1]) if entry is not None and entry[0]() is config else None
-
-
-def _save_fused(config) -> bool:
-    if _ACTIVE is not None:
-        return _ACTIVE.save_fused_checkpoint
-    entry = _STOCK.get(id(config))
-    return bool(entry is not None and entry[0]() is config and entry[2])
-
-
-def _distributed_layers(config) -> str | None:
-    """Why this config builds PaddleNLP's sharded layers, or None for plain Linear layers."""
-    if (getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
-        return f"tensor_parallel_degree={config.tensor_parallel_degree}"
-    if (getattr(config, "pipeline_parallel_degree", 1) or 1) > 1:
-        return f"pipeline_parallel_degree={config.pipeline_parallel_degree}"
-    return None
-
-
-def _keeps_distributed_layers(config) -> bool:
-    """Tensor / pipeline parallel models keep PaddleNLP's sharded sub-layers (one info line)."""
-    distributed = _distributed_layers(config)
-    if distributed:
-        _info_once("distributed_layers", f"{distributed}: the model keeps PaddleNLP's own (sharded) q/k/v and "
-                                         f"gate/up projection sub-layers, no fused projections, and stores the "
-                                         f"SwiGLU output (recompute needs the fused gate/up projection and a plain "
-                                         f"Linear down_proj); the fused SwiGLU, RMSNorm and rotary kernels still apply",
-                   covers=("recompute_unfused", "recompute_down_proj"))
-    return distributed is not None
 
 
 def configure(config, options: FastFFNOptions) -> None:
     """Config changes made before a model is built (the construction hook calls it for every
     decoder layer, before the layer's sub-layers read the config)."""
-    _remember_stock(config, options.save_fused_checkpoint)
+    remember_stock(config, options.save_fused_checkpoint)
     if options.attention:
         _enable_sdpa(config)
     if not (options.fuse_projections or options.swiglu_recompute):
         return
-    if _keeps_distributed_layers(config):
+    if keeps_distributed_layers(config):
         return
     if options.fuse_projections:
         # PaddleNLP 2.8.1 fuses unfused checkpoints on load (and splits fused ones for unfused
         # models): LlamaPretrainedModel._get_fuse_or_split_param_mappings.
-        config.fuse_attention_qkv = True
-        config.fuse_attention_ffn = True
+        for layout in FUSED_LAYOUTS.values():
+            setattr(config, layout.config_flag, True)
 
 
 def mark_fast_built(layer, config) -> None:
@@ -504,16 +435,17 @@ def mark_fast_built(layer, config) -> None:
         fused = getattr(owner, fused_name, None) if owner is not None else None
         if fused is None or stock[flag] or not getattr(config, flag, False):
             continue
-        owner._fast_ffn_fused = kind
         if kind == "qkv":
             widths = (config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim,
                       config.num_key_value_heads * head_dim)
         else:
             widths = (config.intermediate_size, config.intermediate_size)
-        fused._fast_ffn_stock_parts = (widths, _fuse_fn(kind, config))
+        mark_fused(owner, kind, fused, widths, fuse_fn(kind, config))
 
 
-def _fuse_fn(kind: str, config):
+def fuse_fn(kind: str, config):
+    """[stock part weights] -> the fused weight (PaddleNLP's fuse mapping; q/k/v interleaved per KV
+    group as LlamaAttention's qkv_proj holds them)."""
     from paddlenlp.transformers.conversion_utils import fuse_param_func
 
     if kind == "qkv":
@@ -522,7 +454,8 @@ def _fuse_fn(kind: str, config):
     return fuse_param_func()
 
 
-def _split_fn(kind: str, config):
+def split_fn(kind: str, config):
+    """The fused weight -> [stock part weights] (PaddleNLP's split mapping, fuse_fn's inverse)."""
     from paddlenlp.transformers.conversion_utils import split_param_func
 
     if kind == "qkv":
@@ -531,97 +464,9 @@ def _split_fn(kind: str, config):
     return partial(split_param_func(), split_nums=2)
 
 
-def fast_fused_layers(model) -> dict:
-    """{sub-layer name: kind} of the attention / MLP layers of `model` whose projections the fast
-    path fused ("qkv" or "ffn")."""
-    return {name: layer._fast_ffn_fused for name, layer in model.named_sublayers(include_self=True)
-            if getattr(layer, "_fast_ffn_fused", None)}
-
-
-def fast_fused_kinds(model) -> set:
-    return set(fast_fused_layers(model).values())
-
-
-# ---------------------------------------------------------------------------------------------
-# Hooks that keep the checkpoint contract stock (installed once; they act only on layers the fast
-# path fused, so stock models are untouched).
-
-def _init_weights_like_stock(original):
-    def _init_weights(self, layer):
-        spec = getattr(layer, "_fast_ffn_stock_parts", None)
-        if spec is None or getattr(layer.weight, "is_distributed", False):
-            return original(self, layer)
-        # Stock draws each part with the same generator in this order; drawing the parts and
-        # fusing them gives the weights a stock model built from the same seed has.
-        widths, fuse = spec
-        std = self.config.initializer_range
-        parts = [paddle.tensor.normal(mean=0.0, std=std, shape=[layer.weight.shape[0], width]) for width in widths]
-        layer.weight.set_value(fuse(parts))
-    return _init_weights
-
-
-def stock_checkpoint(model, state_dict: dict, config_to_save, save_fused: bool):
-    """(state_dict, config) as stock PaddleNLP would save this model: fused projections split by
-    PaddleNLP's own split mappings, fuse_attention_* and use_flash_attention as before the fast
-    path. With save_fused, the fused weights stay and only use_flash_attention is restored."""
-    config_to_save = copy.deepcopy(config_to_save)
-    stock = stock_config_values(model.config) or {}
-    if "use_flash_attention" in stock:
-        config_to_save.use_flash_attention = stock["use_flash_attention"]
-    kinds = fast_fused_kinds(model)
-    if save_fused or not kinds:
-        return state_dict, config_to_save
-    state_dict = dict(state_dict)
-    fused_suffixes = tuple(f".{FUSED_LAYOUTS[kind][0]}.weight" for kind in kinds)
-    for key, value in state_dict.items():
-        # Split on the host: the split copies must not double the fused weights on the GPU.
-        if key.endswith(fused_suffixes) and isinstance(value, paddle.Tensor) and not value.place.is_cpu_place():
-            state_dict[key] = value.cpu()
-    for kind in kinds:
-        setattr(config_to_save, FUSED_LAYOUTS[kind][2], False)
-    state_dict, _ = type(model).convert_fuse_and_split(config_to_save, state_dict)
-    return state_dict, config_to_save
-
-
-def _save_pretrained_stock(original):
-    import inspect
-
-    signature = inspect.signature(original)
-
-    def save_pretrained(self, save_dir, *args, **kwargs):
-        from paddlenlp.transformers.model_utils import get_parameter_dtype, unwrap_model
-
-        model = unwrap_model(self)
-        stock = stock_config_values(model.config)
-        if stock is None or _distributed_layers(model.config):
-            return original(self, save_dir, *args, **kwargs)
-        bound = signature.bind(self, save_dir, *args, **kwargs)
-        arguments = dict(bound.arguments)
-        extra, positional = dict(arguments.pop("kwargs", {})), arguments.pop("args", ())
-        arguments.pop("self")
-        state_dict = arguments.get("state_dict")
-        if state_dict is None:
-            state_dict = model.state_dict()
-        # As PaddleNLP's save_pretrained does before it copies the config.
-        model.config.dtype = str(get_parameter_dtype(model)).split(".")[1]
-        config_to_save = extra.get("config_to_save") or model.config
-        arguments["state_dict"], extra["config_to_save"] = stock_checkpoint(
-            model, state_dict, config_to_save, _save_fused(model.config))
-        if positional:  # arguments past `variant` given by position: keep them positional
-            return original(self, *arguments.values(), *positional, **extra)
-        return original(self, **arguments, **extra)
-    return save_pretrained
-
-
-def _set_state_dict_fusing(original):
-    def set_state_dict(self, state_dict, *args, **kwargs):
-        if fast_fused_kinds(self):
-            # A stock-layout checkpoint (what save_pretrained writes) into a model whose
-            # projections the fast path fused: the Trainer's resume and best-model reload call
-            # set_state_dict directly, without from_pretrained's conversion.
-            state_dict, _ = type(self).convert_fuse_and_split(self.config, dict(state_dict))
-        return original(self, state_dict, *args, **kwargs)
-    return set_state_dict
+def unfused_linear_class() -> type:
+    """What PaddleNLP's LLaMA builds for unfused projections on this device."""
+    return _modeling().Linear
 
 
 def fp8_checkpoint_layers(model):
@@ -639,7 +484,8 @@ def fp8_checkpoint_layers(model):
 def install_hooks(enabled_options) -> None:
     """Install, once, the hooks of the fast path that must outlive revert(): the construction hook
     (config changes and fused-layer records for models built while `enabled_options()` is not
-    None) and the checkpoint hooks above. Each acts only on what the fast path built."""
+    None), the checkpoint hooks of fused_projections on LlamaPretrainedModel, from_pretrained for
+    Hub folders, and the family-neutral LoRA hooks. Each acts only on what the fast path built."""
     if _HOOKS:
         return
     modeling = _modeling()
@@ -657,13 +503,13 @@ def install_hooks(enabled_options) -> None:
     _HOOKS.update(decoder_init=decoder_init, init_weights=pretrained._init_weights,
                   save_pretrained=pretrained.save_pretrained, set_state_dict=pretrained.set_state_dict)
     modeling.LlamaDecoderLayer.__init__ = init_with_fast_config
-    pretrained._init_weights = _init_weights_like_stock(_HOOKS["init_weights"])
-    pretrained.save_pretrained = _save_pretrained_stock(_HOOKS["save_pretrained"])
-    pretrained.set_state_dict = _set_state_dict_fusing(_HOOKS["set_state_dict"])
+    pretrained._init_weights = init_weights_like_stock(_HOOKS["init_weights"])
+    pretrained.save_pretrained = save_pretrained_stock(_HOOKS["save_pretrained"], FUSED_LAYOUTS)
+    pretrained.set_state_dict = set_state_dict_fusing(_HOOKS["set_state_dict"])
     causal_lm = modeling.LlamaForCausalLM
     _HOOKS["from_pretrained"] = causal_lm.from_pretrained.__func__
     causal_lm.from_pretrained = classmethod(_from_pretrained_hub_folders(_HOOKS["from_pretrained"]))
-    _install_lora_hooks()
+    install_lora_hooks()
 
 
 def _from_pretrained_hub_folders(original):
@@ -672,7 +518,7 @@ def _from_pretrained_hub_folders(original):
     checkpoints and on the Hub's tokenizer.model; see that module). Everything else, and every
     call while the fast path is off, is PaddleNLP's own from_pretrained."""
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
-        if (_ACTIVE is not None and cls is _modeling().LlamaForCausalLM and not args
+        if (state.current() is not None and cls is _modeling().LlamaForCausalLM and not args
                 and isinstance(pretrained_model_name_or_path, (str, os.PathLike))
                 and os.path.isdir(pretrained_model_name_or_path)):
             from ..finetune import checkpoint
@@ -682,150 +528,6 @@ def _from_pretrained_hub_folders(original):
                 return checkpoint.load_model(pretrained_model_name_or_path, kwargs.pop("dtype", None), **kwargs)
         return original(cls, pretrained_model_name_or_path, *args, **kwargs)
     return from_pretrained
-
-
-# ---------------------------------------------------------------------------------------------
-# LoRA: adapters go on PaddleNLP's stock sub-layers.
-
-def _install_lora_hooks() -> None:
-    from paddlenlp.peft import LoRAModel
-
-    lora_init, lora_save = LoRAModel.__init__, LoRAModel.save_pretrained
-    _HOOKS.update(lora_init=lora_init, lora_save=lora_save)
-
-    def init_on_stock_layers(self, model, lora_config, *args, **kwargs):
-        unfuse_for_lora(model, lora_config)
-        lora_init(self, model, lora_config, *args, **kwargs)
-
-    def save_with_stock_config(self, save_directory, merge_tensor_parallel=False, **kwargs):
-        base = self.model
-        if stock_config_values(getattr(base, "config", None)) is None or not kwargs.get("save_model_config", True):
-            return lora_save(self, save_directory, merge_tensor_parallel=merge_tensor_parallel, **kwargs)
-        lora_save(self, save_directory, merge_tensor_parallel=merge_tensor_parallel,
-                  **{**kwargs, "save_model_config": False})
-        if kwargs.get("is_main_process", paddle.distributed.get_rank() == 0):
-            _, config = stock_checkpoint(base, {}, base.config, _save_fused(base.config))
-            if merge_tensor_parallel:
-                config.tensor_parallel_degree = -1
-            config.save_pretrained(save_directory)
-
-    LoRAModel.__init__ = init_on_stock_layers
-    LoRAModel.save_pretrained = save_with_stock_config
-
-
-def _part_name(fused_module_name: str, part: str) -> str:
-    return fused_module_name.rsplit(".", 1)[0] + "." + part if "." in fused_module_name else part
-
-
-def unfuse_for_lora(model, lora_config) -> None:
-    """Before LoRAModel places adapters: split the fused projections (of the kinds the target
-    patterns reach) back into PaddleNLP's stock sub-layers, and aim patterns that name the fused
-    layers at their parts, so the adapters, their initialisation and their saved names are the
-    ones stock PaddleNLP gives the unfused model. A no-op for models the fast path did not fuse."""
-    owners = fast_fused_layers(model)
-    if not owners or lora_config.target_modules is None:
-        return
-    patterns = [lora_config.target_modules] if isinstance(lora_config.target_modules, str) else list(lora_config.target_modules)
-    enables = lora_config.enable_lora_list
-    if isinstance(lora_config.target_modules, str):
-        enables = [enables]
-    elif enables is None:
-        enables = [None] * len(patterns)
-    fused_names = {f"{name}.{FUSED_LAYOUTS[kind][0]}" if name else FUSED_LAYOUTS[kind][0]: kind
-                   for name, kind in owners.items()}
-    reached = set()
-    for fused_name, kind in fused_names.items():
-        names = [fused_name] + [_part_name(fused_name, part) for part in FUSED_LAYOUTS[kind][1]]
-        if any(re.fullmatch(pattern, name) for pattern in patterns for name in names):
-            reached.add(kind)
-    if not reached:
-        return
-    other_names = [name for name, _ in model.named_sublayers() if name not in fused_names]
-    new_patterns, new_enables = _retarget(patterns, enables, {n: k for n, k in fused_names.items() if k in reached},
-                                          other_names)
-    for layer in model.sublayers(include_self=True):
-        if getattr(layer, "_fast_ffn_fused", None) in reached:
-            _unfuse_layer(layer, model.config)
-    stock = stock_config_values(model.config) or {}
-    for kind in reached:
-        flag = FUSED_LAYOUTS[kind][2]
-        setattr(model.config, flag, stock.get(flag, False))
-    if isinstance(lora_config.target_modules, str) and len(new_patterns) == 1:
-        lora_config.target_modules, lora_config.enable_lora_list = new_patterns[0], new_enables[0]
-    else:
-        lora_config.target_modules = new_patterns
-        lora_config.enable_lora_list = None if all(e is None for e in new_enables) else new_enables
-    split = " and ".join(f"{FUSED_LAYOUTS[k][0]} -> {'/'.join(FUSED_LAYOUTS[k][1])}" for k in sorted(reached))
-    _info_once("lora", f"LoRA adapts this model's projections: the fused layers are split back into PaddleNLP's "
-                       f"sub-layers ({split}), so the adapters sit on the stock layers; the SwiGLU output is "
-                       f"stored (recompute needs the fused gate/up projection and a plain down_proj)",
-               covers=("recompute_unfused", "recompute_down_proj", "built_unfused"))
-
-
-def _retarget(patterns, enables, fused_names: dict, other_names: list):
-    """LoRA target patterns with the same meaning on the unfused model: a pattern that names a
-    fused layer (qkv_proj, gate_up_fused_proj) targets its parts instead (one pattern per part,
-    in PaddleNLP's order, so adapters are created in stock order; one pattern for all parts if
-    per-part patterns would also match another layer more than once); every other pattern means
-    on the unfused layers what it means for stock PaddleNLP."""
-    new_patterns, new_enables = [], []
-    for pattern, enable in zip(patterns, enables):
-        hits = [name for name in fused_names if re.fullmatch(pattern, name)]
-        if not hits:
-            if pattern not in new_patterns:  # a list naming a part and its fused layer: the part once
-                new_patterns.append(pattern)
-                new_enables.append(enable)
-            continue
-        produced = []
-        for kind in [k for k in FUSED_LAYOUTS if k in {fused_names[n] for n in hits}]:
-            fused, parts, _flag = FUSED_LAYOUTS[kind]
-            kind_hits = [n for n in hits if fused_names[n] == kind]
-            chosen = [p for i, p in enumerate(parts) if enable is None or (i < len(enable) and enable[i])]
-            part_names = [_part_name(n, p) for n in kind_hits for p in parts]
-            if fused in pattern:
-                candidates = [pattern.replace(fused, part) for part in chosen]
-                if any(sum(bool(re.fullmatch(c, n)) for c in candidates) > 1 for n in other_names):
-                    candidates = [pattern.replace(fused, "(?:" + "|".join(chosen) + ")")]
-            elif enable is None and any(re.fullmatch(pattern, n) for n in part_names):
-                candidates = [pattern]  # already means the parts it matches (e.g. ".*proj.*")
-            else:
-                candidates = ["(?:" + "|".join(re.escape(_part_name(n, p)) for n in kind_hits for p in chosen) + ")"]
-            produced += [c for c in candidates if c not in produced]
-        produced = [c for c in produced if c not in new_patterns]  # LoRAModel would adapt a layer twice
-        new_patterns += produced
-        new_enables += [None] * len(produced)
-    return new_patterns, new_enables
-
-
-def _unfuse_layer(owner, config) -> None:
-    """Replace owner's fused projection by its stock parts (same values, same dtype, no random
-    draws), in the sub-layer order stock PaddleNLP builds."""
-    from paddlenlp.transformers.model_utils import dtype_guard
-
-    kind = owner._fast_ffn_fused
-    fused_name, parts, flag = FUSED_LAYOUTS[kind]
-    fused = getattr(owner, fused_name)
-    weight = fused.weight
-    pieces = _split_fn(kind, config)(weight.detach())
-    new_layers = []
-    linear_class = _modeling().Linear  # what PaddleNLP builds for unfused projections on this device
-    with dtype_guard(str(weight.dtype).split(".")[-1]):
-        for part, piece in zip(parts, pieces):
-            # A constant initialiser draws no random numbers: later draws (LoRA's A) stay stock.
-            linear = linear_class(piece.shape[0], piece.shape[1], bias_attr=False,
-                                  weight_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)))
-            linear.weight.set_value(piece)
-            linear.weight.stop_gradient = weight.stop_gradient
-            new_layers.append((part, linear))
-    items = list(owner._sub_layers.items())
-    owner._sub_layers.clear()
-    for name, layer in items:
-        if name == fused_name:
-            owner._sub_layers.update(new_layers)
-        else:
-            owner._sub_layers[name] = layer
-    setattr(owner, flag, False)  # LlamaAttention.fuse_attention_qkv / LlamaMLP.fuse_attention_ffn
-    del owner._fast_ffn_fused
 
 
 # ---------------------------------------------------------------------------------------------
@@ -844,7 +546,7 @@ def _fused_head_weight(model):
     config, head = model.config, model.lm_head
     if type(getattr(model, "criterion", None)) is not modeling.LlamaPretrainingCriterion:
         return None, False, f"the criterion is {type(getattr(model, 'criterion', None)).__name__}"
-    distributed = _distributed_layers(config)
+    distributed = distributed_layers(config)
     if distributed or getattr(model.criterion, "enable_parallel_cross_entropy", False):
         return None, False, f"{distributed or 'tensor parallel'}: the head is sharded over the vocabulary"
     if getattr(config, "sequence_parallel", False) or (getattr(config, "sep_parallel_degree", 1) or 1) > 1:
@@ -893,7 +595,8 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
         attention_mask = _packed_segments(self, attn_mask_startend_row_indices, attention_mask)
     arguments = (input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache, past_key_values,
                  output_attentions, output_hidden_states, return_dict)
-    if labels is None or not self.training or _ACTIVE is None or not _ACTIVE.fused_cross_entropy:
+    options = state.current()
+    if labels is None or not self.training or options is None or not options.fused_cross_entropy:
         return stock(self, *arguments)
     weight, transpose, reason = _fused_head_weight(self)
     if weight is None:
@@ -951,14 +654,6 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 
 _FP8_TARGETS = (("self_attn", ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj")),
                 ("mlp", ("gate_up_fused_proj", "gate_proj", "up_proj", "down_proj")))
-
-
-def _fp8_warn_once(key: str, message: str) -> None:
-    """A configuration FP8 cannot honour here: one UserWarning per reason (not a kernel fallback,
-    so not an error under PADDLE_FASTFFN_STRICT)."""
-    if key not in _FP8_WARNED:
-        _FP8_WARNED.add(key)
-        warnings.warn(f"paddle_fastffn: {message}", UserWarning, stacklevel=4)
 
 
 def resolve_fp8(options: FastFFNOptions):
@@ -1210,12 +905,12 @@ def apply(options: FastFFNOptions, model=None) -> None:
         configs = [layer.config for layer in model.sublayers(include_self=True)
                    if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES]
         for config in configs:
-            _remember_stock(config, options.save_fused_checkpoint)
+            remember_stock(config, options.save_fused_checkpoint)
             if options.attention:
                 _enable_sdpa(config)
         config = model.config
-        unfused = [FUSED_LAYOUTS[kind][1] for kind in FUSED_LAYOUTS if not getattr(config, FUSED_LAYOUTS[kind][2], False)]
-        if options.fuse_projections and unfused and not _keeps_distributed_layers(config):
+        unfused = [layout.parts for layout in FUSED_LAYOUTS.values() if not getattr(config, layout.config_flag, False)]
+        if options.fuse_projections and unfused and not keeps_distributed_layers(config):
             names = " and ".join("/".join(parts) for parts in unfused)
             stored = ", and the SwiGLU output is stored" if not config.fuse_attention_ffn else ""
             _info_once("built_unfused", f"this model was built before the fast path was enabled: its {names} "
@@ -1228,8 +923,7 @@ def revert() -> None:
     """Restore PaddleNLP's own forwards. (The construction and checkpoint hooks stay: they act
     only on layers the fast path built, which keep their stock checkpoint contract.)"""
     global _ACTIVE
-    _INFORMED.clear()
-    _FP8_WARNED.clear()
+    _ACTIVE = None
     if not _ORIGINALS:
         return
     _revert_fp8()
@@ -1244,13 +938,46 @@ def revert() -> None:
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
     restore_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask", _ORIGINALS["prepare_mask"])
     modeling.is_casual_mask = _ORIGINALS["is_casual_mask"]
-    _ACTIVE = None
-    _WARNED.clear()
 
 
 def patched_layer_count(model) -> int:
     """How many decoder layers of `model` run the fast forward (for tests and the run log)."""
     if _ACTIVE is None:
         return 0
+    return len(decoder_layers(model))
+
+
+def decoder_layers(model) -> list:
+    """The LlamaDecoderLayer sub-layers of `model` (any wrapper of a LLaMA model), in order."""
+    layer_class = _modeling().LlamaDecoderLayer
+    return [layer for layer in model.sublayers(include_self=True) if isinstance(layer, layer_class)]
+
+
+def patched_attributes() -> tuple:
+    """((owner, name), ...) that apply() may replace and revert() restores."""
     modeling = _modeling()
-    return sum(1 for layer in model.sublayers() if isinstance(layer, modeling.LlamaDecoderLayer))
+    return ((modeling.LlamaRMSNorm, "forward"), (modeling.LlamaMLP, "forward"),
+            (modeling.LlamaDecoderLayer, "forward"), (modeling, "apply_rotary_pos_emb"),
+            (modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation"),
+            (modeling, "scaled_dot_product_attention"), (modeling.LlamaForCausalLM, "forward"),
+            (modeling.LlamaModel, "_prepare_decoder_attention_mask"), (modeling, "is_casual_mask"),
+            (modeling.LlamaModel, "forward"), (modeling, "recompute"))  # the last two: FP8 only
+
+
+def hooked_attributes() -> tuple:
+    """((owner, name), ...) that install_hooks() wraps once and keeps (LoRAModel's are lora.py's)."""
+    modeling = _modeling()
+    pretrained = modeling.LlamaPretrainedModel
+    return ((modeling.LlamaDecoderLayer, "__init__"), (pretrained, "_init_weights"), (pretrained, "save_pretrained"),
+            (pretrained, "set_state_dict"), (modeling.LlamaForCausalLM, "from_pretrained"))
+
+
+def example_config(**overrides):
+    """A two-layer LlamaConfig with grouped-query heads, widths multiples of 16 (FP8's alignment)."""
+    from paddlenlp.transformers import LlamaConfig
+
+    values = dict(architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6)
+    values.update(overrides)
+    return LlamaConfig(**values)

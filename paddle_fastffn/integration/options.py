@@ -1,5 +1,12 @@
-"""What parts of the fast path to use; one object shared by the TrainingArguments flag, the
-explicit apply functions and the per-family patches.
+"""What parts of the fast path to use, declared once: each field of FastFFNOptions is one option,
+with its type, default and help text. The other places that name the options are made from it or
+checked against it:
+- FastFFNTrainingArguments (integration/training_args.py): one `fast_ffn_<name>` field per option,
+  generated from these fields (TRAINING_ARGUMENT_PREFIX, training_argument_fields);
+- apply_fast_ffn_to_llama's keywords (paddle_fastffn/__init__.py, which imports nothing Paddle):
+  checked against these fields by tests/integration/test_training_args.py;
+- docs/usage.md's argument table: checked against the generated fields by tests/integration/test_docs.py;
+- scripts/run_finetune.py's arguments (finetune/llm_arguments.py): inherit the TrainingArguments fields.
 
 The defaults are the benchmarked path. Each part applies wherever it can (fused projections need
 plain Linear weights built while the fast path is enabled; SwiGLU recompute needs the fused
@@ -10,56 +17,82 @@ info line says so.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 PRECISIONS = ("bf16", "fp8")
+TRAINING_ARGUMENT_PREFIX = "fast_ffn_"  # FastFFNOptions.swiglu is the fast_ffn_swiglu argument
+
+
+def option(default, help: str, switch: bool = False):
+    """One option: its default, the help text every place that lists it shows, and whether it is a
+    switch (a part of the fast path that can be turned off, which the run report lists: report.py)."""
+    return field(default=default, metadata={"help": help, "switch": switch})
 
 
 @dataclass(frozen=True)
 class FastFFNOptions:
-    swiglu: bool = True  # fused SwiGLU in the MLP
-    rms_norm: bool = True  # fused RMSNorm, and residual add + post-attention norm in one pass
-    rotary: bool = True  # fused rotary embedding on q and k
-    attention: bool = True  # the device's best SDPA kernel (flash attention on GPU)
-    # Build PaddleNLP's fused qkv_proj / gate_up_fused_proj (one GEMM each) for models built while
-    # enabled; PaddleNLP fuses unfused checkpoints on load.
-    fuse_projections: bool = True
-    swiglu_recompute: bool = True  # recompute the SwiGLU output in backward (saves [T, I] per layer)
-    # save_pretrained of a model whose projections the fast path fused writes PaddleNLP's fused
-    # layout (qkv_proj, gate_up_fused_proj; config fuse_attention_* true) instead of the stock
-    # unfused one (q/k/v_proj, gate_proj/up_proj), which is the default.
-    save_fused_checkpoint: bool = False
-    # LlamaForCausalLM's training loss through ops.linear_cross_entropy: the LM head GEMM and
-    # PaddleNLP's criterion in chunks of tokens, never the [tokens, vocab] logits; where the head
-    # is a plain [H, V] weight or the tied embedding (not tensor parallel). Logits are not returned
-    # on that path (training forwards with labels only; eval and generation keep stock).
-    fused_cross_entropy: bool = True
-    # PaddleNLP's Trainer builds paddle_fastffn.optim.FastAdamW where it would build
-    # paddle.optimizer.AdamW (optim="adamw"): the same optimizer, state and checkpoints, with the
-    # per-parameter update as one pass of our kernel (fp32 master weights and moments under AMP
-    # O2) and ClipGradByGlobalNorm folded into it (integration/trainer.py).
-    fused_optimizer: bool = True
-    # GEMM precision of the decoder layers' linear layers. "bf16": the activation dtype (bf16
-    # under AMP O2). "fp8": per-tensor scaled FP8 GEMMs, with the recipe below: the MLP as one
-    # FP8 FFN (paddle_fastffn.fp8.Fp8FFN, SwiGLU fused with quantising its output) where its
-    # fused projections are plain Linear layers, every other linear through
-    # paddle_fastffn.fp8.Fp8Linear (plain Linear and LoRA's base GEMM; LoRA adapters stay in the
-    # activation dtype). Parameters and checkpoints keep their dtypes: FP8 is a compute format
+    swiglu: bool = option(True, switch=True, help="Fused SwiGLU in the MLP.")
+    rms_norm: bool = option(True, switch=True, help=(
+        "Fused RMSNorm, and the attention residual add fused into the post-attention norm."))
+    rotary: bool = option(True, switch=True, help="Fused rotary embedding on q and k.")
+    attention: bool = option(True, switch=True, help=(
+        "Use the device's SDPA kernel (flash attention on GPU) via use_flash_attention."))
+    # PaddleNLP fuses unfused checkpoints on load.
+    fuse_projections: bool = option(True, switch=True, help=(
+        "Build fused qkv_proj and gate_up_fused_proj (one GEMM each) where the weights are plain Linear layers "
+        "(not under tensor/pipeline parallel; LoRA gets the stock sub-layers back); PaddleNLP fuses unfused "
+        "checkpoints on load."))
+    # Saves [tokens, intermediate] per layer.
+    swiglu_recompute: bool = option(True, switch=True, help=(
+        "Recompute the SwiGLU output in backward instead of storing it (where gate/up are fused and down_proj is "
+        "a plain Linear)."))
+    # The default: save_pretrained of a model whose projections the fast path fused writes the
+    # stock unfused layout (q/k/v_proj, gate_proj/up_proj; config fuse_attention_* as before).
+    save_fused_checkpoint: bool = option(False, (
+        "Save PaddleNLP's fused layout (qkv_proj, gate_up_fused_proj, fuse_attention_* in config.json) instead "
+        "of the stock unfused LLaMA layout that the fast path saves by default."))
+    # Through ops.linear_cross_entropy: the LM head GEMM and PaddleNLP's criterion in chunks of
+    # tokens. Eval and generation keep stock (they need the logits).
+    fused_cross_entropy: bool = option(True, switch=True, help=(
+        "Training loss of LlamaForCausalLM as one fused LM head + cross-entropy in chunks of tokens (never the "
+        "[tokens, vocab] fp32 logits; PaddleNLP's loss). Needs a plain LM head weight or tied embeddings, not "
+        "tensor parallel; the training forward then returns no logits."))
+    # fp32 master weights and moments under AMP O2; integration/trainer.py swaps the class.
+    fused_optimizer: bool = option(True, switch=True, help=(
+        "Build paddle_fastffn.optim.FastAdamW where the Trainer builds paddle.optimizer.AdamW: the same "
+        "optimizer and checkpoints, each parameter updated in one pass of a fused kernel, global-norm clipping "
+        "folded into it."))
+    # FP8: the MLP as one FP8 FFN (paddle_fastffn.fp8.Fp8FFN, SwiGLU fused with quantising its
+    # output) where its fused projections are plain Linear layers, every other linear through
+    # paddle_fastffn.fp8.Fp8Linear (plain Linear and LoRA's base GEMM). FP8 is a compute format
     # only. Where FP8 cannot run, one warning and the bf16 path (integration/llama.py: resolve_fp8).
-    precision: str = "bf16"
+    precision: str = option("bf16", (
+        "GEMM precision of the decoder layers' linear layers: \"bf16\" (the activation dtype) or \"fp8\" "
+        "(per-tensor scaled FP8 GEMMs, the MLP as one FP8 FFN with SwiGLU fused into its quantisation; LoRA "
+        "adapters stay bf16 over an FP8 base GEMM; parameters and checkpoints keep their dtypes). Where FP8 "
+        "cannot run: one warning, and bf16."))
     # Fp8Recipe's fields, with the "fp8_" prefix (Fp8Recipe.from_dict validates them).
-    fp8_scaling: str = "delayed"
-    fp8_amax_history_len: int = 1024
-    fp8_amax_compute_algo: str = "max"
-    fp8_margin: float = 0.0
-    fp8_first_last_bf16: bool = False
-    fp8_min_gemm_size: int = 0
-    fp8_delayed_warm_start: bool = True
-    fp8_saved_gate_up: str = "fp8"
-    # Run FP8 emulated (same scaling, e4m3/e5m2 rounding, fp32 GEMMs) where the FP8 GEMMs cannot
-    # run: CPU CI, and checking recipes and checkpoints. No speed-up; without it FP8 on CPU warns
-    # once and trains in bf16/fp32.
-    fp8_emulate: bool = False
+    fp8_scaling: str = option("delayed", (
+        "FP8 scaling: \"delayed\" (amax history, Transformer Engine's DelayedScaling) or \"current\"."))
+    fp8_amax_history_len: int = option(1024, "FP8 delayed scaling: amax history length.")
+    fp8_amax_compute_algo: str = option("max", "FP8 delayed scaling: \"max\" or \"most_recent\" over the amax history.")
+    fp8_margin: float = option(0.0, "FP8 scale = fp8_max / amax / 2^margin.")
+    fp8_first_last_bf16: bool = option(False, (
+        "Keep the first and last decoder layers' GEMMs in bf16 under fast_ffn_precision=fp8."))
+    fp8_min_gemm_size: int = option(0, "GEMMs with M*N*K below this stay bf16 under fast_ffn_precision=fp8.")
+    fp8_delayed_warm_start: bool = option(True, (
+        "FP8 delayed scaling: quantise each tensor's first use with its own amax (current scaling) and seed its "
+        "amax history with it; false: Transformer Engine's exact behaviour (every scale starts at 1, so the first "
+        "steps' e5m2 gradients can underflow to zero)."))
+    fp8_saved_gate_up: str = option("fp8", (
+        "What the FP8 FFN keeps of its gate_up projection output for backward: \"fp8\" (its own per-tensor "
+        "scaled e4m3 copy, 1 byte an element, written by the SwiGLU forward pass) or \"activation\" (the "
+        "bf16/fp16 tensor, 2 bytes an element)."))
+    # Without it, FP8 on CPU warns once and trains in bf16/fp32.
+    fp8_emulate: bool = option(False, (
+        "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "
+        "cannot run, e.g. on CPU for tests and to check recipes and checkpoints."))
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -79,3 +112,21 @@ class FastFFNOptions:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def training_argument_fields() -> list:
+    """[(name, type, dataclasses.field)] of the TrainingArguments fields, one per option: the name
+    with TRAINING_ARGUMENT_PREFIX, the option's type, default and help (make_dataclass's form)."""
+    types = typing.get_type_hints(FastFFNOptions)
+    # PdArgumentParser hands a field's metadata to argparse's add_argument: the help only.
+    return [(TRAINING_ARGUMENT_PREFIX + f.name, types[f.name],
+             field(default=f.default, metadata={"help": f.metadata["help"]})) for f in fields(FastFFNOptions)]
+
+
+def option_defaults() -> dict:
+    """{option name: default}."""
+    return {f.name: f.default for f in fields(FastFFNOptions) if f.default is not MISSING}
+
+
+# The parts of the fast path that can be switched off, in declaration order.
+SWITCHES = tuple(f.name for f in fields(FastFFNOptions) if f.metadata["switch"])

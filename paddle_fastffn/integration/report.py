@@ -5,11 +5,10 @@ when the Trainer is built, paddle_fastffn/plugin.py), and a dict for tests and r
 from __future__ import annotations
 
 from . import llama
+from .fused_projections import distributed_layers, stock_config_values
+from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
 
-# FastFFNOptions switches, each the fast_ffn_<name> TrainingArguments field.
-SWITCHES = ("swiglu", "rms_norm", "rotary", "attention", "fuse_projections", "swiglu_recompute",
-            "fused_cross_entropy", "fused_optimizer")
 
 
 def _unwrap(model):
@@ -29,7 +28,7 @@ def fast_path_report(model, args=None) -> dict:
     options = enabled_options()
     modeling = llama._modeling()
     base = _unwrap(model)
-    decoders = [layer for layer in base.sublayers(include_self=True) if isinstance(layer, modeling.LlamaDecoderLayer)]
+    decoders = llama.decoder_layers(base)
     report = {"use_fast_ffn": options is not None, "decoder_layers": len(decoders),
               "fast_path_layers": llama.patched_layer_count(base) if options is not None else 0,
               "off": {}, "notes": []}
@@ -48,7 +47,7 @@ def fast_path_report(model, args=None) -> dict:
         notes.append(f"{type(base).__name__} has no LLaMA decoder layer: nothing is patched")
         return report
     config = decoders[0].config if hasattr(decoders[0], "config") else base.config
-    distributed = llama._distributed_layers(config)
+    distributed = distributed_layers(config)
     lora = type(model).__name__ == "LoRAModel"
     why_stock_layers = (f"{distributed}: PaddleNLP's sharded projections" if distributed else
                         "LoRA adapts the projections: PaddleNLP's separate sub-layers carry the adapters" if lora else
@@ -85,7 +84,7 @@ def fast_path_report(model, args=None) -> dict:
     optim = str(getattr(args, "optim", "adamw")).split(".")[-1].lower()
     if "fused_optimizer" not in off and optim != "adamw":
         off["fused_optimizer"] = f"optim={optim}: the fused update replaces AdamW only"
-    stock = llama.stock_config_values(config) or {}
+    stock = stock_config_values(config) or {}
     if "attention" not in off and stock.get("use_flash_attention") is False and config.use_flash_attention:
         notes.append("attention through SDPA where the config says use_flash_attention=false")
     fused_here = [flag for flag in ("fuse_attention_qkv", "fuse_attention_ffn")

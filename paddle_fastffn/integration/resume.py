@@ -72,18 +72,21 @@ class StockOptimizerLayout:
     def __init__(self, model):
         self.fused: dict[str, _FusedParameter] = {}
         self.to_stock_name: dict[str, str] = {}  # fast parameter name -> stock name (same tensor)
-        fused = _fused_linears(model)
+        from .registry import family_for
+
+        family = family_for(_base_config(model).model_type)  # its ModelFamily (family.py)
+        fused = _fused_linears(model, family.FUSED_LAYOUTS)
         shift = 0
         for index, scope, layer in _layers_counted_with(model, fused):
             kind, owner = fused.get(id(layer), (None, None))
-            stock_layers = [f"{scope}_{index + shift + j}" for j in range(_part_count(kind))]
+            stock_layers = [f"{scope}_{index + shift + j}" for j in range(_part_count(kind, family.FUSED_LAYOUTS))]
             for param in layer.parameters(include_sublayers=False):
                 if not param.name.startswith(layer.full_name() + "."):
                     continue  # a parameter named by hand: the counter does not name it
                 suffix = param.name[len(layer.full_name()):]  # ".w_0"
                 if kind:
                     self.fused[param.name] = _fused_parameter(layer, param, kind, owner, model,
-                                                              [name + suffix for name in stock_layers])
+                                                              [name + suffix for name in stock_layers], family)
                 else:
                     self.to_stock_name[param.name] = stock_layers[0] + suffix
             shift += len(stock_layers) - 1
@@ -96,9 +99,9 @@ class StockOptimizerLayout:
     def of(cls, model) -> "StockOptimizerLayout | None":
         """The layout for `model`, or None where its optimizer state is stock already (no fused
         projections, or the fused checkpoint layout asked for)."""
-        from .llama import _save_fused, fast_fused_kinds
+        from .fused_projections import fast_fused_kinds, saves_fused_layout
 
-        if not fast_fused_kinds(model) or _save_fused(_base_config(model)):
+        if not fast_fused_kinds(model) or saves_fused_layout(_base_config(model)):
             return None
         return cls(model)
 
@@ -221,12 +224,10 @@ class StockOptimizerLayout:
                              f"build order")
 
 
-def _fused_linears(model) -> dict:
+def _fused_linears(model, layouts: dict) -> dict:
     """{id(fused Linear): (kind, the attention / MLP layer that owns it)} of the fast path's fused
-    projections in `model`."""
-    from .llama import FUSED_LAYOUTS
-
-    return {id(getattr(owner, FUSED_LAYOUTS[owner._fast_ffn_fused][0])): (owner._fast_ffn_fused, owner)
+    projections in `model` (`layouts`: its family's FUSED_LAYOUTS)."""
+    return {id(getattr(owner, layouts[owner._fast_ffn_fused].fused)): (owner._fast_ffn_fused, owner)
             for owner in model.sublayers(include_self=True) if getattr(owner, "_fast_ffn_fused", None)}
 
 
@@ -242,22 +243,18 @@ def _layers_counted_with(model, fused: dict) -> list:
     return sorted(counted, key=lambda item: item[0])
 
 
-def _part_count(kind) -> int:
-    from .llama import FUSED_LAYOUTS
-
-    return len(FUSED_LAYOUTS[kind][1]) if kind else 1
+def _part_count(kind, layouts: dict) -> int:
+    return len(layouts[kind].parts) if kind else 1
 
 
-def _fused_parameter(layer, param, kind: str, owner, model, stock_names) -> _FusedParameter:
-    from .llama import FUSED_LAYOUTS, _fuse_fn, _split_fn
-
+def _fused_parameter(layer, param, kind: str, owner, model, stock_names, family) -> _FusedParameter:
     if param is not layer.weight:
-        raise NotImplementedError(f"paddle_fastffn: the fused {FUSED_LAYOUTS[kind][0]} has a parameter besides its "
-                                  f"weight ({param.name}); only bias-free fused projections are supported")
+        raise NotImplementedError(f"paddle_fastffn: the fused {family.FUSED_LAYOUTS[kind].fused} has a parameter "
+                                  f"besides its weight ({param.name}); only bias-free fused projections are supported")
     config = getattr(owner, "config", None) or _base_config(model)
     widths, _ = layer._fast_ffn_stock_parts
     return _FusedParameter(tuple(stock_names), tuple((param.shape[0], width) for width in widths),
-                           tuple(param.shape), _split_fn(kind, config), _fuse_fn(kind, config))
+                           tuple(param.shape), family.split_fn(kind, config), family.fuse_fn(kind, config))
 
 
 def _base_config(model):

@@ -5,6 +5,7 @@ checkpoint; LoRA and tensor parallel keep PaddleNLP's sub-layers with one info l
 import copy
 import json
 import re
+from functools import partial
 
 import numpy as np
 import paddle
@@ -14,6 +15,7 @@ from paddlenlp.transformers import LlamaForCausalLM
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, loss_and_grads, tiny_config, tiny_model, train_steps
 from paddle_fastffn.integration import llama as llama_patch
+from paddle_fastffn.integration import lora
 from paddle_fastffn.integration.options import FastFFNOptions
 from paddle_fastffn.integration.registry import apply_to_model
 from tolerances import assert_close
@@ -325,7 +327,7 @@ def test_lora_patterns_naming_fused_layers_are_aimed_at_their_stock_parts():
     fused = {"llama.layers.0.self_attn.qkv_proj": "qkv", "llama.layers.0.mlp.gate_up_fused_proj": "ffn"}
     others = ["llama.layers.0.self_attn", "llama.layers.0.self_attn.o_proj", "llama.layers.0.mlp",
               "llama.layers.0.mlp.down_proj"]
-    retarget = llama_patch._retarget
+    retarget = partial(lora.retarget, layouts=llama_patch.FUSED_LAYOUTS)
     # run_finetune.py's fused names become PaddleNLP's stock list, in its order (adapters are
     # created, and their A drawn, in the order stock creates them).
     assert retarget([".*qkv_proj.*", ".*o_proj.*", ".*gate_up_fused_proj.*", ".*down_proj.*"], [None] * 4,

@@ -1,6 +1,7 @@
 """The argument reference (docs/usage.md) is checked against the fields users actually parse: every
-`use_fast_ffn` / `fast_ffn_*` field of FastFFNTrainingArguments has one row with its real default,
-and no row names a field that does not exist."""
+`use_fast_ffn` / `fast_ffn_*` field of FastFFNTrainingArguments (the fast_ffn_* ones made from the one
+declaration of the options, FastFFNOptions in integration/options.py) has one row with its real
+default, and no row names a field that does not exist."""
 
 import dataclasses
 import json

@@ -17,7 +17,7 @@ import paddle_fastffn
 from llama_fixtures import tiny_config
 from paddle_fastffn import FastFFNTrainingArguments
 from paddle_fastffn.integration import resume
-from paddle_fastffn.integration.llama import fast_fused_kinds
+from paddle_fastffn.integration.fused_projections import fast_fused_kinds
 from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL
 
 N, M = 2, 2  # steps before the checkpoint, steps after it

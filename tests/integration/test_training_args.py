@@ -75,3 +75,26 @@ def test_fused_cross_entropy_is_on_by_default_and_switchable(tmp_path, monkeypat
     args = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true", "--fast_ffn_fused_cross_entropy", "false"],
                   tmp_path, monkeypatch)
     assert not args.fast_ffn_options().fused_cross_entropy and not enabled_options().fused_cross_entropy
+
+
+def test_every_option_is_declared_once_and_each_entry_point_takes_it_as_declared():
+    """FastFFNOptions declares the options; the TrainingArguments fields are made from it, and
+    apply_fast_ffn_to_llama (which imports nothing Paddle, so spells its keywords out) takes the same
+    names with the same defaults: its named keywords, and the fp8_* recipe fields through **fp8_options."""
+    import dataclasses
+    import inspect
+
+    from paddle_fastffn.integration.options import FastFFNOptions, option_defaults
+
+    declared = option_defaults()
+    fields = {f.name: f for f in dataclasses.fields(paddle_fastffn.FastFFNTrainingArguments)}
+    for name, default in declared.items():
+        field = fields[f"fast_ffn_{name}"]
+        option = next(f for f in dataclasses.fields(FastFFNOptions) if f.name == name)
+        assert (field.default, field.metadata["help"]) == (default, option.metadata["help"]), name
+    assert {n for n in fields if n.startswith("fast_ffn_")} == {f"fast_ffn_{n}" for n in declared}
+    parameters = inspect.signature(paddle_fastffn.apply_fast_ffn_to_llama).parameters
+    named = {n: p.default for n, p in parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD and n != "model"}
+    assert named == {n: d for n, d in declared.items() if not n.startswith("fp8_")}
+    assert [p.kind for p in parameters.values()][-1] is inspect.Parameter.VAR_KEYWORD
+    assert all(f.metadata.get("help") for f in dataclasses.fields(FastFFNOptions))

@@ -1,0 +1,121 @@
+"""The contract of a model family: what one file per family (integration/llama.py, ...) provides so
+that the registry and the family-neutral modules can put that family on the fast path.
+
+A family is a module (or any object) with the members of ModelFamily below. The family-neutral
+parts do the rest for every family:
+- options.py / state.py: the options (declared once) and the one store of the active ones;
+- messages.py: warnings and info lines, once per reason;
+- fused_projections.py: the fused projections' records, their stock initialisation and the stock
+  checkpoint layout (save_pretrained / set_state_dict wrappers), driven by the family's
+  FUSED_LAYOUTS, fuse_fn and split_fn;
+- lora.py: LoRA on the stock sub-layers (the family's split_fn and unfused_linear_class);
+- patching.py: class attributes saved and restored exactly.
+registry.py relies on nothing but this contract (registry.register checks it), and
+tests/integration/test_family_contract.py checks every registered family against it: its members,
+that apply() changes only the attributes it declares and revert() restores every one of them, and
+that its fused layouts fuse, split and save as declared.
+
+Adding a family (say PaddleNLP's Qwen2): a file integration/qwen2.py with these members, its fast
+forwards written against its own modeling module, and one `register(qwen2)` line in registry.py.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    # --- what the family serves ---------------------------------------------------------------
+    MODEL_TYPES: tuple
+    """The config.model_type values this family serves (the registry's keys)."""
+
+    def modeling_module(self) -> ModuleType:
+        """The PaddleNLP modeling module whose classes and functions the family patches (imported
+        on first use: importing the family imports no PaddleNLP model)."""
+
+    def example_config(self, **overrides):
+        """A small config of this family (a couple of layers, widths that every fused kernel and
+        FP8's alignment accept, `architectures` naming its causal LM so that PaddleNLP's
+        AutoModelForCausalLM.from_config builds it), for the contract test."""
+
+    # --- the patch: class attributes and module functions ---------------------------------------
+    def patched_attributes(self) -> tuple:
+        """((owner, attribute name), ...): every class attribute or module-level function apply()
+        may replace by its fast version (forwards, the rotary and attention functions, ...);
+        revert() restores each one exactly (patching.own_attribute / restore_attribute) and
+        nothing else may change."""
+
+    def hooked_attributes(self) -> tuple:
+        """((owner, attribute name), ...) that install_hooks() wraps once per process and keeps
+        (construction and checkpoint hooks: they act only on what the fast path built, so a stock
+        model keeps its stock behaviour)."""
+
+    def install_hooks(self, enabled_options: Callable) -> None:
+        """Install, once, the construction hook (configure() before a decoder layer reads its
+        config, mark_fast_built() after, while enabled_options() is not None) and the checkpoint
+        hooks of fused_projections on the family's pretrained-model class."""
+
+    def apply(self, options, model=None) -> None:
+        """Patch the family's classes for `options` (every layer built or run from now on) and,
+        when given, `model`'s instance settings."""
+
+    def revert(self) -> None:
+        """Restore every attribute of patched_attributes() and forget the family's runtime state."""
+
+    # --- decoder layers ------------------------------------------------------------------------
+    def decoder_layers(self, model) -> list:
+        """The decoder layers of `model` (any model of the family: the base model, the causal LM,
+        a LoRA or other wrapper's inner model), in order."""
+
+    def patched_layer_count(self, model) -> int:
+        """How many decoder layers of `model` run the fast forward (0 while the fast path is off)."""
+
+    # --- fused projections and the checkpoint layout --------------------------------------------
+    FUSED_LAYOUTS: dict
+    """{kind: fused_projections.FusedLayout(fused sub-layer name, stock part names in PaddleNLP's
+    order, the config flag that builds the fused one)}. The checkpoint key patterns follow from it:
+    the fast model holds `<owner>.<fused>.weight`, a stock checkpoint `<owner>.<part>.weight` for
+    each part, and `config.<config_flag>` says which of the two a checkpoint holds."""
+
+    def configure(self, config, options) -> None:
+        """Config changes made before a decoder layer is built (fused projections, attention
+        kernel); remembers the stock values first (fused_projections.remember_stock)."""
+
+    def mark_fast_built(self, layer, config) -> None:
+        """After a decoder layer is built: record each projection the fast path fused
+        (fused_projections.mark_fused with its stock parts' widths and fuse_fn)."""
+
+    def fuse_fn(self, kind: str, config) -> Callable:
+        """[stock part weights] -> the fused weight, as PaddleNLP's own fuse mapping does."""
+
+    def split_fn(self, kind: str, config) -> Callable:
+        """The fused weight -> [stock part weights] (the inverse of fuse_fn)."""
+
+    def unfused_linear_class(self) -> type:
+        """The Linear class PaddleNLP builds for the stock parts on this device (LoRA's unfusing
+        rebuilds them with it)."""
+
+
+# The members a family must have, by name (the Protocol's annotations and methods): what
+# register() checks with a message naming the missing ones (isinstance on a Protocol says only
+# yes or no).
+MEMBERS = tuple(sorted({name for name in ModelFamily.__dict__.get("__annotations__", {})}
+                       | {name for name, value in vars(ModelFamily).items()
+                          if callable(value) and not name.startswith("_")}))
+
+
+def missing_members(family) -> list:
+    """The contract's members `family` lacks (empty when it satisfies ModelFamily)."""
+    return [name for name in MEMBERS if not hasattr(family, name)]
+
+
+def check_family(family) -> None:
+    missing = missing_members(family)
+    if missing:
+        raise TypeError(f"paddle_fastffn: {getattr(family, '__name__', family)!r} is not a ModelFamily "
+                        f"(integration/family.py): it lacks {missing}")
+    if not family.MODEL_TYPES or not all(isinstance(t, str) for t in family.MODEL_TYPES):
+        raise TypeError(f"paddle_fastffn: {family.__name__}.MODEL_TYPES must be a non-empty tuple of "
+                        f"config.model_type strings, got {family.MODEL_TYPES!r}")
