@@ -957,7 +957,8 @@ def patched_attributes() -> tuple:
     """((owner, name), ...) that apply() may replace and revert() restores."""
     modeling = _modeling()
     return ((modeling.LlamaRMSNorm, "forward"), (modeling.LlamaMLP, "forward"),
-            (modeling.LlamaDecoderLayer, "forward"), (modeling, "apply_rotary_pos_emb"),
+            (modeling.LlamaDecoderLayer, "forward"), (modeling.LlamaAttention, "forward"),
+            (modeling, "apply_rotary_pos_emb"),
             (modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation"),
             (modeling, "scaled_dot_product_attention"), (modeling.LlamaForCausalLM, "forward"),
             (modeling.LlamaModel, "_prepare_decoder_attention_mask"), (modeling, "is_casual_mask"),
