@@ -264,3 +264,19 @@ def test_rotary_position_flag_rides_in_the_fused_loss_readback(monkeypatch):
     with pytest.raises(Exception, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
         loss.backward()
     assert reads == [] and core_rotary.POSITION_CHECK.flag is None  # read by the loss, not rotary
+
+
+def test_rotary_position_flag_of_a_pass_without_backward_is_read_by_the_next_backward(monkeypatch):
+    """A forward whose graph is freed without a backward hands the pending flag to the next
+    forward, whose backward reads it."""
+    from paddle_fastffn.ops import _rotary_backend
+
+    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    d = 4
+    cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
+    qkv = random_tensor((1, 3, 4 * d), "float32")
+    dropped = ops.qkv_rotary(qkv, 2, 1, cos, sin, paddle.to_tensor([[0, 8, 1]], dtype="int64"))
+    del dropped  # its graph (and the flag's owner) is gone without a backward
+    outs = ops.qkv_rotary(qkv, 2, 1, cos, sin, paddle.to_tensor([[0, 1, 2]], dtype="int64"))
+    with pytest.raises(Exception, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
+        sum(t.sum() for t in outs).backward()
