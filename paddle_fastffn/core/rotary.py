@@ -23,6 +23,8 @@ host), in the backward of the rotary call that created the flag, or by `check()`
 
 from __future__ import annotations
 
+import weakref
+
 from .autograd import FusedOp, Saved
 
 OP = "paddle_fastffn.ops.rotary_embedding"
@@ -57,7 +59,9 @@ class PositionCheck:
     non-reentrant recompute that is the first layer's, the last backward of the step), else an
     explicit `check()`; on CPU the forward reads it at once. Under reentrant recompute the
     forwards run without grad, so each replay in backward creates and reads its own flag (one
-    read per layer there; the replays' ids are the ones the forward already flagged)."""
+    read per layer there; the replays' ids are the ones the forward already flagged). When the
+    owner's graph is freed without a backward (a forward-only pass), the next forward takes the
+    flag over, so its backward reads it; a pass that never runs a backward reads it by check()."""
 
     def __init__(self):
         self.flag = None
@@ -65,10 +69,11 @@ class PositionCheck:
         self.owner = None
         self.backend = None
 
-    def flag_for(self, be, like, table_rows: int, owner) -> object:
+    def flag_for(self, be, like, table_rows: int, owner: Saved) -> object:
         if self.flag is None:
-            self.flag, self.owner, self.backend = be.position_flag(like), owner, be
-            self.table_rows = table_rows
+            self.flag, self.backend, self.table_rows = be.position_flag(like), be, table_rows
+        if self.owner is None or self.owner() is None:  # none yet, or freed without a backward
+            self.owner = weakref.ref(owner)
         self.table_rows = min(self.table_rows, table_rows)
         return self.flag
 
@@ -97,8 +102,8 @@ class PositionCheck:
         if be.is_cpu(like):
             self.check(be)
 
-    def after_backward(self, be, owner) -> None:
-        if self.flag is not None and self.owner is owner:
+    def after_backward(self, be, owner: Saved) -> None:
+        if self.flag is not None and self.owner is not None and self.owner() is owner:
             self.check(be)
 
 

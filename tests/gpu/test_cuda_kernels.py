@@ -199,10 +199,10 @@ def test_rotary(shape, dtype, positions, fused_qkv):
         d_q, d_k = grads
     close(d_q, q64.grad, dtype, "rope d_q")
     close(d_k, k64.grad, dtype, "rope d_k")
-    core_rotary_check()
+    _check_pending_positions()
 
 
-def core_rotary_check():
+def _check_pending_positions():
     """Reads the step's pending position flag (positions in these tests are all in the table)."""
     from paddle_fastffn.core import rotary as core_rotary
 
@@ -357,7 +357,7 @@ def test_qkv_rotary_reads_and_writes_the_interleaved_fused_qkv(dtype, heads, pos
         close(got, want, dtype, f"qkv-rotary {name}")
     (ref_grad,) = torch.autograd.grad(outs, [ref_in], [t.double() for t in u])
     close(d_qkv, ref_grad, dtype, "d_qkv")
-    core_rotary_check()
+    _check_pending_positions()
 
 
 def test_fused_qkv_weight_is_paddlenlp_interleaved_layout():

@@ -122,3 +122,25 @@ def test_qkv_rotary_rejects_bad_heads_widths_and_positions():
         ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.to_tensor([[0, 8, 1]], dtype="int64"))
     with pytest.raises(ValueError, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
         ops.qkv_rotary(qkv, 4, 2, cos, sin, paddle.to_tensor([[0, -1, 1]], dtype="int64"))
+
+
+def test_rotary_binding_rejects_heads_layouts_outside_their_tensor():
+    """The binding checks every heads layout against its tensor before the kernel runs (the core
+    layer computes layouts; a wrong one must not read or write out of bounds)."""
+    from paddle_fastffn.core.rotary import dense_heads, interleaved_qkv_heads
+    from paddle_fastffn.ops._rotary_backend import BACKEND
+
+    cos, sin = _cos_sin(d=6, rows=8)
+    cos, sin = cos.reshape([8, 6]).astype("float32"), sin.reshape([8, 6]).astype("float32")
+    qkv = random_tensor((1, 3, (4 + 2 * 2) * 6), "float32", requires_grad=False)
+    q, k, v = (paddle.empty([1, 3, n, 6], dtype="float32") for n in (4, 2, 2))
+    q_in, k_in, v_in = interleaved_qkv_heads(4, 2, 6)
+    too_far = (k_in[0] + 7,) + k_in[1:]  # the last token's last k head would end 1 past qkv
+    with pytest.raises(Exception, match="argument `k` .* is too small for its heads layout"):
+        BACKEND.rotary((qkv, qkv, qkv), (q, k, v), (1, 3, 4, 2, 6),
+                       (q_in, too_far, v_in, dense_heads(4, 6), dense_heads(2, 6), dense_heads(2, 6)),
+                       cos, sin, None, None, inverse=False)
+    with pytest.raises(Exception, match="`q_out` heads layout is invalid"):
+        BACKEND.rotary((qkv, qkv, qkv), (q, k, v), (1, 3, 4, 2, 6),
+                       (q_in, k_in, v_in, (0, 24, 24, 3, 6), dense_heads(2, 6), dense_heads(2, 6)),
+                       cos, sin, None, None, inverse=False)

@@ -195,17 +195,21 @@ def test_qkv_rotary_float64_backward_is_the_exact_transpose():
 
 
 def test_qkv_rotary_gradient_of_q_alone_leaves_k_and_v_slots_zero():
-    """With only q used, the backward still writes every element of d_qkv: zeros in the k and v
-    slots (no uninitialised memory leaks out of the unfilled buffer)."""
+    """With only q used, the backward still writes every element of d_qkv: exact zeros in the k
+    and v slots (nothing uninitialised leaks out of the unfilled buffer), the reference's d_q in
+    the q slots."""
     b, s, h, hk, d = 1, 5, 4, 2, 8
     qkv = random_tensor((b, s, (h + 2 * hk) * d), "float32")
     cos, sin = _cos_sin("plain", d, s, qkv)
     q, _, _ = ops.qkv_rotary(qkv, h, hk, cos, sin)
     (d_qkv,) = grads_of([q], [paddle.ones_like(q)], [qkv])
+    qkv64 = as_float64_leaf(qkv)
+    q_ref, _, _ = ops.qkv_rotary_ref(qkv64, h, hk, cos, sin)
+    (r_qkv,) = grads_of([q_ref], [paddle.ones_like(q_ref)], [qkv64])
     groups = h // hk
     slots = d_qkv.reshape([b, s, hk, groups + 2, d]).numpy()
     np.testing.assert_array_equal(slots[:, :, :, groups:], 0.0)
-    assert np.all(np.abs(slots[:, :, :, :groups]) > 0) or np.isfinite(slots).all()
+    assert_close(d_qkv, r_qkv, paddle.float32, "d_qkv from q alone")
 
 
 def test_rotary_position_flag_is_read_once_per_step_on_the_loss_or_backward(monkeypatch):
@@ -264,3 +268,19 @@ def test_rotary_position_flag_rides_in_the_fused_loss_readback(monkeypatch):
     with pytest.raises(Exception, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
         loss.backward()
     assert reads == [] and core_rotary.POSITION_CHECK.flag is None  # read by the loss, not rotary
+
+
+def test_rotary_position_flag_of_a_pass_without_backward_is_read_by_the_next_backward(monkeypatch):
+    """A forward whose graph is freed without a backward hands the pending flag to the next
+    forward, whose backward reads it."""
+    from paddle_fastffn.ops import _rotary_backend
+
+    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    d = 4
+    cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
+    qkv = random_tensor((1, 3, 4 * d), "float32")
+    dropped = ops.qkv_rotary(qkv, 2, 1, cos, sin, paddle.to_tensor([[0, 8, 1]], dtype="int64"))
+    del dropped  # its graph (and the flag's owner) is gone without a backward
+    outs = ops.qkv_rotary(qkv, 2, 1, cos, sin, paddle.to_tensor([[0, 1, 2]], dtype="int64"))
+    with pytest.raises(Exception, match=r"`position_ids` holds a position outside the cos/sin table \[0, 8\)"):
+        sum(t.sum() for t in outs).backward()
