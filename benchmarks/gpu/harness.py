@@ -175,7 +175,8 @@ class Kernels:
         args = RmsNormArgs(rows, cols, eps, _DTYPES[x.dtype])
         workspace_bytes = self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda(args)
         if workspace_bytes < 0:
-            raise RuntimeError("rms_norm_bwd: the current CUDA device's limits could not be read")
+            raise RuntimeError("rms_norm_bwd: the current CUDA device's limits could not be read: "
+                               f"{self.lib.fastffn_last_error().decode()}")
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
         d_x = self.empty(x.shape, x.dtype, x.device)
         d_w = self.empty(weight.shape, weight.dtype, weight.device)

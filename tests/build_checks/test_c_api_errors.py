@@ -34,7 +34,7 @@ EXPECTED = {
     "rotary_positions": (INVALID_ARGUMENT, "fastffn_rotary_cpu: position_ids[1] is 7, outside the "
                                            "cos/sin table [0, 4)"),
     "cross_entropy": (INVALID_ARGUMENT, "fastffn_cross_entropy_cpu: row_stride (3) must be >= vocab (4)"),
-    "cross_entropy_labels": (INVALID_ARGUMENT, "fastffn_cross_entropy_cpu: labels hold 9 (row 1 of "
+    "cross_entropy_labels": (INVALID_ARGUMENT, "fastffn_cross_entropy_cpu: labels holds 9 (row 1 of "
                                                "this call), outside the vocabulary [0, 4) and not "
                                                "ignore_index (-100)"),
     "adamw": (UNSUPPORTED_DTYPE, "fastffn_adamw_cpu: grad_dtype is BFLOAT16; it must be the param's "

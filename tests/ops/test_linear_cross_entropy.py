@@ -304,7 +304,7 @@ def test_labels_outside_the_vocabulary_raise_naming_the_label(bad):
     labels_np = labels.numpy()
     labels_np[6] = bad
     # The C layer's message (fastffn_last_error), which checks every label before writing.
-    with pytest.raises(ValueError, match=rf"labels hold {bad} \(row \d+ of this call\), outside the "
+    with pytest.raises(ValueError, match=rf"labels holds {bad} \(row \d+ of this call\), outside the "
                                          rf"vocabulary \[0, 100\) and not ignore_index \(-100\)"):
         ops.linear_cross_entropy(h, w, paddle.to_tensor(labels_np), chunk_tokens=4)
 

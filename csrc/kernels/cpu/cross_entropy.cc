@@ -23,7 +23,7 @@ fastffn_status check_labels(const char* entry, const fastffn_cross_entropy_args&
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t y = labels[r];
     FASTFFN_CHECK_ARG(y == a.ignore_index || (y >= 0 && y < a.vocab), entry,
-                      "labels hold %lld (row %lld of this call), outside the vocabulary [0, %lld) "
+                      "labels holds %lld (row %lld of this call), outside the vocabulary [0, %lld) "
                       "and not ignore_index (%lld)", (long long)y, (long long)r, (long long)a.vocab,
                       (long long)a.ignore_index);
   }
