@@ -40,8 +40,6 @@ STATUS_LIBRARY_MISSING = 16
 STATUS_LIBRARY_ERROR = 17
 
 
-
-
 class Fp8Error(RuntimeError):
     def __init__(self, op: str, status: int, message: str):
         super().__init__(f"{op}: status {status}: {message}")

@@ -21,13 +21,10 @@ from benchmarks.gpu.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceLimits,
                                       RmsNormBwdPlan, RotaryArgs, Scalar, SwigluArgs, check_abi)
 
 
-
 # Tests set this: every output buffer starts as NaN, so an element a kernel fails to write shows.
 POISON_OUTPUTS = False
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
-
-
 
 
 def scalar(value) -> Scalar:
@@ -429,7 +426,6 @@ def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
 
 
 # --- fused linear cross-entropy (paddle_fastffn/ops/linear_cross_entropy.py's composition) ------
-
 
 
 # One chunk's logits at most, counted in fp32 (chunk_tokens * vocab * 4 bytes): the Paddle op's GPU
