@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.gpu import harness
+from benchmarks.gpu.c_structs import GemmConfig, Tensor, check_abi
 
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 4,
           torch.float8_e5m2: 5}
@@ -37,17 +38,6 @@ STATUS_INVALID_ARGUMENT = 1
 STATUS_UNSUPPORTED_DTYPE = 2
 STATUS_LIBRARY_MISSING = 16
 STATUS_LIBRARY_ERROR = 17
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64),
-                ("scale", ctypes.c_void_p), ("scale_inv", ctypes.c_void_p), ("amax", ctypes.c_void_p)]
-
-
-class GemmConfig(ctypes.Structure):
-    _fields_ = [("transpose_a", ctypes.c_int), ("transpose_b", ctypes.c_int),
-                ("accumulate", ctypes.c_int), ("fast_accum", ctypes.c_int), ("alpha", ctypes.c_float)]
 
 
 class Fp8Error(RuntimeError):
@@ -98,6 +88,8 @@ def scalar(value: float, device="cuda") -> torch.Tensor:
 
 class Fp8Kernels:
     def __init__(self, lib: ctypes.CDLL | None = None):
+        if lib is not None:
+            check_abi(lib)  # harness.kernels() checks the library it loads itself
         self.lib = lib or harness.kernels().lib
         for name in ("fastffn_fp8_quantize_cuda", "fastffn_fp8_dequantize_cuda", "fastffn_gemm_cuda",
                      "fastffn_gemm_init_cuda"):
@@ -106,17 +98,18 @@ class Fp8Kernels:
         self.lib.fastffn_fp8_dequantize_cuda.argtypes = [Tensor, Tensor, ctypes.c_void_p]
         self.lib.fastffn_gemm_cuda.argtypes = [Tensor, Tensor, Tensor, GemmConfig, ctypes.c_void_p]
         self.lib.fastffn_gemm_init_cuda.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
-        self.lib.fastffn_gemm_last_error.restype = ctypes.c_char_p
+        self.lib.fastffn_last_error.restype = ctypes.c_char_p
         self.lib.fastffn_status_string.restype = ctypes.c_char_p
         self._declare_swiglu_fp8()
 
-    def _check(self, status: int, op: str, gemm: bool = False):
+    def _check(self, status: int, op: str):
+        """A failed status as Fp8Error with the C layer's own message (fastffn_last_error, which
+        for the GEMM names the cuBLASLt call or the broken requirement)."""
         if status == 0:
             return
-        detail = self.lib.fastffn_gemm_last_error().decode() if gemm else ""
         known = {STATUS_LIBRARY_MISSING: "cuBLASLt missing", STATUS_LIBRARY_ERROR: "cuBLASLt error"}
         message = known.get(status) or self.lib.fastffn_status_string(status).decode()
-        raise Fp8Error(op, status, f"{message}. {detail}".strip())
+        raise Fp8Error(op, status, f"{message}. {self.lib.fastffn_last_error().decode()}".strip())
 
     @staticmethod
     def _stream():
@@ -157,7 +150,7 @@ class Fp8Kernels:
     def gemm_init(self) -> int:
         """Loads cuBLASLt and creates this device's handle; returns cublasLtGetVersion()."""
         version = ctypes.c_size_t(0)
-        self._check(self.lib.fastffn_gemm_init_cuda(ctypes.byref(version)), "gemm_init", gemm=True)
+        self._check(self.lib.fastffn_gemm_init_cuda(ctypes.byref(version)), "gemm_init")
         return version.value
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
@@ -176,7 +169,7 @@ class Fp8Kernels:
         status = self.lib.fastffn_gemm_cuda(describe(a, scale_inv=a_scale_inv),
                                             describe(b, scale_inv=b_scale_inv), describe(out),
                                             config, self._stream())
-        self._check(status, "gemm", gemm=True)
+        self._check(status, "gemm")
         return out
 
     def gemm_q(self, a: Quantized, b: Quantized, out_dtype=torch.bfloat16, a_t=False, b_t=False, **kw):

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu.build_definition import REPO, definition
-from benchmarks.gpu.optimizer_ctypes import AdamwArgs, Scalar
+from benchmarks.gpu.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceLimits, HeadsLayout, RmsNormArgs,  # noqa: F401
+                                      RmsNormBwdPlan, RotaryArgs, Scalar, SwigluArgs, check_abi)
 from benchmarks.gpu.torch_backend import TorchBackend, function
 from benchmarks.gpu.torch_rotary_backend import function as rotary_function
 from paddle_fastffn.core import ffn as core_ffn
@@ -35,46 +36,6 @@ from paddle_fastffn.core import swiglu as core_swiglu
 POISON_OUTPUTS = False
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
-
-
-class SwigluArgs(ctypes.Structure):
-    _fields_ = [("gate", ctypes.c_void_p), ("up", ctypes.c_void_p), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("gate_row_stride", ctypes.c_int64),
-                ("up_row_stride", ctypes.c_int64), ("dtype", ctypes.c_int)]
-
-
-class RmsNormArgs(ctypes.Structure):
-    _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("epsilon", ctypes.c_float),
-                ("dtype", ctypes.c_int)]
-
-
-class CrossEntropyArgs(ctypes.Structure):
-    _fields_ = [("rows", ctypes.c_int64), ("vocab", ctypes.c_int64), ("row_stride", ctypes.c_int64),
-                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_float), ("with_grad", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("label_error", ctypes.c_void_p)]
-
-
-class DeviceLimits(ctypes.Structure):
-    _fields_ = [("sm_count", ctypes.c_int), ("max_shared_bytes_per_block", ctypes.c_int)]
-
-
-class RmsNormBwdPlan(ctypes.Structure):
-    _fields_ = [("blocks", ctypes.c_int64), ("shared_bytes", ctypes.c_int64),
-                ("shared_partials", ctypes.c_int), ("workspace_bytes", ctypes.c_int64)]
-
-
-class HeadsLayout(ctypes.Structure):  # fastffn_heads_layout
-    _fields_ = [("token_stride", ctypes.c_int64), ("group_stride", ctypes.c_int64),
-                ("heads_per_group", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
-
-
-class RotaryArgs(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
-                ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-                ("q_in", HeadsLayout), ("k_in", HeadsLayout), ("v_in", HeadsLayout),
-                ("q_out", HeadsLayout), ("k_out", HeadsLayout), ("v_out", HeadsLayout),
-                ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
-                ("position_error", ctypes.c_void_p)]
 
 
 def scalar(value) -> Scalar:
@@ -128,7 +89,9 @@ class Kernels:
 
     def __init__(self, library: Path | None = None):
         self.lib = ctypes.CDLL(str(library or build()))
+        check_abi(self.lib)  # every ctypes mirror against the layouts the library was built with
         self.lib.fastffn_status_string.restype = ctypes.c_char_p
+        self.lib.fastffn_last_error.restype = ctypes.c_char_p
         self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.restype = ctypes.c_int64
         self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.argtypes = [RmsNormArgs]
         self.lib.fastffn_plan_rms_norm_bwd.restype = RmsNormBwdPlan
@@ -143,8 +106,10 @@ class Kernels:
         self.lib.fastffn_adamw_update_pows_cuda.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr, ptr]
 
     def _check(self, status: int, op: str):
+        """A failed status as RuntimeError with the C layer's own message (fastffn_last_error)."""
         if status != 0:
-            raise RuntimeError(f"{op}: {self.lib.fastffn_status_string(status).decode()}")
+            raise RuntimeError(f"{op}: {self.lib.fastffn_status_string(status).decode()}: "
+                               f"{self.lib.fastffn_last_error().decode()}")
 
     @staticmethod
     def _stream():
@@ -218,7 +183,8 @@ class Kernels:
         args = RmsNormArgs(rows, cols, eps, _DTYPES[x.dtype])
         workspace_bytes = self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda(args)
         if workspace_bytes < 0:
-            raise RuntimeError("rms_norm_bwd: the current CUDA device's limits could not be read")
+            raise RuntimeError("rms_norm_bwd: the current CUDA device's limits could not be read: "
+                               f"{self.lib.fastffn_last_error().decode()}")
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device)
         d_x = self.empty(x.shape, x.dtype, x.device)
         d_w = self.empty(weight.shape, weight.dtype, weight.device)

@@ -1,5 +1,5 @@
-// Helpers shared by the Paddle bindings: Paddle dtype -> kernel dtype, input checks that name the
-// argument, status -> exception, and the device switch (CPU kernels always; CUDA kernels only when
+// Helpers shared by the Paddle bindings: Paddle dtype -> kernel dtype, checks of what only the
+// binding sees (contiguity, places, tensor shapes), status + fastffn_last_error -> exception, and the device switch (CPU kernels always; CUDA kernels only when
 // Paddle itself was built with CUDA). Bindings translate and check; they hold no math.
 #pragma once
 
@@ -41,8 +41,11 @@ inline void check_contiguous(const paddle::Tensor& t, const char* arg, const cha
            "` must be contiguous (the Python wrapper makes it so)");
 }
 
+// A failed kernel call as Paddle's error, with the C layer's own message (fastffn_last_error):
+// the shape and dtype rules of the kernels are checked there, once, not again here.
 inline void check_status(fastffn_status status, const char* op) {
-  PD_CHECK(status == FASTFFN_STATUS_OK, op, ": kernel failed: ", fastffn_status_string(status));
+  PD_CHECK(status == FASTFFN_STATUS_OK, op, ": ", fastffn_status_string(status), ": ",
+           fastffn_last_error());
 }
 
 inline int64_t rows_of(const paddle::Tensor& t) {

@@ -45,16 +45,6 @@ fastffn_dtype any_kernel_dtype(const paddle::Tensor& t, const char* op, const ch
   }
 }
 
-void check_gemm_status(fastffn_status status) {
-  if (status == FASTFFN_STATUS_OK) return;
-#if defined(PADDLE_WITH_CUDA)
-  PD_THROW(kGemm, ": fastffn_gemm_cuda failed: ", fastffn_status_string(status), ". ",
-           fastffn_gemm_last_error());
-#else
-  check_status(status, kGemm);
-#endif
-}
-
 // --- quantize ----------------------------------------------------------------------------------
 
 std::vector<paddle::Tensor> Fp8Quantize(const paddle::Tensor& x, const paddle::Tensor& scale,
@@ -177,7 +167,7 @@ std::vector<paddle::Tensor> Gemm(const paddle::Tensor& a, const paddle::Tensor& 
                             fast_accum, alpha);
   require_cuda(a, kGemm);
   auto d = paddle::empty({call.m, call.n}, dtype, a.place());
-  check_gemm_status(run_gemm(call, d));
+  check_status(run_gemm(call, d), kGemm);
   return {d};
 }
 
@@ -194,7 +184,7 @@ void GemmAccumulate(const paddle::Tensor& a, const paddle::Tensor& b,
   PD_CHECK(d.dtype() != paddle::DataType::FLOAT8_E4M3FN && d.dtype() != paddle::DataType::FLOAT8_E5M2,
            kGemm, ": argument `d` must be bfloat16, float16 or float32 (FP8 outputs are reserved)");
   require_cuda(a, kGemm);
-  check_gemm_status(run_gemm(call, d));
+  check_status(run_gemm(call, d), kGemm);
 }
 
 std::vector<std::vector<int64_t>> GemmShape(const std::vector<int64_t>& a,

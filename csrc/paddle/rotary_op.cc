@@ -117,10 +117,7 @@ void RotaryInPlace(const paddle::Tensor& q, const paddle::optional<paddle::Tenso
              kOp, ": `position_ids` must be contiguous int64 [batch, seq]");
     check_same_place(q, *position_ids, "position_ids", kOp);
     pos = position_ids->data<int64_t>();
-  } else {
-    PD_CHECK(args.seq <= args.table_rows, kOp, ": seq (", args.seq, ") exceeds the cos/sin table (",
-             args.table_rows, " rows)");
-  }
+  }  // seq against the table, heads and head_dim: the C layer's rules (check_rotary)
   if (position_error) {
     PD_CHECK(position_error->dtype() == paddle::DataType::INT32 && position_error->numel() == 1,
              kOp, ": argument `position_error` must be one int32 (a zeroed flag)");
@@ -147,9 +144,7 @@ void RotaryInPlace(const paddle::Tensor& q, const paddle::optional<paddle::Tenso
         return fastffn_rotary_cuda(args, q_ptr, k_ptr, v_ptr, cos.data<float>(), sin.data<float>(),
                                    pos, q_out_ptr, k_out_ptr, v_out_ptr, stream);
       });
-  // Only reached without position_error on CPU (the ids are checked before anything is written).
-  PD_CHECK(status != FASTFFN_STATUS_INVALID_ARGUMENT || pos == nullptr || !q.is_cpu(), kOp,
-           ": `position_ids` holds a position outside the cos/sin table [0, ", args.table_rows, ")");
+  // An out-of-table position on the CPU: the C layer's message names position_ids and the table.
   check_status(status, kOp);
 }
 

@@ -16,7 +16,7 @@ from build_tools import cuda_math_headers, require_tool, run
 # The C entry points each FP8 binding must call: those the CUDA FP8 backend composes (fp8/cuda.py
 # for the linear, fp8/ffn.py for the FFN).
 FP8_ENTRY_POINTS = {
-    "fp8_op.cc": {"fastffn_fp8_quantize_cuda", "fastffn_gemm_cuda", "fastffn_gemm_last_error",
+    "fp8_op.cc": {"fastffn_fp8_quantize_cuda", "fastffn_gemm_cuda", "fastffn_last_error",
                   "fastffn_fp8_compute_scale_cuda", "fastffn_fp8_update_amax_history_cuda"},
     "swiglu_fp8_op.cc": {"fastffn_swiglu_fwd_fp8_cuda", "fastffn_swiglu_bwd_fp8_cuda"},
 }

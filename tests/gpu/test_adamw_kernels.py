@@ -225,9 +225,12 @@ def test_adamw_statuses():
     k = harness.kernels()
     x = torch.zeros(8, device="cuda", dtype=torch.float64)
     m = torch.zeros(8, device="cuda")
-    with pytest.raises(RuntimeError, match="adamw: unsupported dtype"):
+    # The harness's _check passes on the C layer's own message (fastffn_last_error).
+    with pytest.raises(RuntimeError, match=r"adamw: unsupported dtype: fastffn_adamw_cuda: param_dtype "
+                                           r"is FLOAT64 \(3\); this kernel stores FLOAT32, FLOAT16, BFLOAT16$"):
         k.adamw(x, x, m, m, lr=0.1, beta1_pow=0.9, beta2_pow=0.9)
-    with pytest.raises(RuntimeError, match="adamw: unsupported dtype"):
+    with pytest.raises(RuntimeError, match=r"adamw: unsupported dtype: fastffn_adamw_cuda: grad_dtype is "
+                                           r"BFLOAT16; it must be the param's dtype \(FLOAT16\) or FLOAT32"):
         k.adamw(m.half(), m.bfloat16(), m, m, lr=0.1, beta1_pow=0.9, beta2_pow=0.9)
     args = harness.AdamwArgs(8, 0, 0, 0.9, 0.999, 1e-8, 0.0, 1.0, 1, harness.scalar(0.1),
                              harness.scalar(0.9), harness.scalar(0.9), harness.scalar(1.0))

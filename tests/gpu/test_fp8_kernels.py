@@ -320,6 +320,7 @@ def test_quantize_rejects_bad_arguments(k):
     assert k.quantize_status(fp8.describe(q), ok, fp8.describe(q_t)) == fp8.STATUS_UNSUPPORTED_DTYPE
     assert k.quantize_status(fp8.describe(x), fp8.describe(x), fp8.describe(None, E4M3)) == fp8.STATUS_UNSUPPORTED_DTYPE
     assert k.quantize_status(fp8.describe(x), ok, fp8.describe(q)) == fp8.STATUS_INVALID_ARGUMENT  # not [cols, rows]
+    assert k.lib.fastffn_last_error().decode().startswith("fastffn_fp8_quantize_cuda: out_t must be [")
     e5 = fp8.empty((48, 32), E5M2)
     assert k.quantize_status(fp8.describe(x), ok, fp8.describe(e5)) == fp8.STATUS_INVALID_ARGUMENT  # dtype mismatch
     aliased = fp8.describe(q, scale=scale, scale_inv=scale)

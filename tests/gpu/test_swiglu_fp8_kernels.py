@@ -471,6 +471,8 @@ def test_swiglu_fp8_rejects_bad_arguments(k):
         fp8.STATUS_UNSUPPORTED_DTYPE  # d_h dtype
     assert bwd(fp8.describe(gate_up), fp8.describe(d_h[:, :40]), dgu, dgu_t, h_desc, h_t_desc) == \
         fp8.STATUS_INVALID_ARGUMENT  # d_h shape
+    assert k.lib.fastffn_last_error().decode().startswith(  # the C layer says which rule broke
+        f"fastffn_swiglu_bwd_fp8_cuda: d_h must be [{t}, {i}] with a row stride >= {i}, got [{t}, 40]")
     assert bwd(fp8.describe(gate_up), fp8.describe(d_h), fp8.describe(gate_up), dgu_t, h_desc, h_t_desc) == \
         fp8.STATUS_UNSUPPORTED_DTYPE  # d_gate_up not FP8
     h16 = torch.empty(t, i, device="cuda", dtype=torch.bfloat16)

@@ -144,3 +144,34 @@ def test_rotary_binding_rejects_heads_layouts_outside_their_tensor():
         BACKEND.rotary((qkv, qkv, qkv), (q, k, v), (1, 3, 4, 2, 6),
                        (q_in, k_in, v_in, (0, 24, 24, 3, 6), dense_heads(2, 6), dense_heads(2, 6)),
                        cos, sin, None, None, inverse=False)
+
+
+# The C layer checks its own rules and says why (fastffn_last_error); the bindings pass that on.
+# These call the compiled ops directly, past the Python checks, to reach the C checks.
+
+def test_the_c_rms_norm_check_reaches_the_user_with_its_message():
+    from paddle_fastffn.ops._loader import run_op
+
+    x, weight = random_tensor((2, 8), "float32"), random_tensor((8,), "float32")
+    with pytest.raises(Exception, match=r"paddle_fastffn.ops.rms_norm: invalid argument: "
+                                        r"fastffn_rms_norm_fwd_cpu: epsilon must be a non-negative "
+                                        r"float, got -1"):
+        run_op("fastffn_rms_norm_fwd", x, None, weight, -1.0)
+
+
+def test_the_c_adamw_dtype_rules_reach_the_user_with_their_message():
+    from paddle_fastffn.optim.adamw import _adamw_op
+
+    def step(param_dtype, grad_dtype):
+        param = paddle.zeros([4], param_dtype)
+        moments = [paddle.zeros([4], "float32") for _ in range(2)]
+        pows = [paddle.full([1], 0.9, "float32") for _ in range(2)]
+        _adamw_op(param, paddle.zeros([4], grad_dtype), paddle.full([1], 0.1, "float32"), *moments,
+                  *pows, None, None, 0.9, 0.999, 1e-8, 1.0, 0.0, False)
+
+    with pytest.raises(Exception, match=r"unsupported dtype: fastffn_adamw_cpu: param_dtype is "
+                                        r"FLOAT64 \(3\); this kernel stores FLOAT32, FLOAT16, BFLOAT16"):
+        step("float64", "float64")
+    with pytest.raises(Exception, match=r"fastffn_adamw_cpu: grad_dtype is FLOAT16; it must be the "
+                                        r"param's dtype \(BFLOAT16\) or FLOAT32"):
+        step("bfloat16", "float16")

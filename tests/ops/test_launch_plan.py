@@ -6,22 +6,21 @@ import ctypes
 
 import pytest
 
+from benchmarks.gpu.c_structs import DeviceLimits, RmsNormBwdPlan, check_abi
 from paddle_fastffn.ops import _loader
 
 
-class DeviceLimits(ctypes.Structure):
-    _fields_ = [("sm_count", ctypes.c_int), ("max_shared_bytes_per_block", ctypes.c_int)]
-
-
-class RmsNormBwdPlan(ctypes.Structure):
-    _fields_ = [("blocks", ctypes.c_int64), ("shared_bytes", ctypes.c_int64),
-                ("shared_partials", ctypes.c_int), ("workspace_bytes", ctypes.c_int64)]
+@pytest.fixture(scope="module")
+def library():
+    _loader.ensure_loaded()
+    lib = ctypes.CDLL(str(_loader.library_path()))
+    check_abi(lib)  # the mirrors used here match the library Paddle built
+    return lib
 
 
 @pytest.fixture(scope="module")
-def plan():
-    _loader.ensure_loaded()
-    function = ctypes.CDLL(str(_loader.library_path())).fastffn_plan_rms_norm_bwd
+def plan(library):
+    function = library.fastffn_plan_rms_norm_bwd
     function.restype = RmsNormBwdPlan
     function.argtypes = [ctypes.c_int64, ctypes.c_int64, DeviceLimits]
     return lambda rows, cols, sms, shared: function(rows, cols, DeviceLimits(sms, shared))

@@ -56,8 +56,8 @@ using namespace fastffn::cpu;
 extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param,
                                             const void* grad, float* master, float* moment1,
                                             float* moment2) {
-  const fastffn_status valid = fastffn::adamw_args_status(args, param, grad, moment1, moment2);
-  if (valid != FASTFFN_STATUS_OK || args.n == 0) return valid;
+  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+  if (args.n == 0) return FASTFFN_STATUS_OK;
   const fastffn::AdamwStep step = fastffn::adamw_step(
       args, read(args.lr), read(args.beta1_pow), read(args.beta2_pow), read(args.grad_scale));
   auto run = [&](auto param_tag, auto grad_tag) {
@@ -69,7 +69,7 @@ extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param
     return FASTFFN_STATUS_OK;
   };
   const bool fp32_grad = args.grad_dtype == FASTFFN_DTYPE_FLOAT32;
-  switch (args.param_dtype) {  // adamw_args_status admitted these three
+  switch (args.param_dtype) {  // check_adamw admitted these three
     case FASTFFN_DTYPE_FLOAT16:
       return fp32_grad ? run(float16_storage{}, float{}) : run(float16_storage{}, float16_storage{});
     case FASTFFN_DTYPE_BFLOAT16:
@@ -81,7 +81,7 @@ extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param
 
 extern "C" fastffn_status fastffn_adamw_update_pows_cpu(float beta1, float beta2,
                                                         float* beta1_pow, float* beta2_pow) {
-  if (beta1_pow == nullptr || beta2_pow == nullptr) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_adamw_pows(__func__, beta1_pow, beta2_pow));
   *beta1_pow = beta1 * *beta1_pow;
   *beta2_pow = beta2 * *beta2_pow;
   return FASTFFN_STATUS_OK;

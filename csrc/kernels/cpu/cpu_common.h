@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "fastffn/c_api.h"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cpu {
@@ -91,7 +92,9 @@ inline fastffn_status dispatch_dtype(fastffn_dtype dtype, Fn&& fn) {
     case FASTFFN_DTYPE_FLOAT64: fn(double{}); return FASTFFN_STATUS_OK;
     case FASTFFN_DTYPE_FLOAT16: fn(float16_storage{}); return FASTFFN_STATUS_OK;
     case FASTFFN_DTYPE_BFLOAT16: fn(bfloat16_storage{}); return FASTFFN_STATUS_OK;
-    default: return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+    default:  // the entry points check the dtype first; this is the last line of defence
+      return fail(FASTFFN_STATUS_UNSUPPORTED_DTYPE, "fastffn CPU dtype dispatch",
+                  "%s is not a storage dtype of the CPU kernels", dtype_name(dtype));
   }
 }
 

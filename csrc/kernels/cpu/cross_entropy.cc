@@ -17,19 +17,17 @@ inline double exp_of(double x) { return std::exp(x); }
 inline float log_of(float x) { return std::log(x); }
 inline double log_of(double x) { return std::log(x); }
 
-bool args_valid(const fastffn_cross_entropy_args& a, const void* logits, const int64_t* labels,
-                const float* loss) {
-  return logits != nullptr && labels != nullptr && loss != nullptr && a.rows >= 0 &&
-         a.vocab > 0 && a.row_stride >= a.vocab;
-}
-
-bool labels_in_range(const fastffn_cross_entropy_args& a, const int64_t* labels) {
-  bool ok = true;
+// Every label before any row is written (the labels are on the host here).
+fastffn_status check_labels(const char* entry, const fastffn_cross_entropy_args& a,
+                            const int64_t* labels) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t y = labels[r];
-    ok &= y == a.ignore_index || (y >= 0 && y < a.vocab);
+    FASTFFN_CHECK_ARG(y == a.ignore_index || (y >= 0 && y < a.vocab), entry,
+                      "labels holds %lld (row %lld of this call), outside the vocabulary [0, %lld) "
+                      "and not ignore_index (%lld)", (long long)y, (long long)r, (long long)a.vocab,
+                      (long long)a.ignore_index);
   }
-  return ok;
+  return fastffn::ok();
 }
 
 template <typename T, bool kWithGrad>
@@ -85,8 +83,8 @@ using namespace fastffn::cpu;
 
 extern "C" fastffn_status fastffn_cross_entropy_cpu(fastffn_cross_entropy_args args, void* logits,
                                                     const int64_t* labels, float* loss) {
-  if (!args_valid(args, logits, labels, loss) || !labels_in_range(args, labels))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_cross_entropy(__func__, args, logits, labels, loss, true));
+  FASTFFN_TRY_STATUS(check_labels(__func__, args, labels));
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto run = args.with_grad ? cross_entropy<T, true> : cross_entropy<T, false>;

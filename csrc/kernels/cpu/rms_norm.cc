@@ -111,8 +111,8 @@ using namespace fastffn::cpu;
 extern "C" fastffn_status fastffn_rms_norm_fwd_cpu(fastffn_rms_norm_args args, const void* x,
                                                    const void* residual, const void* weight,
                                                    void* out, void* sum_out, float* rstd) {
-  if (!fastffn::rms_norm_fwd_valid(args, x, residual, weight, out, sum_out, rstd))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(
+      fastffn::check_rms_norm_fwd(__func__, args, x, residual, weight, out, sum_out, rstd, true));
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     rms_norm_fwd<T>(args, static_cast<const T*>(x), static_cast<const T*>(residual),
@@ -125,8 +125,8 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cpu(fastffn_rms_norm_args args, c
                                                    const void* weight, const float* rstd,
                                                    const void* d_out, const void* d_sum, void* d_x,
                                                    void* d_weight) {
-  if (!fastffn::rms_norm_bwd_valid(args, x, weight, rstd, d_out, d_x, d_weight))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(
+      fastffn::check_rms_norm_bwd(__func__, args, x, weight, rstd, d_out, d_x, d_weight, true));
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     rms_norm_bwd<T>(args, static_cast<const T*>(x), static_cast<const T*>(weight), rstd,

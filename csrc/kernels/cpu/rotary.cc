@@ -89,13 +89,14 @@ extern "C" fastffn_status fastffn_rotary_cpu(fastffn_rotary_args args, const voi
                                              const void* v, const float* cos, const float* sin,
                                              const int64_t* position_ids, void* q_out, void* k_out,
                                              void* v_out) {
-  if (!fastffn::rotary_valid(args, q, k, v, cos, sin, q_out, k_out, v_out, position_ids))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_rotary(__func__, args, q, k, v, cos, sin, q_out, k_out, v_out,
+                                           position_ids, true));
   const int64_t tokens = args.batch * args.seq;
   if (position_ids != nullptr && args.position_error == nullptr) {
     for (int64_t t = 0; t < tokens; ++t)
-      if (position_ids[t] < 0 || position_ids[t] >= args.table_rows)
-        return FASTFFN_STATUS_INVALID_ARGUMENT;
+      FASTFFN_CHECK_ARG(position_ids[t] >= 0 && position_ids[t] < args.table_rows, __func__,
+                        "position_ids[%lld] is %lld, outside the cos/sin table [0, %lld)",
+                        (long long)t, (long long)position_ids[t], (long long)args.table_rows);
   }
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -62,8 +62,7 @@ using namespace fastffn::cpu;
 
 extern "C" fastffn_status fastffn_swiglu_fwd_cpu(fastffn_swiglu_args args, void* out,
                                                  int64_t out_row_stride) {
-  if (!fastffn::swiglu_args_valid(args) || out == nullptr || out_row_stride < args.cols)
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_swiglu_fwd(__func__, args, out, out_row_stride, true));
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     swiglu_fwd<T>(args, static_cast<T*>(out), out_row_stride);
@@ -75,8 +74,9 @@ extern "C" fastffn_status fastffn_swiglu_bwd_cpu(fastffn_swiglu_args args, const
                                                  int64_t d_gate_row_stride, void* d_up,
                                                  int64_t d_up_row_stride, void* recomputed_out,
                                                  int64_t recomputed_out_row_stride) {
-  if (!fastffn::swiglu_args_valid(args) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_swiglu_bwd(__func__, args, d_out, d_out_row_stride, d_gate,
+                                               d_gate_row_stride, d_up, d_up_row_stride,
+                                               recomputed_out, recomputed_out_row_stride, true));
   return dispatch_dtype(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto run = recomputed_out != nullptr ? swiglu_bwd<T, true> : swiglu_bwd<T, false>;

@@ -116,8 +116,8 @@ using namespace fastffn::cuda;
 extern "C" fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* param,
                                              const void* grad, float* master, float* moment1,
                                              float* moment2, void* stream) {
-  const fastffn_status valid = fastffn::adamw_args_status(args, param, grad, moment1, moment2);
-  if (valid != FASTFFN_STATUS_OK || args.n == 0) return valid;
+  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+  if (args.n == 0) return FASTFFN_STATUS_OK;
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
@@ -146,7 +146,7 @@ extern "C" fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* para
 extern "C" fastffn_status fastffn_adamw_update_pows_cuda(float beta1, float beta2,
                                                          float* beta1_pow, float* beta2_pow,
                                                          void* stream) {
-  if (beta1_pow == nullptr || beta2_pow == nullptr) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_adamw_pows(__func__, beta1_pow, beta2_pow));
   update_pows_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(beta1, beta2, beta1_pow,
                                                                      beta2_pow);
   return launch_status();

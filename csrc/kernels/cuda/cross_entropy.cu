@@ -170,12 +170,6 @@ int threads_for(int64_t vecs) {
   return static_cast<int>(t < 64 ? 64 : (t > kMaxThreads ? kMaxThreads : t));
 }
 
-bool args_valid(const fastffn_cross_entropy_args& a, const void* logits, const int64_t* labels,
-                const float* loss) {
-  return logits != nullptr && labels != nullptr && loss != nullptr && a.rows >= 0 &&
-         a.vocab > 0 && a.row_stride >= a.vocab;
-}
-
 }  // namespace
 }  // namespace cuda
 }  // namespace fastffn
@@ -185,7 +179,7 @@ using namespace fastffn::cuda;
 extern "C" fastffn_status fastffn_cross_entropy_cuda(fastffn_cross_entropy_args a, void* logits,
                                                      const int64_t* labels, float* loss,
                                                      void* stream) {
-  if (!args_valid(a, logits, labels, loss)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_cross_entropy(__func__, a, logits, labels, loss, false));
   if (a.rows == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(a.dtype, [&](auto tag) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "fastffn/c_api.h"
+#include "../validate.h"
 
 namespace fastffn {
 namespace cuda {
@@ -83,7 +84,10 @@ inline fastffn_status dispatch_dtype(fastffn_dtype dtype, Fn&& fn) {
     case FASTFFN_DTYPE_FLOAT32: return fn(float{});
     case FASTFFN_DTYPE_FLOAT16: return fn(__half{});
     case FASTFFN_DTYPE_BFLOAT16: return fn(__nv_bfloat16{});
-    default: return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+    default:  // the entry points check the dtype first; this is the last line of defence
+      return ::fastffn::fail(FASTFFN_STATUS_UNSUPPORTED_DTYPE, "fastffn CUDA dtype dispatch",
+                             "%s is not a storage dtype of the CUDA kernels",
+                             ::fastffn::dtype_name(dtype));
   }
 }
 
@@ -99,8 +103,18 @@ inline fastffn_status dispatch_dtype(fastffn_dtype dtype, Fn&& fn) {
     }                                        \
   }()
 
+// The status of the launch just made (a bad configuration, or an earlier asynchronous error).
 inline fastffn_status launch_status() {
-  return cudaGetLastError() == cudaSuccess ? FASTFFN_STATUS_OK : FASTFFN_STATUS_CUDA_ERROR;
+  const cudaError_t error = cudaGetLastError();
+  if (error == cudaSuccess) return FASTFFN_STATUS_OK;
+  return ::fastffn::fail(FASTFFN_STATUS_CUDA_ERROR, "fastffn kernel launch", "%s (%s)",
+                         cudaGetErrorString(error), cudaGetErrorName(error));
+}
+
+// A CUDA runtime call's status, with the call named in fastffn_last_error on failure.
+inline fastffn_status cuda_status(cudaError_t error, const char* entry, const char* call) {
+  if (error == cudaSuccess) return FASTFFN_STATUS_OK;
+  return ::fastffn::fail(FASTFFN_STATUS_CUDA_ERROR, entry, "%s: %s", call, cudaGetErrorString(error));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -192,13 +192,21 @@ using namespace fastffn::cuda;
 extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
                                                     fastffn_tensor out_t, void* stream) {
   const bool empty = x.rows == 0 || x.cols == 0;
-  if (x.rows < 0 || x.cols < 0 || x.row_stride < x.cols || (x.data == nullptr && !empty))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (!is_fp8(out.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-  if (out.data != nullptr && !shaped(out, x.rows, x.cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (out_t.data != nullptr && (out_t.dtype != out.dtype || !shaped(out_t, x.cols, x.rows)))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (scaling_aliased(out)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(x.rows >= 0 && x.cols >= 0 && x.row_stride >= x.cols, __func__,
+                    "x must have rows, cols >= 0 and row_stride >= cols, got [%lld, %lld] stride %lld",
+                    (long long)x.rows, (long long)x.cols, (long long)x.row_stride);
+  FASTFFN_CHECK_ARG(x.data != nullptr || empty, __func__, "x.data must not be NULL");
+  FASTFFN_TRY_STATUS(::fastffn::check_storage_dtype(__func__, "x.dtype", x.dtype, false));
+  FASTFFN_TRY_STATUS(check_fp8(__func__, "out.dtype", out.dtype));
+  if (out.data != nullptr) FASTFFN_TRY_STATUS(check_shaped(__func__, "out", out, x.rows, x.cols));
+  if (out_t.data != nullptr) {
+    FASTFFN_CHECK(out_t.dtype == out.dtype, FASTFFN_STATUS_INVALID_ARGUMENT, __func__,
+                  "out_t.dtype (%s) must be out.dtype (%s)", ::fastffn::dtype_name(out_t.dtype),
+                  ::fastffn::dtype_name(out.dtype));
+    FASTFFN_TRY_STATUS(check_shaped(__func__, "out_t", out_t, x.cols, x.rows));
+  }
+  FASTFFN_CHECK_ARG(!scaling_aliased(out), __func__,
+                    "out.scale, out.scale_inv and out.amax must be distinct pointers");
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
@@ -247,11 +255,15 @@ extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_te
 
 extern "C" fastffn_status fastffn_fp8_dequantize_cuda(fastffn_tensor q, fastffn_tensor y,
                                                       void* stream) {
-  if (!is_fp8(q.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-  if (q.rows < 0 || q.cols < 0 || q.row_stride < q.cols || !shaped(y, q.rows, q.cols))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (q.rows == 0 || q.cols == 0) return FASTFFN_STATUS_OK;
-  if (q.data == nullptr || y.data == nullptr) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(check_fp8(__func__, "q.dtype", q.dtype));
+  FASTFFN_CHECK_ARG(q.rows >= 0 && q.cols >= 0 && q.row_stride >= q.cols, __func__,
+                    "q must have rows, cols >= 0 and row_stride >= cols, got [%lld, %lld] stride %lld",
+                    (long long)q.rows, (long long)q.cols, (long long)q.row_stride);
+  FASTFFN_TRY_STATUS(check_shaped(__func__, "y", y, q.rows, q.cols));
+  FASTFFN_TRY_STATUS(::fastffn::check_storage_dtype(__func__, "y.dtype", y.dtype, false));
+  if (q.rows == 0 || q.cols == 0) return ::fastffn::ok();
+  FASTFFN_CHECK_ARG(q.data != nullptr && y.data != nullptr, __func__,
+                    "q.data and y.data must not be NULL");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(y.dtype, [&](auto tag) {
     using T = decltype(tag);

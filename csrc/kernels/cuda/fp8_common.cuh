@@ -325,6 +325,22 @@ inline bool shaped(const fastffn_tensor& t, int64_t rows, int64_t cols) {
   return t.rows == rows && t.cols == cols && t.row_stride >= cols;
 }
 
+// fastffn_last_error names the tensor and both shapes when `t` is not [rows, cols].
+inline fastffn_status check_shaped(const char* entry, const char* arg, const fastffn_tensor& t,
+                                   int64_t rows, int64_t cols) {
+  FASTFFN_CHECK_ARG(shaped(t, rows, cols), entry,
+                    "%s must be [%lld, %lld] with a row stride >= %lld, got [%lld, %lld] with row "
+                    "stride %lld", arg, (long long)rows, (long long)cols, (long long)cols,
+                    (long long)t.rows, (long long)t.cols, (long long)t.row_stride);
+  return FASTFFN_STATUS_OK;
+}
+
+inline fastffn_status check_fp8(const char* entry, const char* arg, fastffn_dtype dtype) {
+  FASTFFN_CHECK(is_fp8(dtype), FASTFFN_STATUS_UNSUPPORTED_DTYPE, entry,
+                "%s must be FP8_E4M3 or FP8_E5M2, got %s", arg, ::fastffn::dtype_name(dtype));
+  return FASTFFN_STATUS_OK;
+}
+
 inline bool aliased(const float* a, const float* b) { return a != nullptr && a == b; }
 
 // scale, scale_inv and amax of one FP8 output are each read or written by every block.

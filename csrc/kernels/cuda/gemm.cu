@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "fastffn/scaled_tensor.h"
+#include "../validate.h"
 
 namespace {
 
@@ -37,16 +38,16 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // Dynamic shapes (variable sequence lengths) keep adding keys; past this the cache starts over.
 constexpr size_t kMaxCachedAlgos = 4096;
 
-thread_local std::string g_last_error;
-
+// Records the message as fastffn_last_error (validate.h's fastffn::fail) under the provider's name.
+fastffn_status fail(fastffn_status status, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
 fastffn_status fail(fastffn_status status, const char* format, ...) {
   char buffer[1024];
   va_list args;
   va_start(args, format);
   vsnprintf(buffer, sizeof(buffer), format, args);
   va_end(args);
-  g_last_error = buffer;
-  return status;
+  return fastffn::fail(status, "fastffn_gemm (cuBLASLt provider)", "%s", buffer);
 }
 
 // --- cuBLASLt, loaded at first use -----------------------------------------------------------
@@ -451,10 +452,10 @@ fastffn_status current_context(DeviceContext* context) {
 
 }  // namespace
 
-extern "C" const char* fastffn_gemm_last_error(void) { return g_last_error.c_str(); }
+extern "C" const char* fastffn_gemm_last_error(void) { return fastffn_last_error(); }
 
 extern "C" fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version) {
-  g_last_error.clear();
+  fastffn::ok();
   DeviceContext context;
   const fastffn_status status = current_context(&context);
   if (status == FASTFFN_STATUS_OK && cublaslt_version != nullptr)
@@ -464,7 +465,7 @@ extern "C" fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version) {
 
 extern "C" fastffn_status fastffn_gemm_cuda(fastffn_tensor a, fastffn_tensor b, fastffn_tensor d,
                                             fastffn_gemm_config config, void* stream) {
-  g_last_error.clear();
+  fastffn::ok();
   Problem p;
   FASTFFN_TRY(check(a, b, d, config, &p));
   cudaStream_t s = static_cast<cudaStream_t>(stream);

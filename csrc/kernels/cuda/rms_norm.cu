@@ -331,8 +331,8 @@ extern "C" fastffn_status fastffn_rms_norm_fwd_cuda(fastffn_rms_norm_args a, con
                                                     const void* residual, const void* weight,
                                                     void* out, void* sum_out, float* rstd,
                                                     void* stream) {
-  if (!fastffn::rms_norm_fwd_valid(a, x, residual, weight, out, sum_out, rstd))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(
+      fastffn::check_rms_norm_fwd(__func__, a, x, residual, weight, out, sum_out, rstd, false));
   if (a.rows == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(a.dtype, [&](auto tag) {
@@ -390,8 +390,10 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
                                                     const void* d_out, const void* d_sum,
                                                     void* d_x, void* d_weight, void* workspace,
                                                     void* stream) {
-  if (!fastffn::rms_norm_bwd_valid(a, x, weight, rstd, d_out, d_x, d_weight) || workspace == nullptr)
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(
+      fastffn::check_rms_norm_bwd(__func__, a, x, weight, rstd, d_out, d_x, d_weight, false));
+  FASTFFN_CHECK_ARG(workspace != nullptr, __func__,
+                    "workspace must not be NULL (fastffn_rms_norm_bwd_workspace_bytes_cuda bytes)");
   fastffn_rms_norm_bwd_plan plan;
   if (const fastffn_status status = bwd_plan(a, &plan); status != FASTFFN_STATUS_OK) return status;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -404,10 +406,11 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
         constexpr int V = kVector ? kVecWidth<T> : 1;
         return FASTFFN_BOOL_SWITCH(plan.shared_partials != 0, kSharedPartials, [&] {
           auto kernel = rms_norm_bwd_kernel<T, V, kDSum, kSharedPartials>;
-          if (plan.shared_bytes > 48 * 1024 &&
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(plan.shared_bytes)) != cudaSuccess)
-            return FASTFFN_STATUS_CUDA_ERROR;
+          if (plan.shared_bytes > 48 * 1024)
+            FASTFFN_TRY_STATUS(cuda_status(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(plan.shared_bytes)),
+                "fastffn_rms_norm_bwd_cuda", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)"));
           if (a.rows > 0)
             kernel<<<static_cast<unsigned int>(plan.blocks), threads_for(a.cols / V),
                      plan.shared_bytes, s>>>(
@@ -420,8 +423,8 @@ extern "C" fastffn_status fastffn_rms_norm_bwd_cuda(fastffn_rms_norm_args a, con
     });
     if (status != FASTFFN_STATUS_OK) return status;
     if (a.rows == 0) {  // no rows: the weight gradient is zero
-      return cudaMemsetAsync(d_weight, 0, a.cols * sizeof(T), s) == cudaSuccess
-                 ? FASTFFN_STATUS_OK : FASTFFN_STATUS_CUDA_ERROR;
+      return cuda_status(cudaMemsetAsync(d_weight, 0, a.cols * sizeof(T), s),
+                         "fastffn_rms_norm_bwd_cuda", "cudaMemsetAsync(d_weight)");
     }
     reduce_partials_kernel<T><<<static_cast<unsigned int>((a.cols + 31) / 32), dim3(32, 8), 0, s>>>(
         partial, static_cast<T*>(d_weight), plan.blocks, a.cols);

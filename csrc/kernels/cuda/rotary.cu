@@ -119,8 +119,8 @@ extern "C" fastffn_status fastffn_rotary_cuda(fastffn_rotary_args a, const void*
                                               const void* v, const float* cos, const float* sin,
                                               const int64_t* position_ids, void* q_out,
                                               void* k_out, void* v_out, void* stream) {
-  if (!fastffn::rotary_valid(a, q, k, v, cos, sin, q_out, k_out, v_out, position_ids))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_rotary(__func__, a, q, k, v, cos, sin, q_out, k_out, v_out,
+                                           position_ids, false));
   const int64_t tokens = a.batch * a.seq;
   if (tokens == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -103,7 +103,7 @@ using namespace fastffn::cuda;
 
 extern "C" fastffn_status fastffn_swiglu_fwd_cuda(fastffn_swiglu_args a, void* out,
                                                   int64_t out_row_stride, void* stream) {
-  if (!fastffn::swiglu_args_valid(a) || out == nullptr || out_row_stride < a.cols) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_swiglu_fwd(__func__, a, out, out_row_stride, false));
   if (a.rows == 0 || a.cols == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(a.dtype, [&](auto tag) {
@@ -127,8 +127,9 @@ extern "C" fastffn_status fastffn_swiglu_bwd_cuda(fastffn_swiglu_args a, const v
                                                   int64_t d_gate_row_stride, void* d_up,
                                                   int64_t d_up_row_stride, void* recomputed_out,
                                                   int64_t recomputed_out_row_stride, void* stream) {
-  if (!fastffn::swiglu_args_valid(a) || d_out == nullptr || d_gate == nullptr || d_up == nullptr)
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(fastffn::check_swiglu_bwd(__func__, a, d_out, d_out_row_stride, d_gate,
+                                               d_gate_row_stride, d_up, d_up_row_stride,
+                                               recomputed_out, recomputed_out_row_stride, false));
   if (a.rows == 0 || a.cols == 0) return FASTFFN_STATUS_OK;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(a.dtype, [&](auto tag) {

@@ -481,13 +481,23 @@ float scaled_max_of(float fmt_max, float margin) {
   return scaled >= FLT_MIN && scaled <= FLT_MAX ? scaled : 0.f;
 }
 
-bool valid_2d(const fastffn_tensor& t) {
+fastffn_status check_2d(const char* entry, const char* arg, const fastffn_tensor& t) {
   const bool empty = t.rows == 0 || t.cols == 0;
-  return t.rows >= 0 && t.cols >= 0 && t.row_stride >= t.cols && (t.data != nullptr || empty);
+  FASTFFN_CHECK_ARG(t.rows >= 0 && t.cols >= 0 && t.row_stride >= t.cols, entry,
+                    "%s must have rows, cols >= 0 and row_stride >= cols, got [%lld, %lld] stride "
+                    "%lld", arg, (long long)t.rows, (long long)t.cols, (long long)t.row_stride);
+  FASTFFN_CHECK_ARG(t.data != nullptr || empty, entry, "%s.data must not be NULL", arg);
+  return FASTFFN_STATUS_OK;
 }
 
 // The gate | up input of both kernels: [T, 2I], 2I even.
-bool valid_gate_up(const fastffn_tensor& t) { return valid_2d(t) && t.cols % 2 == 0; }
+fastffn_status check_gate_up(const char* entry, const fastffn_tensor& t) {
+  FASTFFN_TRY_STATUS(check_2d(entry, "gate_up", t));
+  FASTFFN_CHECK_ARG(t.cols % 2 == 0, entry,
+                    "gate_up packs [gate | up] in each row, so its cols must be even, got %lld",
+                    (long long)t.cols);
+  return ::fastffn::ok();
+}
 
 // No two of the scaling scalars alias where one is written (both scales may be one tensor).
 bool scalars_distinct(const fastffn_tensor& a, const fastffn_tensor& b) {
@@ -513,19 +523,27 @@ using namespace fastffn::cuda;
 extern "C" fastffn_status fastffn_swiglu_fwd_fp8_cuda(fastffn_tensor gate_up, fastffn_tensor out_h,
                                                       fastffn_tensor out_h_t,
                                                       fastffn_tensor out_gate_up, void* stream) {
-  if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (!is_fp8(out_h.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  const char* entry = __func__;
+  FASTFFN_TRY_STATUS(check_gate_up(entry, gate_up));
+  FASTFFN_TRY_STATUS(::fastffn::check_storage_dtype(entry, "gate_up.dtype", gate_up.dtype, false));
+  FASTFFN_TRY_STATUS(check_fp8(entry, "out_h.dtype", out_h.dtype));
   const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
-  if (out_h.data != nullptr && !shaped(out_h, rows, cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (out_h_t.data != nullptr && (out_h_t.dtype != out_h.dtype || !shaped(out_h_t, cols, rows)))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (out_h.data != nullptr) FASTFFN_TRY_STATUS(check_shaped(entry, "out_h", out_h, rows, cols));
+  if (out_h_t.data != nullptr) {
+    FASTFFN_CHECK_ARG(out_h_t.dtype == out_h.dtype, entry, "out_h_t.dtype must be out_h.dtype (%s)",
+                      ::fastffn::dtype_name(out_h.dtype));
+    FASTFFN_TRY_STATUS(check_shaped(entry, "out_h_t", out_h_t, cols, rows));
+  }
   const bool gu_wanted = out_gate_up.data != nullptr || out_gate_up.amax != nullptr;
-  if (gu_wanted && out_gate_up.dtype != out_h.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-  if (out_gate_up.data != nullptr && !shaped(out_gate_up, rows, 2 * cols))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK(!gu_wanted || out_gate_up.dtype == out_h.dtype, FASTFFN_STATUS_UNSUPPORTED_DTYPE,
+                entry, "out_gate_up.dtype (%s) must be out_h.dtype (%s), the forward format",
+                ::fastffn::dtype_name(out_gate_up.dtype), ::fastffn::dtype_name(out_h.dtype));
+  if (out_gate_up.data != nullptr)
+    FASTFFN_TRY_STATUS(check_shaped(entry, "out_gate_up", out_gate_up, rows, 2 * cols));
   const fastffn_tensor gu_scaling = gu_wanted ? out_gate_up : fastffn_tensor{};
-  if (scaling_aliased(out_h) || !scalars_distinct(out_h, gu_scaling))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(!scaling_aliased(out_h) && scalars_distinct(out_h, gu_scaling), entry,
+                    "the scale, scale_inv and amax of out_h and out_gate_up must not alias where "
+                    "one is written (the two scales may be one)");
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
@@ -574,36 +592,56 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
                                                       fastffn_tensor d_gate_up,
                                                       fastffn_tensor d_gate_up_t, fastffn_tensor h,
                                                       fastffn_tensor h_t, void* stream) {
-  if (!valid_gate_up(gate_up)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  const char* entry = __func__;
+  const auto unsupported = FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  FASTFFN_TRY_STATUS(check_gate_up(entry, gate_up));
   const int64_t rows = gate_up.rows, cols = gate_up.cols / 2;
   // gate_up in d_h's dtype, or the forward's FP8 copy (then d_h's dtype is the 16/32-bit one).
   const bool gate_up_fp8 = is_fp8(gate_up.dtype);
-  if (!gate_up_fp8 && d_h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-  if (!gate_up_fp8 && gate_up.scale_inv != nullptr) return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (!valid_2d(d_h) || d_h.rows != rows || d_h.cols != cols)
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (!is_fp8(d_gate_up.dtype)) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-  if (d_gate_up.data != nullptr && !shaped(d_gate_up, rows, 2 * cols))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (d_gate_up_t.data != nullptr &&
-      (d_gate_up_t.dtype != d_gate_up.dtype || !shaped(d_gate_up_t, 2 * cols, rows)))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_TRY_STATUS(::fastffn::check_storage_dtype(entry, "d_h.dtype", d_h.dtype, false));
+  FASTFFN_CHECK(gate_up_fp8 || d_h.dtype == gate_up.dtype, unsupported, entry,
+                "gate_up.dtype (%s) must be d_h's (%s) or FP8", ::fastffn::dtype_name(gate_up.dtype),
+                ::fastffn::dtype_name(d_h.dtype));
+  FASTFFN_CHECK_ARG(gate_up_fp8 || gate_up.scale_inv == nullptr, entry,
+                    "gate_up.scale_inv is only for an FP8 gate_up");
+  FASTFFN_TRY_STATUS(check_2d(entry, "d_h", d_h));
+  FASTFFN_TRY_STATUS(check_shaped(entry, "d_h", d_h, rows, cols));
+  FASTFFN_TRY_STATUS(check_fp8(entry, "d_gate_up.dtype", d_gate_up.dtype));
+  if (d_gate_up.data != nullptr)
+    FASTFFN_TRY_STATUS(check_shaped(entry, "d_gate_up", d_gate_up, rows, 2 * cols));
+  if (d_gate_up_t.data != nullptr) {
+    FASTFFN_CHECK_ARG(d_gate_up_t.dtype == d_gate_up.dtype, entry,
+                      "d_gate_up_t.dtype must be d_gate_up.dtype (%s)",
+                      ::fastffn::dtype_name(d_gate_up.dtype));
+    FASTFFN_TRY_STATUS(check_shaped(entry, "d_gate_up_t", d_gate_up_t, 2 * cols, rows));
+  }
   const bool h_wanted = h.data != nullptr || h_t.data != nullptr || h.amax != nullptr;
   const bool h_fp8 = h_wanted && is_fp8(h.dtype);
-  if (h_fp8 && gate_up_fp8 && h.dtype != gate_up.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
+  FASTFFN_CHECK(!(h_fp8 && gate_up_fp8) || h.dtype == gate_up.dtype, unsupported, entry,
+                "an FP8 h (%s) must be in the FP8 gate_up's format (%s)",
+                ::fastffn::dtype_name(h.dtype), ::fastffn::dtype_name(gate_up.dtype));
   if (h_wanted && !h_fp8) {  // the recomputed h in d_h's dtype, as fastffn_swiglu_bwd_cuda's
-    if (h.dtype != d_h.dtype) return FASTFFN_STATUS_UNSUPPORTED_DTYPE;
-    if (h_t.data != nullptr || h.scale != nullptr || h.scale_inv != nullptr || h.amax != nullptr)
-      return FASTFFN_STATUS_INVALID_ARGUMENT;  // a transpose and scaling are FP8-only
+    FASTFFN_CHECK(h.dtype == d_h.dtype, unsupported, entry,
+                  "h.dtype (%s) must be FP8 or d_h's dtype (%s)", ::fastffn::dtype_name(h.dtype),
+                  ::fastffn::dtype_name(d_h.dtype));
+    FASTFFN_CHECK_ARG(h_t.data == nullptr && h.scale == nullptr && h.scale_inv == nullptr &&
+                          h.amax == nullptr,
+                      entry, "h_t and h's scale, scale_inv and amax are for an FP8 h only");
   }
-  if (h.data != nullptr && !shaped(h, rows, cols)) return FASTFFN_STATUS_INVALID_ARGUMENT;
-  if (h_t.data != nullptr && (h_t.dtype != h.dtype || !shaped(h_t, cols, rows)))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  if (h.data != nullptr) FASTFFN_TRY_STATUS(check_shaped(entry, "h", h, rows, cols));
+  if (h_t.data != nullptr) {
+    FASTFFN_CHECK_ARG(h_t.dtype == h.dtype, entry, "h_t.dtype must be h.dtype (%s)",
+                      ::fastffn::dtype_name(h.dtype));
+    FASTFFN_TRY_STATUS(check_shaped(entry, "h_t", h_t, cols, rows));
+  }
   const fastffn_tensor h_scaling = h_fp8 ? h : fastffn_tensor{};
-  if (!scalars_distinct(d_gate_up, h_scaling)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(scalars_distinct(d_gate_up, h_scaling), entry,
+                    "the scale_inv and amax of d_gate_up and h must be distinct from every other "
+                    "of their scalars (the two scales may be one)");
   // gate_up's scale_inv is read by every block while block 0 writes the outputs' scale_inv.
   for (const float* written : {d_gate_up.scale_inv, d_gate_up.amax, h_scaling.scale_inv, h_scaling.amax})
-    if (aliased(gate_up.scale_inv, written)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+    FASTFFN_CHECK_ARG(!aliased(gate_up.scale_inv, written), entry,
+                      "gate_up.scale_inv must not be a scalar this call writes");
 
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
@@ -661,11 +699,16 @@ extern "C" fastffn_status fastffn_swiglu_bwd_fp8_cuda(fastffn_tensor gate_up, fa
         auto kernel = swiglu_bwd_fp8_kernel<T, kDE5M2 ? __NV_E5M2 : __NV_E4M3,
                                             kHE5M2 ? __NV_E5M2 : __NV_E4M3, kFp8GateUp>;
         if (shared + kBwdStaticShared > kDefaultSharedBytes) {  // 3 tiles: needs the opt-in
-          if (shared + kBwdStaticShared > static_cast<size_t>(limits.max_shared_bytes_per_block))
-            return FASTFFN_STATUS_INVALID_ARGUMENT;  // not on any device of sm_80 or newer
-          if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(shared)) != cudaSuccess)
-            return FASTFFN_STATUS_CUDA_ERROR;
+          // Not on any device of sm_80 or newer.
+          FASTFFN_CHECK_ARG(shared + kBwdStaticShared <=
+                                static_cast<size_t>(limits.max_shared_bytes_per_block),
+                            entry, "d_gate_up_t and h_t together need %zu bytes of shared memory "
+                            "per block; this device has %d", shared + kBwdStaticShared,
+                            limits.max_shared_bytes_per_block);
+          FASTFFN_TRY_STATUS(cuda_status(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(shared)),
+              entry, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)"));
         }
         const int64_t blocks = persistent_tile_blocks(kernel, p.tiles, limits.sm_count, shared);
         kernel<<<static_cast<unsigned int>(blocks), kTileThreads, shared, s>>>(p);
@@ -680,9 +723,13 @@ extern "C" fastffn_status fastffn_fp8_compute_scale_cuda(const float* amax, floa
                                                          float* scale_inv, float fmt_max,
                                                          float margin, void* stream) {
   const float scaled_max = scaled_max_of(fmt_max, margin);
-  if (amax == nullptr || scale == nullptr || scaled_max == 0.f || aliased(amax, scale) ||
-      aliased(scale_inv, scale) || aliased(scale_inv, amax))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(amax != nullptr && scale != nullptr, __func__, "amax and scale must not be NULL");
+  FASTFFN_CHECK_ARG(scaled_max != 0.f, __func__,
+                    "fmt_max * 2^-margin (%g * 2^-%g) must be a positive normal float",
+                    static_cast<double>(fmt_max), static_cast<double>(margin));
+  FASTFFN_CHECK_ARG(!aliased(amax, scale) && !aliased(scale_inv, scale) && !aliased(scale_inv, amax),
+                    __func__, "amax, scale and scale_inv must be distinct pointers");
+  ::fastffn::ok();
   compute_scale_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(amax, scale, scale_inv,
                                                                        scaled_max);
   return launch_status();
@@ -694,13 +741,20 @@ extern "C" fastffn_status fastffn_fp8_update_amax_history_cuda(float* amax_histo
                                                                float* scale_inv, float fmt_max,
                                                                float margin, void* stream) {
   const float scaled_max = scaled_max_of(fmt_max, margin);
-  if (amax_history == nullptr || history_len < 1 || scale == nullptr || scaled_max == 0.f ||
-      aliased(scale_inv, scale))
-    return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(amax_history != nullptr && scale != nullptr, __func__,
+                    "amax_history and scale must not be NULL");
+  FASTFFN_CHECK_ARG(history_len >= 1, __func__, "history_len must be >= 1, got %lld",
+                    (long long)history_len);
+  FASTFFN_CHECK_ARG(scaled_max != 0.f, __func__,
+                    "fmt_max * 2^-margin (%g * 2^-%g) must be a positive normal float",
+                    static_cast<double>(fmt_max), static_cast<double>(margin));
+  FASTFFN_CHECK_ARG(!aliased(scale_inv, scale), __func__, "scale and scale_inv must be distinct");
   const auto inside = [&](const float* p) {
     return p != nullptr && p >= amax_history && p < amax_history + history_len;
   };
-  if (inside(scale) || inside(scale_inv)) return FASTFFN_STATUS_INVALID_ARGUMENT;
+  FASTFFN_CHECK_ARG(!inside(scale) && !inside(scale_inv), __func__,
+                    "scale and scale_inv must not point into amax_history");
+  ::fastffn::ok();
   update_history_kernel<<<1, kHistoryThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       amax_history, history_len, most_recent != 0, scale, scale_inv, scaled_max);
   return launch_status();

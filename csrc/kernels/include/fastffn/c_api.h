@@ -36,6 +36,25 @@ typedef enum {
 
 const char* fastffn_status_string(fastffn_status status);
 
+// Why this thread's last failed call failed: "<entry point>: <the broken rule, with the values>"
+// (every entry point of this header, optimizer.h and scaled_tensor.h records one before it
+// returns a status other than OK). Read it right after the failing call; a later call may
+// replace or clear it. Callers (the Paddle bindings, the GPU harness) show it with their error and
+// do not re-check the rules themselves.
+const char* fastffn_last_error(void);
+
+// The layout of this header's structs as this library was compiled, for callers that mirror them
+// (the GPU harness's ctypes structures check theirs against it on load): struct `index` in
+// [0, fastffn_abi_struct_count()) is named fastffn_abi_struct_name (the C typedef, or an enum
+// type whose size is given with no fields), has sizeof fastffn_abi_struct_size, and fields
+// [0, fastffn_abi_field_count) with their names and byte offsets. NULL / -1 out of range.
+int fastffn_abi_struct_count(void);
+const char* fastffn_abi_struct_name(int index);
+int64_t fastffn_abi_struct_size(int index);
+int fastffn_abi_field_count(int index);
+const char* fastffn_abi_field_name(int index, int field);
+int64_t fastffn_abi_field_offset(int index, int field);
+
 // ---------------------------------------------------------------------------------------------
 // Device limits, read from the device at run time (never assumed: an H200 has 132 SMs and
 // 227 KiB of opt-in shared memory per block, an A100 108 and 163 KiB, an L40 142 and 99 KiB).

@@ -28,7 +28,8 @@ extern "C" {
 
 // The GEMM entry points also return c_api.h's FASTFFN_STATUS_LIBRARY_MISSING (cuBLASLt could not
 // be loaded, or lacks a needed function) and FASTFFN_STATUS_LIBRARY_ERROR (cuBLASLt returned an
-// error, or its heuristic found no algorithm); fastffn_gemm_last_error says which call and why.
+// error, or its heuristic found no algorithm); fastffn_last_error (c_api.h) says which call and
+// why, as it does for every failed entry point here.
 
 // A row-major 2-D tensor on the device. Element [r, c] is at data + (r * row_stride + c) * size.
 typedef struct {
@@ -101,9 +102,9 @@ fastffn_status fastffn_gemm_cuda(fastffn_tensor a, fastffn_tensor b, fastffn_ten
 // dynamic loader's search path. *cublaslt_version (may be NULL) gets cublasLtGetVersion().
 fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version);
 
-// What went wrong in this thread's last failed fastffn_gemm_cuda / fastffn_gemm_init_cuda (the
-// paths tried, the cuBLASLt call and its status, the broken requirement); "" after a success.
-// Valid until this thread's next GEMM call.
+// fastffn_last_error under its former name: what went wrong in this thread's last failed call (for
+// the GEMM: the paths tried, the cuBLASLt call and its status, the broken requirement); "" after a
+// successful fastffn_gemm_cuda / fastffn_gemm_init_cuda.
 const char* fastffn_gemm_last_error(void);
 
 // ---------------------------------------------------------------------------------------------
