@@ -26,6 +26,7 @@ from ..ops._fallback import raise_if_strict
 from .cuda import GEMM_ALIGNMENT, backend_for, fp8_linear_cuda
 from .formats import dequantize, from_fp8, quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
+from ..core.fp8.weight_cache import weights_changed
 from .weight_cache import WeightCache
 
 # cuBLASLt runs FP8 only with both operands K-major, 16-byte aligned rows: every GEMM dimension
@@ -158,6 +159,7 @@ class Fp8Linear:
         self.linear, self.recipe, self.backend = linear, recipe, backend
         self.states = recipe.linear_states()
         self.weight_cache = WeightCache()
+        self._merged = getattr(linear, "merged", False)  # LoRA: whether the weight holds the adapters
         self.in_features, self.out_features = linear.weight.shape
         self.layer_in_fp8 = layer_index is None or recipe.layer_uses_fp8(layer_index, num_layers)
         self.aligned = self.in_features % FP8_ALIGNMENT == 0 and self.out_features % FP8_ALIGNMENT == 0
@@ -177,8 +179,12 @@ class Fp8Linear:
         if not _is_lora(layer):
             return self._base(x)
         if getattr(layer, "pissa", False) and not layer.apply_pissa:  # as LoRALinear.forward: PiSSA init on first use
-            layer.pissa_init(layer.r)
+            layer.pissa_init(layer.r)  # rewrites the base weight (set_value)
             layer.apply_pissa = True
+            weights_changed([layer.weight])
+        if layer.merged != self._merged:  # eval()/train() merged or unmerged the adapters (set_value)
+            weights_changed([layer.weight])
+            self._merged = layer.merged
         base = self._base(x)
         if layer.merged:  # eval with merge_weights: the adapters are inside the weight
             return base

@@ -46,6 +46,7 @@ import paddle
 from paddle import nn
 
 from .. import ops
+from ..core.fp8.weight_cache import weights_changed
 from ..ops._fallback import raise_if_strict
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
@@ -501,7 +502,10 @@ def _set_state_dict_fusing(original):
             # projections the fast path fused: the Trainer's resume and best-model reload call
             # set_state_dict directly, without from_pretrained's conversion.
             state_dict, _ = type(self).convert_fuse_and_split(self.config, dict(state_dict))
-        return original(self, state_dict, *args, **kwargs)
+        try:
+            return original(self, state_dict, *args, **kwargs)
+        finally:  # the FP8 copies of the loaded weights are re-made (fp8/weight_cache.py)
+            weights_changed(self.parameters())
     return set_state_dict
 
 

@@ -15,7 +15,7 @@ from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, tiny_model, train_steps
-from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe
+from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer
 from paddle_fastffn.integration import enabled_options
 from paddle_fastffn.integration import llama as fast_llama
 from tolerances import FP8_TRAINING_LOSS_RTOL, TOLERANCES, assert_close
@@ -244,8 +244,8 @@ def test_delayed_scaling_warm_start_tracks_fp32_from_the_first_steps():
     def train(**options):
         paddle_fastffn.apply_fast_ffn_to_llama(**options)
         model = tiny_model(seed=3, **FP8_SHAPES)
-        optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
-                                           epsilon=1e-12)
+        optimizer = track_optimizer(paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(),
+                                                           weight_decay=0.01, epsilon=1e-12))
         losses = []
         for step in range(6):
             ids, labels, mask = batch(seed=step % 2)
@@ -299,7 +299,7 @@ def _train_fp8_delayed(recompute: str | None, steps=4):
         model.config.recompute_granularity = "full"
         model.config.recompute_use_reentrant = recompute == "reentrant"
         model.llama.enable_recompute = True
-    optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+    optimizer = track_optimizer(paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters()))
     losses = []
     for step in range(steps):
         ids, labels, mask = batch(seed=step % 2)
