@@ -3,8 +3,8 @@
 import numpy as np
 import paddle
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-from paddle_fastffn.fp8 import track_optimizer
 
+from paddle_fastffn.fp8 import track_optimizer
 
 
 def tiny_config(**overrides):

@@ -15,9 +15,10 @@ from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, tiny_model, train_steps
-from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer
+from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer, weights_updated
 from paddle_fastffn.integration import enabled_options
 from paddle_fastffn.integration import llama as fast_llama
+from paddle_fastffn.optim import FastAdamW
 from tolerances import FP8_TRAINING_LOSS_RTOL, TOLERANCES, assert_close
 
 # Every weight dimension a multiple of 16 (the FP8 GEMM's alignment): the fixture's 172 is not.
@@ -146,6 +147,48 @@ def test_emulated_fp8_trains_close_to_fp32_through_the_fp8_ffn_and_fp8_linear():
         assert fp8.weight_cache.quantizations == (2 if ffn else 1) * steps, name
         inputs = fp8.states.x if ffn else fp8.states.input
         assert float(inputs.amax_history.max()) > 0, name  # inputs were quantised
+
+
+def _one_step(model, optimizer):
+    ids, labels, mask = batch(seed=1)
+    model(ids, labels=labels, attention_mask=mask)[0].backward()
+    optimizer.step()
+    optimizer.clear_grad()
+
+
+def _set_value_by_hand(model):
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("qkv_proj.weight", "down_proj.weight")):
+                p.set_value(p * 1.5)
+    weights_updated(model)  # the hand-written loop says so (fp8/weight_cache.py)
+
+
+# Every supported way of changing weights under FP8 (docs/usage.md, FP8): a tracked stock
+# optimizer, FastAdamW, a checkpoint load, a hand write followed by weights_updated.
+WEIGHT_CHANGES = {
+    "stock_optimizer_step": lambda model: _one_step(model, track_optimizer(
+        paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters()))),
+    "fast_adamw_step": lambda model: _one_step(model, FastAdamW(learning_rate=1e-2, parameters=model.parameters())),
+    "set_state_dict": lambda model: model.set_state_dict(tiny_model(seed=5, **FP8_SHAPES).state_dict()),
+    "set_value_then_weights_updated": _set_value_by_hand,
+}
+
+
+@pytest.mark.parametrize("change", sorted(WEIGHT_CHANGES))
+def test_the_fp8_forward_uses_weights_changed_in_each_supported_way(change):
+    """No stale FP8 weight copy: after the change, the FP8 model computes what a fresh FP8 model
+    with the new weights computes (current scaling, so no scaling history tells them apart)."""
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_scaling="current")
+    model = tiny_model(seed=3, **FP8_SHAPES)
+    ids, _, mask = batch()
+    before = logits_of(model, ids, mask).numpy()  # caches every FP8 weight copy
+    WEIGHT_CHANGES[change](model)
+    after = logits_of(model, ids, mask).numpy()
+    fresh = tiny_model(seed=4, **FP8_SHAPES)
+    fresh.set_state_dict(model.state_dict())
+    np.testing.assert_array_equal(after, logits_of(fresh, ids, mask).numpy(), err_msg=change)
+    assert not np.array_equal(after, before), f"{change} changed no weight the forward reads"
 
 
 def test_lora_adapters_train_over_an_fp8_base():
