@@ -49,9 +49,9 @@ with no host synchronisation. current: zero the amax slot, an amax-only pass, th
 earlier steps, the amax into history[0], then (after every use, as recipe.py does)
 fastffn_fp8_update_amax_history_cuda; its warm start (recipe.py) runs the first quantisation of a
 tensor as current scaling (a host-side flag, no device read). Both are recipe.py's formulas (see
-scale_from_amax). Weights use current scaling under both recipes (recipe.py says why).
-quantize_with / end_step_of are that logic for any quantising kernel; the FP8 FFN (ffn.py) uses them
-for its SwiGLU kernels too.
+scale_from_amax). Weights use current scaling under both recipes (recipe.py says why). That state
+machine is core/fp8/scaling.py's, run over CudaFp8Backend (the ops); the FP8 FFN (ffn.py) runs its
+SwiGLU kernels through it too.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ from dataclasses import dataclass
 import paddle
 from paddle.autograd import PyLayer
 
-from .formats import FP8_MAX
+from ..core.fp8.recipe import FAST_ACCUM_FORWARD
+from .emulated import EMULATED
 from .recipe import LinearScalingStates, ScalingState
 
 # Every K and every FP8 row stride of the three GEMMs must be a multiple of 16 bytes (1-byte FP8).
@@ -70,9 +71,6 @@ GEMM_ALIGNMENT = 16
 # The device the kernels are built for (build_definition.CUDA_ARCHS: sm_90a); cuBLASLt's FP8
 # GEMMs run on sm_89/sm_90 only, and sm_90a code runs on sm_90 alone.
 SUPPORTED_CAPABILITY = (9, 0)
-# cuBLASLt's fast accumulation (no periodic fp32 promotion) for the forward GEMM only, as
-# Transformer Engine does; dgrad and wgrad accumulate with promotion.
-FAST_ACCUM_FORWARD = True
 
 ROWWISE, TRANSPOSED = "rowwise", "transposed"
 # (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy.
@@ -206,63 +204,44 @@ def states_on(states, place) -> None:
         _state_on(getattr(states, role), place)
 
 
-def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_pass, end_step: bool = True):
-    """One quantisation under `state`'s recipe, with a kernel given as its two passes:
-    amax_pass() accumulates the tensor's amax into state.amax_history[0] without writing FP8 data,
-    quantize_pass() quantises with state.scale_used (state.scale, or in a recompute's replay the
-    forward's) and accumulates the amax into state.kernel_amax. Where the scale
-    comes from the tensor's own amax (current scaling; delayed's warm start, recipe.py), the amax
-    pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
-    (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s.
-    A list of states: one kernel pass quantises each of those tensors (the SwiGLU forward: h and
-    gate_up's copy); they share a recipe, so they take their scales from their amaxes together.
-    In a recompute's replay (recompute.py) delayed states quantise with their forward's scales
-    (scale_used / kernel_amax): no amax pass, no scale or history update."""
-    states = state if isinstance(state, list) else [state]
-    if any(s.replaying() for s in states):
-        for s in states:
-            s.begin_replay()
-        return quantize_pass()
-    own_amax = [s for s in states if s.scales_by_own_amax()]
-    if own_amax:
-        # The whole history: current scaling keeps one entry, and a delayed history holds no
-        # amax before the warm start's first quantisation. (A delayed state beside them gets the
-        # same amax max-accumulated twice, by both passes: a no-op.)
-        for s in own_amax:
-            s.amax_history.zero_()
-        amax_pass()
-        for s in own_amax:
-            _run("fastffn_fp8_compute_scale", s.amax_history, s.scale, s.scale_inv, FP8_MAX[s.fmt], s.margin)
-    outputs = quantize_pass()
-    for s in states:
-        s.seeded = True
-        s.remember_forward_scale()
-        if end_step:
-            end_step_of(s)
-    return outputs
+class CudaFp8Backend:
+    """core/fp8/backend.py's kernels through the compiled Paddle ops (the state tensors are the
+    emulated backend's Paddle tensors, moved to the GPU by states_on)."""
+
+    name = "paddle-cuda"
+
+    def __getattr__(self, name):  # state storage: Paddle tensors, as the emulated backend keeps them
+        if name in ("fp32_full", "clone", "zero_", "shape", "to_host", "copy_from_host"):
+            return getattr(EMULATED, name)
+        raise AttributeError(name)
+
+    def compute_scale(self, amax_history, scale, scale_inv, fmt_max: float, margin: float) -> None:
+        _run("fastffn_fp8_compute_scale", amax_history, scale, scale_inv, fmt_max, margin)
+
+    def update_amax_history(self, amax_history, scale, scale_inv, most_recent: bool, fmt_max: float,
+                            margin: float) -> None:
+        _run("fastffn_fp8_update_amax_history", amax_history, scale, scale_inv, most_recent, fmt_max, margin)
+
+    def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
+                 transpose_cols: int = 0):
+        """fastffn_fp8_quantize: x [R, C] (contiguous, bf16/fp16/fp32 on the GPU); transpose_cols
+        the column count of data_t (0: R), zero past R."""
+        out = _run("fastffn_fp8_quantize", x, scale, amax, fmt, rowwise, transpose, int(transpose_cols))
+        if not (rowwise or transpose):
+            return None
+        data, data_t, scale_inv = out[:3]
+        return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
 
-def end_step_of(state: ScalingState) -> None:
-    """Delayed scaling's end of step on the device (ScalingState.end_step's rule); nothing under
-    current scaling, nor in a recompute's replay."""
-    if state.mode == "delayed" and not state.replaying():
-        _run("fastffn_fp8_update_amax_history", state.amax_history, state.scale, state.scale_inv,
-             state.algo == "most_recent", FP8_MAX[state.fmt], state.margin)
+CUDA = CudaFp8Backend()
 
 
 def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transpose: bool = True,
              transpose_cols: int = 0, end_step: bool = True) -> CudaQuantized:
     """x [R, C] (contiguous, bf16/fp16/fp32 on the GPU) -> FP8 in state's format and scaling
     (module docstring). transpose_cols: the column count of data_t (0: R), zero past R."""
-    def amax_pass():
-        _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
-
-    def quantize_pass():
-        return _run("fastffn_fp8_quantize", x, state.scale_used, state.kernel_amax, state.fmt, rowwise,
-                    transpose, int(transpose_cols))[:3]
-
-    data, data_t, scale_inv = quantize_with(state, amax_pass, quantize_pass, end_step)
-    return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, state.fmt)
+    return state.quantize(x, end_step, backend=CUDA, rowwise=rowwise, transpose=transpose,
+                          transpose_cols=transpose_cols)
 
 
 def quantize_weight(weight: paddle.Tensor, state: ScalingState) -> CudaQuantized:

@@ -72,8 +72,9 @@ import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
 from . import cuda as fp8_cuda
-from .cuda import (FAST_ACCUM_FORWARD, GEMM_ALIGNMENT, backend_for, end_step_of, gemm, padded_tokens,
-                   quantize_weight, quantize_with, states_on)
+from ..core.fp8.recipe import FAST_ACCUM_FORWARD
+from ..core.fp8.scaling import quantize_with
+from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, gemm, padded_tokens, quantize_weight, states_on
 from .formats import dequantize, from_fp8, quantize_dequantize
 from .linear import warn_emulated
 from .recipe import FfnScalingStates, Fp8Recipe
@@ -223,12 +224,12 @@ class _CudaFp8FFNFunction(PyLayer):
         h, gu_state = states.h, states.gate_up
         # One pass quantises h and (saved_gate_up "fp8") gate_up's copy; their scales together.
         h_data, h_scale_inv, gu_data, gu_scale_inv = quantize_with(
-            [h] if gu_state is None else [h, gu_state], lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, False),
+            CUDA, [h] if gu_state is None else [h, gu_state], lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, False),
             lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, True), end_step=False)
         y = gemm(h_data, q_d.data_t, x.dtype, h_scale_inv, q_d.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
         h_scale = h.scale_used.clone()  # the backward re-quantises the recomputed h with it
         for state in _forward_states(states):
-            end_step_of(state)
+            state.end_step(CUDA)
         saved = (gate_up, None) if gu_state is None else (gu_data, gu_scale_inv)
         # Kept as attributes: FP8 copies (the weights' live in the cache anyway) and fp32 scalars.
         ctx.kept = (qx.data_t, qx.scale_inv, saved, h_scale, q_gu, q_d)
@@ -247,7 +248,7 @@ class _CudaFp8FFNFunction(PyLayer):
         d_h = gemm(qdy.data, q_d.data, x_dtype, qdy.scale_inv, q_d.scale_inv)
         dgu_state, h_fmt = states.d_gate_up, states.h.fmt if need_dd else ""
         d_gu, d_gu_t, d_gu_scale_inv, h_t, h_scale_inv = quantize_with(
-            dgu_state, lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, gate_up_scale_inv=gate_up_scale_inv),
+            CUDA, [dgu_state], lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, gate_up_scale_inv=gate_up_scale_inv),
             lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, h_scale, h_fmt, tokens16, gate_up_scale_inv),
             end_step=False)
         d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
@@ -258,8 +259,8 @@ class _CudaFp8FFNFunction(PyLayer):
             dx = gemm(d_gu, q_gu.data, x_dtype, d_gu_scale_inv, q_gu.scale_inv).reshape(ctx.x_shape)
         if need_dgu:
             d_w_gu = gemm(x_t, d_gu_t, gu_dtype, x_scale_inv, d_gu_scale_inv)
-        end_step_of(states.dy)
-        end_step_of(states.d_gate_up)
+        states.dy.end_step(CUDA)
+        states.d_gate_up.end_step(CUDA)
         return dx, d_w_gu, d_w_d
 
 

@@ -1,0 +1,75 @@
+"""What the FP8 core (scaling.py, weight_cache.py, the FP8 ops) asks of a framework: the FP8
+backend protocol. Three implementations: paddle_fastffn/fp8/emulated.py (pure Paddle, fp32 math on
+FP8-rounded values: CPU CI and the reference of the kernels), paddle_fastffn/fp8/cuda.py (the
+compiled Paddle ops of csrc/paddle/fp8_op.cc and swiglu_fp8_op.cc) and
+benchmarks/gpu/torch_fp8_backend.py (the same C entry points through ctypes). A method belongs here
+only if the core calls it; each says what it must do.
+
+Formats are named "e4m3" and "e5m2" (recipe.FP8_MAX); each backend maps them to its dtypes. A
+"quantized" value is the backend's own record of FP8 copies and their scale_inv (the core passes
+it through and never looks inside). Scales, scale_invs and amax histories are fp32 tensors of the
+backend, updated in place, so that kernels can read and write them on the device with no host
+synchronisation.
+
+State storage. ScalingStates make their tensors with the backend they are given, or else the one
+the framework registered with register_state_backend (paddle_fastffn.fp8 registers the Paddle
+emulated backend, whose tensors the CUDA ops use as well; benchmarks/gpu/torch_fp8_backend.py the
+torch one). One framework per process: the GPU machine has no Paddle, CPU CI no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+Tensor = Any
+
+
+class Fp8Backend(Protocol):
+    name: str
+
+    # --- state tensors (fp32) -----------------------------------------------------------------
+    def fp32_full(self, n: int, value: float, like: Tensor | None = None) -> Tensor:
+        """A new fp32 [n] tensor filled with value (on `like`'s device when given)."""
+    def clone(self, t: Tensor) -> Tensor: ...
+    def zero_(self, t: Tensor) -> None:
+        """t[...] = 0 in place."""
+    def shape(self, t: Tensor) -> tuple[int, ...]: ...
+    def to_host(self, t: Tensor):
+        """A numpy copy of t (checkpoints)."""
+    def copy_from_host(self, t: Tensor, value) -> None:
+        """t[...] = value (a numpy array of t's shape) in place."""
+
+    # --- scaling (recipe.py's formulas) -----------------------------------------------------------
+    def compute_scale(self, amax_history: Tensor, scale: Tensor, scale_inv: Tensor, fmt_max: float,
+                      margin: float) -> None:
+        """Current scaling, in place: scale = fmt_max * 2^-margin / amax_history[0] (fp32 division,
+        clamped to the largest fp32), kept where that amax is 0 or not finite; scale_inv = 1 / scale."""
+    def update_amax_history(self, amax_history: Tensor, scale: Tensor, scale_inv: Tensor, most_recent: bool,
+                            fmt_max: float, margin: float) -> None:
+        """Delayed scaling's end of step, in place: the scale (as compute_scale) from the history's
+        max (NaN entries skipped, Inf kept) or, most_recent, from [0]; then the history rolls
+        ([0] moves to [-1], the oldest leaves, [0] = 0)."""
+
+    # --- kernels ---------------------------------------------------------------------------------
+    def quantize(self, x: Tensor, scale: Tensor, amax: Tensor, fmt: str, rowwise: bool = True,
+                 transpose: bool = False, transpose_cols: int = 0):
+        """fastffn_fp8_quantize: x [R, C] -> FP8 copies round(x * scale[0]) saturated
+        (fastffn/scaled_tensor.h), max |x| max-accumulated into amax[0] (NaN propagates).
+        rowwise: the [R, C] copy; transpose: the [C, transpose_cols or R] copy, zero past R.
+        Neither: the amax-only pass (returns None). Else the backend's quantized value (with
+        scale_inv = 1 / scale)."""
+
+
+_STATE_BACKEND: list = []
+
+
+def register_state_backend(backend) -> None:
+    """The backend whose tensors ScalingStates made without one hold (module docstring)."""
+    _STATE_BACKEND[:] = [backend]
+
+
+def state_backend():
+    if not _STATE_BACKEND:
+        raise RuntimeError("paddle_fastffn.core.fp8: no FP8 backend is registered for scaling states; import "
+                           "paddle_fastffn.fp8 (Paddle) or benchmarks.gpu.torch_fp8_backend (torch), or pass backend=")
+    return _STATE_BACKEND[0]

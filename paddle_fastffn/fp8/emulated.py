@@ -1,0 +1,98 @@
+"""The Paddle emulated FP8 backend (core/fp8/backend.py's protocol in pure Paddle): what CPU CI runs,
+and the reference the CUDA kernels are held to. Quantisation is formats.py's (the kernels' byte
+contract); scales follow recipe.py's formulas in Paddle ops. Its tensors are also the scaling
+states' storage on the CUDA path (core/fp8/backend.py: it is the registered state backend)."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from ..core.fp8.backend import register_state_backend
+from ..core.fp8.recipe import FP32_MAX, scale_numerator, scaled_max
+from .formats import amax_of, quantize as quantize_tensor
+
+
+def scale_from_amax(amax: paddle.Tensor, fmt: str, margin: float, previous: paddle.Tensor) -> paddle.Tensor:
+    """fp32 [1]: fp8_max * 2^-margin / amax (fp32 division, as TE), `previous` where amax is 0 or
+    not finite, clamped to the largest fp32."""
+    return _scale_from_amax(amax, scaled_max(fmt, margin), previous)
+
+
+def _scale_from_amax(amax, numerator: float, previous):
+    amax = amax.astype(paddle.float32).reshape([1])
+    usable = paddle.isfinite(amax) & (amax > 0)
+    safe_amax = paddle.where(usable, amax, paddle.ones_like(amax))
+    scale = paddle.clip(paddle.full([1], numerator, paddle.float32) / safe_amax, max=FP32_MAX)
+    return paddle.where(usable, scale, previous.astype(paddle.float32).reshape([1]))
+
+
+def _max_into(slot: paddle.Tensor, amax: paddle.Tensor) -> None:
+    """slot[0] = max(slot[0], amax), NaN from either side kept (the kernels' amax contract)."""
+    current = slot[:1]
+    new = paddle.where(paddle.isnan(amax) | paddle.isnan(current), paddle.full_like(current, float("nan")),
+                       paddle.maximum(current, amax))
+    paddle.assign(new, output=slot[:1])
+
+
+class EmulatedFp8Backend:
+    name = "paddle-emulated"
+
+    # --- state tensors ------------------------------------------------------------------------
+    def fp32_full(self, n: int, value: float, like=None):
+        out = paddle.full([n], value, paddle.float32)
+        return out if like is None or like.place.is_cpu_place() else out.cuda(like.place.gpu_device_id())
+
+    def clone(self, t):
+        return t.clone()
+
+    def zero_(self, t) -> None:
+        t.zero_()
+
+    def shape(self, t) -> tuple:
+        return tuple(t.shape)
+
+    def to_host(self, t):
+        return t.numpy()
+
+    def copy_from_host(self, t, value) -> None:
+        paddle.assign(paddle.to_tensor(np.asarray(value, np.float32), place=t.place), output=t)
+
+    # --- scaling --------------------------------------------------------------------------------
+    def _set_scale(self, scale, scale_inv, value) -> None:
+        paddle.assign(value, output=scale)
+        paddle.assign(1.0 / value, output=scale_inv)
+
+    def compute_scale(self, amax_history, scale, scale_inv, fmt_max: float, margin: float) -> None:
+        with paddle.no_grad():
+            self._set_scale(scale, scale_inv, _scale_from_amax(amax_history[:1], scale_numerator(fmt_max, margin), scale))
+
+    def update_amax_history(self, amax_history, scale, scale_inv, most_recent: bool, fmt_max: float,
+                            margin: float) -> None:
+        with paddle.no_grad():
+            history = amax_history
+            if most_recent:
+                amax = history[:1]
+            else:  # TE's fmaxf reduction: NaN entries skipped, Inf kept
+                amax = paddle.where(paddle.isnan(history), paddle.zeros_like(history), history).max().reshape([1])
+            self._set_scale(scale, scale_inv, _scale_from_amax(amax, scale_numerator(fmt_max, margin), scale))
+            slot = paddle.zeros([1], paddle.float32).astype(history.dtype)
+            rolled = paddle.concat([slot, history[2:], history[:1]]) if history.shape[0] > 1 else slot
+            paddle.assign(rolled, output=history)
+
+    # --- kernels --------------------------------------------------------------------------------
+    def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
+                 transpose_cols: int = 0):
+        """formats.quantize (one copy, x's own layout: the emulation's GEMMs transpose as they
+        please); neither copy asked: the amax-only pass."""
+        with paddle.no_grad():
+            if not (rowwise or transpose):
+                _max_into(amax, amax_of(x))
+                return None
+            q = quantize_tensor(x, scale, fmt)
+            _max_into(amax, q.amax)
+            return q
+
+
+EMULATED = EmulatedFp8Backend()
+register_state_backend(EMULATED)
