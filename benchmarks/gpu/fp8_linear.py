@@ -20,9 +20,9 @@ K-major only):
   | dgrad  | dx [T, K]  | N | q(dy)   [T, N]    | q(W)^T [K, N] (weight cache)|
   | wgrad  | dW [N, K]  | T | q(dy)^T [N, T]    | q(x)^T [K, T] (kept)        |
 
-So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). Scaling is fp8_ffn's
-ScalingState, the delayed recipe's warm start included (the first quantisation of x and dy is
-current-scaled and seeds their histories).
+So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). Scaling is the core's
+ScalingState (paddle_fastffn/core/fp8/scaling.py), the delayed recipe's warm start included (the
+first quantisation of x and dy is current-scaled and seeds their histories).
 """
 
 from __future__ import annotations
@@ -30,18 +30,19 @@ from __future__ import annotations
 import torch
 
 from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu.fp8_ffn import E4M3, E5M2, GEMM_ALIGNMENT, Fp8Recipe, Fp8WeightCache, ScalingState, misaligned
+from benchmarks.gpu.fp8_ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
+from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, quantize_weight
+from paddle_fastffn.core.fp8.recipe import FAST_ACCUM_FORWARD
 
 
 class Fp8LinearState:
-    """What one FP8 linear keeps between steps: a ScalingState for x, W (current-scaled under both
-    recipes) and dy, and the weight cache (invalidate() after each optimizer step)."""
+    """What one FP8 linear keeps between steps: the core's ScalingStates (Fp8Recipe.linear_states)
+    for x, W (current-scaled under both recipes) and dy, on `device`, and the weight cache."""
 
     def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
-        self.recipe = recipe or Fp8Recipe()
-        self.x = ScalingState(self.recipe, E4M3, device)
-        self.weight = ScalingState(self.recipe.weight_recipe, E4M3, device)
-        self.dy = ScalingState(self.recipe, E5M2, device)
+        self.recipe = recipe or DEFAULT_RECIPE
+        states = self.recipe.linear_states(TorchFp8Backend(device))
+        self.x, self.weight, self.dy = states.input, states.weight, states.grad_output
         self.cache = Fp8WeightCache()
 
 
@@ -63,10 +64,10 @@ class Fp8LinearFunction(torch.autograd.Function):
         width = x.shape[-1]
         x2 = x.reshape(-1, width)
         check_linear_shapes(x2.shape[0], weight, width)
-        qx = state.x.quantize(k, x2.contiguous())
-        qw = state.cache.get("weight", weight, state.weight, k)
-        y = k.gemm_q(qx, qw, x.dtype, fast_accum=state.recipe.fast_accum_forward)
-        state.x.end_step(k)
+        qx = state.x.quantize(x2.contiguous(), end_step=False, rowwise=True, transpose=True)
+        qw = state.cache.get(weight, state.weight, quantize_weight)
+        y = k.gemm_q(qx, qw, x.dtype, fast_accum=FAST_ACCUM_FORWARD)
+        state.x.end_step()
         ctx.save_for_backward(qx.data_t, qx.scale_inv)
         ctx.qw, ctx.state, ctx.x_shape, ctx.dtypes = qw, state, x.shape, (x.dtype, weight.dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -78,7 +79,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         qw, state = ctx.qw, ctx.state
         x_dtype, w_dtype = ctx.dtypes
         need_x, need_w = ctx.needs_input_grad[:2]
-        qdy = state.dy.quantize(k, dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous(),
+        qdy = state.dy.quantize(dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous(), end_step=False,
                                 rowwise=need_x, transpose=need_w)
         dx = dw = None
         if need_x:
@@ -86,7 +87,7 @@ class Fp8LinearFunction(torch.autograd.Function):
                         b_scale_inv=qw.scale_inv).reshape(ctx.x_shape)
         if need_w:
             dw = k.gemm(qdy.data_t, q_x_t, w_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=x_scale_inv)
-        state.dy.end_step(k)
+        state.dy.end_step()
         return dx, dw, None
 
 
