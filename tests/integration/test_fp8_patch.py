@@ -16,7 +16,7 @@ from paddlenlp.transformers import LlamaForCausalLM
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, tiny_model, train_steps
 from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer, weights_updated
-from paddle_fastffn.integration import enabled_options
+from paddle_fastffn.integration import enabled_options, fp8_attach
 from paddle_fastffn.integration import llama as fast_llama
 from paddle_fastffn.optim import FastAdamW
 from tolerances import FP8_TRAINING_LOSS_RTOL, TOLERANCES, assert_close
@@ -101,7 +101,7 @@ def test_resolve_fp8_on_a_cuda_paddle_by_device_and_operator_build(monkeypatch, 
     monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: True)
     monkeypatch.setattr(fp8_cuda, "device_capability", lambda device_id=None: capability)
     monkeypatch.setattr(fp8_cuda, "ops_error", lambda: ops_error)
-    monkeypatch.setattr(fast_llama, "_FP8_WARNED", set())
+    monkeypatch.setattr(fp8_attach, "FP8_WARNED", set())
     options = FastFFNOptions(precision="fp8", fp8_emulate=emulate)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -112,7 +112,7 @@ def test_resolve_fp8_on_a_cuda_paddle_by_device_and_operator_build(monkeypatch, 
         said = "runs cuBLASLt FP8 GEMMs" if expected == "cuda" else "runs emulated"
         assert len(info_lines) == 1 and said in info_lines[0], info_lines
         return
-    assert recipe is None and len(messages) == 1 and fast_llama._FP8_WARNED == {expected}
+    assert recipe is None and len(messages) == 1 and fp8_attach.FP8_WARNED == {expected}
     assert "training in bf16" in messages[0].lower() and "fast_ffn_fp8_emulate" in messages[0]
     if expected == "fp8_unwired":
         assert "nvcc is not found" in messages[0]
