@@ -60,10 +60,10 @@ import functools
 from dataclasses import dataclass
 
 import paddle
-from paddle.autograd import PyLayer
 
-from ..core.fp8.recipe import FAST_ACCUM_FORWARD
-from .emulated import EMULATED
+from ..core.fp8.linear import ROWWISE, TRANSPOSED, Fp8LinearOp
+from ._autograd import pylayer
+from .emulated import PaddleFp8Tensors
 from .recipe import LinearScalingStates, ScalingState
 
 # Every K and every FP8 row stride of the three GEMMs must be a multiple of 16 bytes (1-byte FP8).
@@ -72,7 +72,6 @@ GEMM_ALIGNMENT = 16
 # GEMMs run on sm_89/sm_90 only, and sm_90a code runs on sm_90 alone.
 SUPPORTED_CAPABILITY = (9, 0)
 
-ROWWISE, TRANSPOSED = "rowwise", "transposed"
 # (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy.
 LINEAR_GEMMS = {
     "forward": (("x", ROWWISE), ("weight", TRANSPOSED)),
@@ -204,16 +203,11 @@ def states_on(states, place) -> None:
         _state_on(getattr(states, role), place)
 
 
-class CudaFp8Backend:
-    """core/fp8/backend.py's kernels through the compiled Paddle ops (the state tensors are the
-    emulated backend's Paddle tensors, moved to the GPU by states_on)."""
+class CudaFp8Backend(PaddleFp8Tensors):
+    """core/fp8/backend.py's kernels through the compiled Paddle ops (the state tensors are Paddle
+    tensors as the emulated backend's, moved to the GPU by states_on)."""
 
     name = "paddle-cuda"
-
-    def __getattr__(self, name):  # state storage: Paddle tensors, as the emulated backend keeps them
-        if name in ("fp32_full", "clone", "zero_", "shape", "to_host", "copy_from_host"):
-            return getattr(EMULATED, name)
-        raise AttributeError(name)
 
     def compute_scale(self, amax_history, scale, scale_inv, fmt_max: float, margin: float) -> None:
         _run("fastffn_fp8_compute_scale", amax_history, scale, scale_inv, fmt_max, margin)
@@ -232,6 +226,27 @@ class CudaFp8Backend:
         data, data_t, scale_inv = out[:3]
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
+    def quantize_weight(self, weight, state):
+        """Both copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
+        return quantize(weight, state, rowwise=True, transpose=True)
+
+    def transpose_cols(self, tokens: int) -> int:
+        return padded_tokens(tokens)
+
+    def fp8_parts(self, q, copy: str):
+        return (q.data if copy == ROWWISE else q.data_t), q.scale_inv
+
+    def fp8_join(self, data, scale_inv, fmt: str, copy: str):
+        rowwise = copy == ROWWISE
+        return CudaQuantized(data if rowwise else None, None if rowwise else data, scale_inv, fmt)
+
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+        """fastffn_gemm on the named stored copies (the table in the module docstring), + bias in
+        out_dtype."""
+        d = gemm(a.data if a_copy == ROWWISE else a.data_t, b.data if b_copy == ROWWISE else b.data_t, out_dtype,
+                 a.scale_inv, b.scale_inv, fast_accum=fast_accum)
+        return d if bias is None else d + bias.astype(d.dtype)
+
 
 CUDA = CudaFp8Backend()
 
@@ -244,9 +259,7 @@ def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transp
                           transpose_cols=transpose_cols)
 
 
-def quantize_weight(weight: paddle.Tensor, state: ScalingState) -> CudaQuantized:
-    """Both copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
-    return quantize(weight, state, rowwise=True, transpose=True)
+quantize_weight = CUDA.quantize_weight
 
 
 def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scale_inv=None,
@@ -261,54 +274,8 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scal
 
 # --- the linear layer ------------------------------------------------------------------------------
 
-class _CudaFp8LinearFunction(PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, bias, states: LinearScalingStates, weight_cache):
-        in_features, out_features = weight.shape
-        x2d = x.reshape([-1, in_features])
-        if not x2d.is_contiguous():
-            x2d = x2d.contiguous()
-        states_on(states, x.place)
-        need_dx, need_dw = not x.stop_gradient, not weight.stop_gradient
-        tokens16 = padded_tokens(x2d.shape[0])
-        keep_x_t = TRANSPOSED in copies_needed(need_dx, need_dw)["x"]
-        qx = quantize(x2d, states.input, rowwise=True, transpose=keep_x_t,
-                      transpose_cols=tokens16 if keep_x_t else 0)
-        qw = weight_cache.get(weight, states.weight, quantize=quantize_weight)
-        y = gemm(qx.data, qw.data_t, x.dtype, qx.scale_inv, qw.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        if bias is not None:
-            y = y + bias.astype(y.dtype)
-        # Kept as attributes (q(x)^T is None for a frozen weight): FP8 copies and fp32 scalars.
-        ctx.kept = (qx.data_t, qx.scale_inv, qw.data, qw.scale_inv)
-        ctx.grad_state = states.grad_output
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.x_shape, ctx.tokens16 = x.shape, tokens16
-        ctx.needs = (need_dx, need_dw, bias is not None and not bias.stop_gradient)
-        return y.reshape(x.shape[:-1] + [out_features])
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_t, x_scale_inv, w_data, w_scale_inv = ctx.kept
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        need_dx, need_dw, need_db = ctx.needs
-        dy2d = grad_output.reshape([-1, grad_output.shape[-1]])
-        if dy2d.dtype != x_dtype:
-            dy2d = dy2d.astype(x_dtype)
-        if not dy2d.is_contiguous():
-            dy2d = dy2d.contiguous()
-        dx = dw = db = None
-        if need_dx or need_dw:
-            dy_copies = copies_needed(need_dx, need_dw)["dy"]
-            qdy = quantize(dy2d, ctx.grad_state, rowwise=ROWWISE in dy_copies,
-                           transpose=TRANSPOSED in dy_copies,
-                           transpose_cols=ctx.tokens16 if TRANSPOSED in dy_copies else 0)
-            if need_dx:
-                dx = gemm(qdy.data, w_data, x_dtype, qdy.scale_inv, w_scale_inv).reshape(ctx.x_shape)
-            if need_dw:
-                dw = gemm(x_t, qdy.data_t, w_dtype, x_scale_inv, qdy.scale_inv)
-        if need_db:
-            db = dy2d.astype(paddle.float32).sum(axis=0).astype(b_dtype)
-        return (dx, dw) if b_dtype is None else (dx, dw, db)
+# The core's FP8 linear (core/fp8/linear.py) over the CUDA ops.
+_CudaFp8Linear = pylayer(Fp8LinearOp, CUDA)
 
 
 def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
@@ -323,4 +290,5 @@ def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor
                          f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
     if x.dtype not in _OUT_DTYPES:
         raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
-    return _CudaFp8LinearFunction.apply(x, weight, bias, states, weight_cache)
+    states_on(states, x.place)
+    return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache)

@@ -10,7 +10,7 @@ import paddle
 
 from ..core.fp8.backend import register_state_backend
 from ..core.fp8.recipe import FP32_MAX, scale_numerator, scaled_max
-from .formats import amax_of, quantize as quantize_tensor
+from .formats import Quantized, amax_of, from_fp8, quantize as quantize_tensor
 
 
 def scale_from_amax(amax: paddle.Tensor, fmt: str, margin: float, previous: paddle.Tensor) -> paddle.Tensor:
@@ -35,8 +35,11 @@ def _max_into(slot: paddle.Tensor, amax: paddle.Tensor) -> None:
     paddle.assign(new, output=slot[:1])
 
 
-class EmulatedFp8Backend:
-    name = "paddle-emulated"
+class PaddleFp8Tensors:
+    """The Paddle tensor side of core/fp8/backend.py's protocol, shared by the emulated and the CUDA
+    backend: state tensors, 2-D views, dtypes, Paddle's [in, out] weight layout."""
+
+    weight_layout = "in_out"
 
     # --- state tensors ------------------------------------------------------------------------
     def fp32_full(self, n: int, value: float, like=None):
@@ -57,6 +60,30 @@ class EmulatedFp8Backend:
 
     def copy_from_host(self, t, value) -> None:
         paddle.assign(paddle.to_tensor(np.asarray(value, np.float32), place=t.place), output=t)
+
+    # --- activations ----------------------------------------------------------------------------
+    def rows(self, t):
+        return t.reshape([-1, t.shape[-1]])
+
+    def contiguous(self, t):
+        return t if t.is_contiguous() else t.contiguous()
+
+    def reshape(self, t, shape):
+        return t.reshape(list(shape))
+
+    def dtype(self, t):
+        return t.dtype
+
+    def cast(self, t, dtype):
+        return t if t.dtype == dtype else t.astype(dtype)
+
+    def column_sums(self, t, dtype):
+        """Sum over the rows in fp32, in `dtype` (a bias gradient, unquantised)."""
+        return t.astype(paddle.float32).sum(axis=0).astype(dtype)
+
+
+class EmulatedFp8Backend(PaddleFp8Tensors):
+    name = "paddle-emulated"
 
     # --- scaling --------------------------------------------------------------------------------
     def _set_scale(self, scale, scale_inv, value) -> None:
@@ -83,8 +110,8 @@ class EmulatedFp8Backend:
     # --- kernels --------------------------------------------------------------------------------
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
                  transpose_cols: int = 0):
-        """formats.quantize (one copy, x's own layout: the emulation's GEMMs transpose as they
-        please); neither copy asked: the amax-only pass."""
+        """formats.quantize (one copy, x's own layout: it serves as both stored copies, the GEMMs
+        transpose as they read it); neither copy asked: the amax-only pass."""
         with paddle.no_grad():
             if not (rowwise or transpose):
                 _max_into(amax, amax_of(x))
@@ -92,6 +119,30 @@ class EmulatedFp8Backend:
             q = quantize_tensor(x, scale, fmt)
             _max_into(amax, q.amax)
             return q
+
+    def quantize_weight(self, weight, state):
+        """q(W) for the weight cache (records the weight's amax in `state`)."""
+        return state.quantize(weight, backend=self)
+
+    def transpose_cols(self, tokens: int) -> int:
+        return 0  # no padded copies: the emulation's GEMMs have no alignment rule
+
+    def fp8_parts(self, q, copy: str):
+        return q.data, q.scale_inv
+
+    def fp8_join(self, data, scale_inv, fmt: str, copy: str):
+        return Quantized(data=data, scale_inv=scale_inv, amax=None, fmt=fmt)
+
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+        """D[M, N] = A[M, K] @ B[N, K]^T in fp32 on the dequantised FP8 values (exact products; only
+        the summation order differs from the tensor cores'), + bias in fp32, then out_dtype. A
+        "transposed" copy is the one stored tensor read transposed."""
+        with paddle.no_grad():
+            d = paddle.matmul(from_fp8(a.data, a.scale_inv), from_fp8(b.data, b.scale_inv),
+                              transpose_x=a_copy == "transposed", transpose_y=b_copy == "rowwise")
+            if bias is not None:
+                d = d + bias.astype(paddle.float32)
+            return d if d.dtype == out_dtype else d.astype(out_dtype)
 
 
 EMULATED = EmulatedFp8Backend()

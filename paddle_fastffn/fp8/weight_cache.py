@@ -25,18 +25,13 @@ import functools
 
 import paddle
 
-from .formats import Quantized
+from .emulated import EMULATED
 from ..core.fp8 import weight_cache as _core
 
 
 def weight_signals(weight: paddle.Tensor) -> tuple:
     """What Paddle itself says about a weight's values: inplace version, buffer, dtype, shape."""
     return (weight._inplace_version(), weight.data_ptr(), weight.dtype, tuple(weight.shape))
-
-
-def quantize_emulated(weight: paddle.Tensor, state) -> "Quantized":
-    """The emulated path's weight quantisation (ScalingState.quantize: records the weight's amax)."""
-    return state.quantize(weight)
 
 
 class WeightCache(_core.WeightCache):
@@ -47,7 +42,7 @@ class WeightCache(_core.WeightCache):
         super().__init__(weight_signals)
 
     def get(self, weight: paddle.Tensor, state, quantize=None):
-        return super().get(weight, state, quantize_emulated if quantize is None else quantize)
+        return super().get(weight, state, EMULATED.quantize_weight if quantize is None else quantize)
 
 
 def weights_updated(model) -> None:
