@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from benchmarks.gpu import fp8_harness as fp8
+from paddle_fastffn.core.autograd import Saved
 from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
 from paddle_fastffn.core.fp8.backend import register_state_backend
 
@@ -66,6 +67,48 @@ class TorchFp8Backend:
             return None
         return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax[:1])
 
+    def quantize_weight(self, weight, state):
+        """Both copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T for
+        dgrad; current-scaled (Fp8Recipe: weights)."""
+        return state.quantize(weight.detach().contiguous(), backend=self, rowwise=True, transpose=True)
+
+    def transpose_cols(self, tokens: int) -> int:
+        return 0  # never padded: the harness's token counts are multiples of 16
+
+    def fp8_parts(self, q, copy: str):
+        return (q.data if copy == "rowwise" else q.data_t), q.scale_inv
+
+    def fp8_join(self, data, scale_inv, fmt: str, copy: str):
+        rowwise = copy == "rowwise"
+        return fp8.Quantized(data if rowwise else None, None if rowwise else data, None, scale_inv, None)
+
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+        """fastffn_gemm_cuda, D[M, N] = A[M, K] @ B[N, K]^T on the named stored copies, + bias."""
+        d = fp8.kernels().gemm_q(a, b, out_dtype, a_t=a_copy == "transposed", b_t=b_copy == "transposed",
+                                 fast_accum=fast_accum)
+        return d if bias is None else d + bias.to(d.dtype)
+
+    # --- tensors --------------------------------------------------------------------------------
+    weight_layout = "out_in"
+
+    def rows(self, t):
+        return t.reshape(-1, t.shape[-1])
+
+    def contiguous(self, t):
+        return t.contiguous()
+
+    def reshape(self, t, shape):
+        return t.reshape(*shape)
+
+    def dtype(self, t):
+        return t.dtype
+
+    def cast(self, t, dtype):
+        return t.to(dtype)
+
+    def column_sums(self, t, dtype):
+        return t.float().sum(0).to(dtype)
+
 
 TORCH = TorchFp8Backend()
 register_state_backend(TORCH)
@@ -88,6 +131,36 @@ class Fp8WeightCache(core_weight_cache.WeightCache):
         self.clear()
 
 
-def quantize_weight(weight: torch.Tensor, state):
-    """Both copies of a weight [out, in] (torch's layout), current-scaled (Fp8Recipe: weights)."""
-    return state.quantize(weight.detach().contiguous(), backend=state.backend, rowwise=True, transpose=True)
+quantize_weight = TORCH.quantize_weight
+
+
+def function(op, backend=TORCH):
+    """torch's autograd adapter for a core FusedOp (paddle_fastffn/core/autograd.py), with the
+    semantics of Paddle's pylayer: `needs` recorded in forward (ctx.needs_input_grad), the saved
+    tensors through ctx.save_for_backward (None entries keep their positions), None gradients for
+    the options. apply(*inputs, *options)."""
+    count = len(op.inputs)
+
+    def forward(ctx, *args):
+        saved = Saved(ctx.needs_input_grad[:count])
+        outputs = op.forward(backend, saved, *args)
+        kept = [i for i, t in enumerate(saved.tensors) if t is not None]
+        ctx.save_for_backward(*(saved.tensors[i] for i in kept))
+        ctx.layout = (len(saved.tensors), kept)
+        saved.tensors = ()  # only the framework's copies reach backward
+        ctx.fused_saved = saved
+        return outputs
+
+    def backward(ctx, *output_grads):
+        length, kept = ctx.layout
+        tensors = [None] * length
+        for i, t in zip(kept, ctx.saved_tensors):
+            tensors[i] = t
+        saved = ctx.fused_saved
+        saved.tensors = tuple(tensors)
+        grads = op.backward(backend, saved, *output_grads)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        return (*grads, *([None] * len(op.options)))
+
+    return type(f"{op.__name__}_torch", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})

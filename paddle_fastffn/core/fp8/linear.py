@@ -62,7 +62,7 @@ class Fp8LinearOp(FusedOp):
         y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
         saved.save(*x_parts, *be.fp8_parts(qw, copies["dgrad"]))
-        saved.grad_state, saved.fmts = states.grad_output, (qx.fmt, qw.fmt)
+        saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, states.weight.fmt)
         saved.dtypes = (be.dtype(x), be.dtype(weight), None if bias is None else be.dtype(bias))
         saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
         return be.reshape(y, (*be.shape(x)[:-1], be.shape(y)[-1]))
