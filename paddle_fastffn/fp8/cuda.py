@@ -240,6 +240,29 @@ class CudaFp8Backend(PaddleFp8Tensors):
         rowwise = copy == ROWWISE
         return CudaQuantized(data if rowwise else None, None if rowwise else data, scale_inv, fmt)
 
+    def swiglu_fwd_fp8(self, gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt: str, quantize: bool):
+        """fastffn_swiglu_fwd_fp8: q(h) [T, I] and, with gate_up_scale, q(gate_up) [T, 2I] (row-wise);
+        quantize False: the amax-only pass (both amaxes)."""
+        copy = gate_up_scale is not None
+        out = _run("fastffn_swiglu_fwd_fp8", gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt, quantize,
+                   False, 0, quantize and copy)
+        if not quantize:
+            return None
+        return (CudaQuantized(out[0], None, out[2], fmt),
+                CudaQuantized(out[3], None, out[4], fmt) if copy else None)
+
+    def swiglu_bwd_fp8(self, gate_up, gate_up_scale_inv, d_h, scale, amax, fmt: str, quantize: bool,
+                       h_scale=None, h_fmt: str = "", transpose_cols: int = 0):
+        """fastffn_swiglu_bwd_fp8: q(d_gate_up) and its transpose [2I, transpose_cols] and, with
+        h_fmt, q(h)^T [I, transpose_cols], from gate_up in d_h's dtype or its FP8 copy (with
+        gate_up_scale_inv); quantize False: d_gate_up's amax-only pass."""
+        out = _run("fastffn_swiglu_bwd_fp8", gate_up, d_h, scale, amax, h_scale, gate_up_scale_inv, fmt, quantize,
+                   quantize, h_fmt, False, bool(h_fmt), transpose_cols if quantize else 0)
+        if not quantize:
+            return None
+        return (CudaQuantized(out[0], out[1], out[2], fmt),
+                CudaQuantized(None, out[4], out[5], h_fmt) if h_fmt else None)
+
     def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
         """fastffn_gemm on the named stored copies (the table in the module docstring), + bias in
         out_dtype."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import paddle
+import paddle.nn.functional as F
 
 from ..core.fp8.backend import register_state_backend
 from ..core.fp8.recipe import FP32_MAX, scale_numerator, scaled_max
@@ -33,6 +34,29 @@ def _max_into(slot: paddle.Tensor, amax: paddle.Tensor) -> None:
     new = paddle.where(paddle.isnan(amax) | paddle.isnan(current), paddle.full_like(current, float("nan")),
                        paddle.maximum(current, amax))
     paddle.assign(new, output=slot[:1])
+
+
+# --- SwiGLU in fp32 (swiglu_fp8.cu's expressions) --------------------------------------------------
+
+def _gate_and_up(gate_up: paddle.Tensor):
+    return paddle.chunk(gate_up.astype(paddle.float32), 2, axis=-1)
+
+
+def swiglu_fwd32(gate_up: paddle.Tensor) -> paddle.Tensor:
+    """h = silu(gate) * up in fp32 from gate_up [T, 2I] ([gate | up]) of any float dtype."""
+    gate, up = _gate_and_up(gate_up)
+    return gate * F.sigmoid(gate) * up
+
+
+def swiglu_bwd32(gate_up: paddle.Tensor, d_h: paddle.Tensor):
+    """(d_gate_up [T, 2I] = [d_gate | d_up], the recomputed h [T, I]) in fp32; h is the bits of
+    swiglu_fwd32's."""
+    gate, up = _gate_and_up(gate_up)
+    d_h = d_h.astype(paddle.float32)
+    sig = F.sigmoid(gate)
+    silu = gate * sig
+    d_gate_up = paddle.concat([d_h * up * sig * (1 + gate * (1 - sig)), d_h * silu], axis=-1)
+    return d_gate_up, silu * up
 
 
 class PaddleFp8Tensors:
@@ -132,6 +156,35 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
 
     def fp8_join(self, data, scale_inv, fmt: str, copy: str):
         return Quantized(data=data, scale_inv=scale_inv, amax=None, fmt=fmt)
+
+    def swiglu_fwd_fp8(self, gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt: str, quantize: bool):
+        """h = silu(gate) * up in fp32 (never rounded to 16 bits), its amax into h_amax and, with
+        gate_up_scale, gate_up's into gate_up_amax; quantize: (q(h), q(gate_up) or None)."""
+        with paddle.no_grad():
+            h = swiglu_fwd32(gate_up)
+            copy = gate_up_scale is not None
+            if not quantize:
+                _max_into(h_amax, amax_of(h))
+                if copy:
+                    _max_into(gate_up_amax, amax_of(gate_up))
+                return None
+            return self.quantize(h, h_scale, h_amax, fmt), (
+                self.quantize(gate_up, gate_up_scale, gate_up_amax, fmt) if copy else None)
+
+    def swiglu_bwd_fp8(self, gate_up, gate_up_scale_inv, d_h, scale, amax, fmt: str, quantize: bool,
+                       h_scale=None, h_fmt: str = "", transpose_cols: int = 0):
+        """d_gate_up = [d_gate | d_up] in fp32 from the kept gate_up (its FP8 copy dequantised in
+        fp32 where gate_up_scale_inv is given) and d_h, its amax into amax; quantize: (q(d_gate_up),
+        q(h) of the recomputed h at the forward's h_scale, or None without h_fmt)."""
+        with paddle.no_grad():
+            if gate_up_scale_inv is not None:
+                gate_up = from_fp8(gate_up, gate_up_scale_inv)  # fp32, as the kernel reads the copy
+            d_gate_up, h = swiglu_bwd32(gate_up, d_h)
+            if not quantize:
+                _max_into(amax, amax_of(d_gate_up))
+                return None
+            q_h = quantize_tensor(h, h_scale, h_fmt) if h_fmt else None
+            return self.quantize(d_gate_up, scale, amax, fmt), q_h
 
     def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
         """D[M, N] = A[M, K] @ B[N, K]^T in fp32 on the dequantised FP8 values (exact products; only

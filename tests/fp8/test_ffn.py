@@ -177,8 +177,9 @@ def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up)
     with paddle.autograd.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.shape)) or t, lambda t: t):
         y = fp8_ffn(x, w_gate_up, w_down, states=states)
     e4m3, f32 = paddle.float8_e4m3fn, paddle.float32
-    gate_up = (e4m3, [20, 192]) if saved_gate_up == "fp8" else (paddle.bfloat16, [20, 192])
-    expected = [(e4m3, [20, 64]), (f32, [1]), gate_up, (f32, [1]), (e4m3, [64, 192]),
+    # gate_up: its e4m3 copy and that copy's scale_inv, or the bf16 tensor alone
+    gate_up = [(e4m3, [20, 192]), (f32, [1])] if saved_gate_up == "fp8" else [(paddle.bfloat16, [20, 192])]
+    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), (e4m3, [64, 192]),
                 (f32, [1]), (e4m3, [96, 64]), (f32, [1])]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     y.backward(dy)

@@ -46,6 +46,15 @@ def quantized_weight(be, weight, state, weight_cache):
     return weight_cache.get(weight, state, be.quantize_weight)
 
 
+def weight_gradient(be, q_input, q_grad, dtype):
+    """dW from the transposed copies of the layer input and of the output gradient, in the
+    framework's weight layout: Paddle's [in, out] = gemm(q(in)^T, q(grad)^T), torch's [out, in] =
+    gemm(q(grad)^T, q(in)^T)."""
+    if be.weight_layout == "in_out":
+        return be.fp8_gemm(q_input, TRANSPOSED, q_grad, TRANSPOSED, dtype)
+    return be.fp8_gemm(q_grad, TRANSPOSED, q_input, TRANSPOSED, dtype)
+
+
 class Fp8LinearOp(FusedOp):
     inputs = ("x", "weight", "bias")
     options = ("states", "weight_cache")
@@ -83,10 +92,7 @@ class Fp8LinearOp(FusedOp):
                 dx = be.reshape(be.fp8_gemm(qdy, ROWWISE, qw, copies["dgrad"], x_dtype), saved.x_shape)
             if need_dw:
                 qx = be.fp8_join(x_data, x_scale_inv, saved.fmts[0], TRANSPOSED)
-                if be.weight_layout == "in_out":
-                    dw = be.fp8_gemm(qx, TRANSPOSED, qdy, TRANSPOSED, w_dtype)
-                else:
-                    dw = be.fp8_gemm(qdy, TRANSPOSED, qx, TRANSPOSED, w_dtype)
+                dw = weight_gradient(be, qx, qdy, w_dtype)
         if need_db:
             db = be.column_sums(dy2d, b_dtype)
         return dx, dw, db
