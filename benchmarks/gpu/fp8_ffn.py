@@ -67,19 +67,21 @@ Weights are quantised once per weight version into an Fp8WeightCache (both layou
 counter sees every in-place update, optimizer steps included, so a changed weight is re-quantised
 at its next use.
 
-The recipe, the scaling state machine and the weight cache are the product's own
-(paddle_fastffn/core/fp8: recipe.py, scaling.py, weight_cache.py), run over the torch FP8 backend
-(torch_fp8_backend.py).
+The recipe, the scaling state machine, the weight cache and the forward/backward orchestration are
+the product's own (paddle_fastffn/core/fp8: recipe.py, scaling.py, weight_cache.py, ffn.py's
+Fp8FFNOp, the class the Paddle emulated and CUDA paths run), over the torch FP8 backend
+(torch_fp8_backend.py: the kernels, torch's [out, in] weight layout, and `function`, the autograd
+adapter). This file keeps the harness's state object, its shape checks and the public names.
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, quantize_weight
-from paddle_fastffn.core.fp8.recipe import FAST_ACCUM_FORWARD, Fp8Recipe
-from paddle_fastffn.core.fp8.scaling import ScalingState, quantize_with
+from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, function
+from paddle_fastffn.core.fp8.ffn import Fp8FFNOp
+from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+from paddle_fastffn.core.fp8.scaling import ScalingState
 
 __all__ = ["DEFAULT_RECIPE", "E4M3", "E5M2", "GEMM_ALIGNMENT", "Fp8FFN", "Fp8FFNState", "Fp8Recipe", "Fp8WeightCache",
            "ScalingState", "check_shapes", "fp8_ffn", "misaligned"]
@@ -100,15 +102,12 @@ class Fp8FFNState:
 
     def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
         self.recipe = recipe or DEFAULT_RECIPE
-        states = self.recipe.ffn_states(TorchFp8Backend(device))
+        self.states = self.recipe.ffn_states(TorchFp8Backend(device))
+        states = self.states
         self.x, self.w_gate_up, self.w_down = states.x, states.w_gate_up, states.w_down
         self.h, self.dy, self.d_gate_up, self.gate_up = states.h, states.dy, states.d_gate_up, states.gate_up
         self.cache = Fp8WeightCache()
         self.record: dict | None = None
-
-    def weights(self, w_gate_up: torch.Tensor, w_down: torch.Tensor):
-        return (self.cache.get(w_gate_up, self.w_gate_up, quantize_weight),
-                self.cache.get(w_down, self.w_down, quantize_weight))
 
 
 def misaligned(sizes) -> str:
@@ -131,92 +130,14 @@ def check_shapes(tokens: int, w_gate_up: torch.Tensor, w_down: torch.Tensor, hid
             f"{GEMM_ALIGNMENT}")
 
 
-class Fp8FFN(torch.autograd.Function):
-    """y = swiglu(x @ W_gu^T) @ W_d^T with FP8 GEMMs; see the module docstring for the data flow."""
-
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, state: Fp8FFNState):
-        k = fp8.kernels()
-        hidden = x.shape[-1]
-        x2 = x.reshape(-1, hidden)
-        check_shapes(x2.shape[0], w_gate_up, w_down, hidden)
-        fast = FAST_ACCUM_FORWARD
-        qx = state.x.quantize(x2.contiguous(), end_step=False, rowwise=True, transpose=True)
-        wgu, wd = state.weights(w_gate_up, w_down)
-        gate_up = k.gemm_q(qx, wgu, x.dtype, fast_accum=fast)
-        h, gu = state.h, state.gate_up
-        be = h.backend
-        if gu is None:
-            qh = quantize_with(
-                be, [h], lambda: k.swiglu_fwd_fp8(gate_up, E4M3, rowwise=False, amax=h.amax_history[:1]),
-                lambda: k.swiglu_fwd_fp8(gate_up, E4M3, h.scale_used, amax=h.kernel_amax[:1]), end_step=False)
-            saved, saved_scale_inv = gate_up, None
-        else:  # one pass: q(h) and gate_up's own copy, their amaxes together
-            qh, q_gu = quantize_with(
-                be, [h, gu],
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, rowwise=False, amax=h.amax_history[:1],
-                                                      gate_up_amax=gu.amax_history[:1]),
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, h.scale_used, amax=h.kernel_amax[:1],
-                                                      gate_up_scale=gu.scale_used, gate_up_rowwise=True,
-                                                      gate_up_amax=gu.kernel_amax[:1]), end_step=False)
-            saved, saved_scale_inv = q_gu.data, q_gu.scale_inv
-        y = k.gemm_q(qh, wd, x.dtype, fast_accum=fast)
-        h_scale = h.scale.clone()  # the backward recomputes q(h) with this very scale
-        for s in (state.x, h, gu):
-            if s is not None:
-                s.end_step()
-        if state.record is not None:
-            state.record.update(q_x=qx, w_gate_up=wgu, w_down=wd, gate_up=gate_up, q_h=qh,
-                                h_scale=h_scale, y=y, saved_gate_up=saved, saved_gate_up_scale_inv=saved_scale_inv)
-        ctx.save_for_backward(qx.data_t, qx.scale_inv, saved, h_scale, saved_scale_inv)
-        ctx.weights, ctx.state, ctx.x_shape = (wgu, wd), state, x.shape
-        ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
-        return y.reshape(*x.shape[:-1], hidden)
-
-    @staticmethod
-    def backward(ctx, dy):
-        k = fp8.kernels()
-        q_x_t, x_scale_inv, gate_up, h_scale, gate_up_scale_inv = ctx.saved_tensors
-        wgu, wd = ctx.weights
-        state = ctx.state
-        x_dtype, w_gate_up_dtype, w_down_dtype = ctx.dtypes
-        need_x, need_w_gate_up, need_w_down = ctx.needs_input_grad[:3]
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous()
-
-        qdy = state.dy.quantize(dy2, end_step=False, rowwise=True, transpose=True)
-        d_h = k.gemm(qdy.data, wd.data_t, x_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=wd.scale_inv)
-        dgu = state.d_gate_up
-        q_dgu, q_h = quantize_with(
-            dgu.backend, [dgu],
-            lambda: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, rowwise=False, transpose=False, amax=dgu.amax_history[:1],
-                                     gate_up_scale_inv=gate_up_scale_inv),
-            lambda: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, dgu.scale_used, amax=dgu.kernel_amax[:1], h=E4M3,
-                                     h_scale=h_scale, h_transpose=need_w_down, gate_up_scale_inv=gate_up_scale_inv),
-            end_step=False)
-        record = state.record
-        if record is not None:
-            record.update(q_dy=qdy, d_h=d_h, q_d_gate_up=q_dgu, q_h_t=q_h)
-        d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
-        d_w_down = d_x = d_w_gate_up = None
-        if need_w_down:
-            d_w_down = k.gemm(qdy.data_t, q_h.data_t, w_down_dtype, a_scale_inv=qdy.scale_inv,
-                              b_scale_inv=q_h.scale_inv)
-        del qdy, q_h
-        if need_x:
-            d_x = k.gemm(q_dgu.data, wgu.data_t, x_dtype, a_scale_inv=q_dgu.scale_inv,
-                         b_scale_inv=wgu.scale_inv).reshape(ctx.x_shape)
-        if need_w_gate_up:
-            d_w_gate_up = k.gemm(q_dgu.data_t, q_x_t, w_gate_up_dtype, a_scale_inv=q_dgu.scale_inv,
-                                 b_scale_inv=x_scale_inv)
-        state.dy.end_step()
-        state.d_gate_up.end_step()
-        if record is not None:
-            record.update(d_x=d_x, d_w_gate_up=d_w_gate_up, d_w_down=d_w_down)
-        return d_x, d_w_gate_up, d_w_down, None
+# The product's FP8 FFN (paddle_fastffn/core/fp8/ffn.py: Fp8FFNOp) over the torch backend.
+Fp8FFN = function(Fp8FFNOp)
 
 
 def fp8_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
             state: Fp8FFNState) -> torch.Tensor:
     """The FP8 FFN: x [..., H] (bf16; fp16/fp32 work too), W_gate_up [2I, H], W_down [H, I] ->
     y [..., H] in x's dtype. T = x.numel() // H, H and I must be multiples of 16."""
-    return Fp8FFN.apply(x, w_gate_up, w_down, state)
+    hidden = x.shape[-1]
+    check_shapes(x.numel() // hidden if hidden else 0, w_gate_up, w_down, hidden)
+    return Fp8FFN.apply(x, w_gate_up, w_down, state.states, state.cache, state.record)

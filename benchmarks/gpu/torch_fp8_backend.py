@@ -82,6 +82,33 @@ class TorchFp8Backend:
         rowwise = copy == "rowwise"
         return fp8.Quantized(data if rowwise else None, None if rowwise else data, None, scale_inv, None)
 
+    def swiglu_fwd_fp8(self, gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt: str, quantize: bool):
+        """fastffn_swiglu_fwd_fp8_cuda: q(h) and, with gate_up_scale, gate_up's row-wise copy in the
+        same pass; quantize False: the amax-only pass (both amaxes)."""
+        k, f = fp8.kernels(), TORCH_FORMATS[fmt]
+        if gate_up_scale is None:
+            if not quantize:
+                k.swiglu_fwd_fp8(gate_up, f, rowwise=False, amax=h_amax[:1])
+                return None
+            return k.swiglu_fwd_fp8(gate_up, f, h_scale, amax=h_amax[:1]), None
+        if not quantize:
+            k.swiglu_fwd_fp8_with_gate_up(gate_up, f, rowwise=False, amax=h_amax[:1], gate_up_amax=gate_up_amax[:1])
+            return None
+        return k.swiglu_fwd_fp8_with_gate_up(gate_up, f, h_scale, amax=h_amax[:1], gate_up_scale=gate_up_scale,
+                                             gate_up_rowwise=True, gate_up_amax=gate_up_amax[:1])
+
+    def swiglu_bwd_fp8(self, gate_up, gate_up_scale_inv, d_h, scale, amax, fmt: str, quantize: bool,
+                       h_scale=None, h_fmt: str = "", transpose_cols: int = 0):
+        """fastffn_swiglu_bwd_fp8_cuda: q(d_gate_up) with its transpose and, with h_fmt, q(h)^T of
+        the recomputed h at the forward's h_scale; quantize False: the amax-only pass."""
+        k, f = fp8.kernels(), TORCH_FORMATS[fmt]
+        if not quantize:
+            k.swiglu_bwd_fp8(gate_up, d_h, f, rowwise=False, transpose=False, amax=amax[:1],
+                             gate_up_scale_inv=gate_up_scale_inv)
+            return None
+        return k.swiglu_bwd_fp8(gate_up, d_h, f, scale, amax=amax[:1], h=TORCH_FORMATS[h_fmt or "e4m3"],
+                                h_scale=h_scale, h_transpose=bool(h_fmt), gate_up_scale_inv=gate_up_scale_inv)
+
     def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
         """fastffn_gemm_cuda, D[M, N] = A[M, K] @ B[N, K]^T on the named stored copies, + bias."""
         d = fp8.kernels().gemm_q(a, b, out_dtype, a_t=a_copy == "transposed", b_t=b_copy == "transposed",
