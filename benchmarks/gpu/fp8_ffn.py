@@ -55,7 +55,7 @@ host synchronisation anywhere in a step):
            backward (dy, d_gu), fastffn_fp8_update_amax_history_cuda takes
            max(history) (or history[0] for amax_compute_algo="most_recent"), sets the next scale
            and rolls the history. Warm start (delayed_warm_start, the default, as
-           paddle_fastffn/fp8/recipe.py): a tensor's first quantisation, whose history holds no
+           paddle_fastffn/core/fp8/recipe.py): a tensor's first quantisation, whose history holds no
            amax yet, runs as current scaling, and its amax seeds the history; without it scales
            start at 1 as TE's, and the first steps' e5m2 gradients underflow (recipe.py has the
            numbers). Weights are current-scaled under both recipes (Fp8Recipe.ffn_states).

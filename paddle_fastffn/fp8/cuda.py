@@ -43,7 +43,7 @@ tokens, which change no amax and add nothing to dW. Nothing is copied or padded 
 side (the forward and dgrad have M = T, which has no alignment rule), so no token count falls back.
 in and out must be multiples of 16 (Fp8Linear keeps other weights in bf16).
 
-Scaling: recipe.py's ScalingState, its tensors moved to the input's GPU once, updated on the device
+Scaling: core/fp8/scaling.py's ScalingState, its tensors moved to the input's GPU once, updated on the device
 with no host synchronisation. current: zero the amax slot, an amax-only pass, the scale from it
 (fastffn_fp8_compute_scale_cuda), then the quantising pass. delayed: quantise with the scale of the
 earlier steps, the amax into history[0], then (after every use, as recipe.py does)

@@ -1,4 +1,4 @@
-"""What the FP8 core (scaling.py, weight_cache.py, the FP8 ops) asks of a framework: the FP8
+"""What the FP8 core (scaling.py, linear.py, ffn.py) asks of a framework: the FP8
 backend protocol. Three implementations: paddle_fastffn/fp8/emulated.py (pure Paddle, fp32 math on
 FP8-rounded values: CPU CI and the reference of the kernels), paddle_fastffn/fp8/cuda.py (the
 compiled Paddle ops of csrc/paddle/fp8_op.cc and swiglu_fp8_op.cc) and
@@ -26,6 +26,21 @@ Tensor = Any
 
 class Fp8Backend(Protocol):
     name: str
+    # The framework's Linear weight layout: "in_out" (Paddle, [in, out]) or "out_in" (torch,
+    # [out, in]); linear.WEIGHT_COPIES says which stored copy of a weight each GEMM reads.
+    weight_layout: str
+
+    # --- activations --------------------------------------------------------------------------
+    def rows(self, t: Tensor) -> Tensor:
+        """t as 2-D [prod(shape[:-1]), shape[-1]] (a view)."""
+    def contiguous(self, t: Tensor) -> Tensor:
+        """t itself when dense, else one copy."""
+    def reshape(self, t: Tensor, shape: tuple) -> Tensor: ...
+    def dtype(self, t: Tensor): ...
+    def cast(self, t: Tensor, dtype) -> Tensor:
+        """t in dtype (t itself when it has it)."""
+    def column_sums(self, t: Tensor, dtype) -> Tensor:
+        """The sum over t's rows in fp32, returned in dtype (a bias gradient)."""
 
     # --- state tensors (fp32) -----------------------------------------------------------------
     def fp32_full(self, n: int, value: float, like: Tensor | None = None) -> Tensor:
@@ -58,6 +73,35 @@ class Fp8Backend(Protocol):
         rowwise: the [R, C] copy; transpose: the [C, transpose_cols or R] copy, zero past R.
         Neither: the amax-only pass (returns None). Else the backend's quantized value (with
         scale_inv = 1 / scale)."""
+    def quantize_weight(self, weight: Tensor, state):
+        """Both stored copies of a weight, quantised under `state` (state.quantize with this
+        backend): what the weight cache keeps."""
+    def transpose_cols(self, tokens: int) -> int:
+        """The row length of the transposed copies of a [tokens, C] activation: tokens rounded up
+        to 16 where the FP8 GEMMs need it padded (Paddle CUDA), 0 (= tokens) elsewhere."""
+    def fp8_parts(self, q, copy: str) -> tuple:
+        """(data, scale_inv) of q's stored copy `copy` ("rowwise" / "transposed"): what autograd
+        saves."""
+    def fp8_join(self, data: Tensor, scale_inv: Tensor, fmt: str, copy: str):
+        """The quantized value holding `data` as its stored copy `copy` (fp8_parts' inverse)."""
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False,
+                 bias: Tensor | None = None) -> Tensor:
+        """fastffn_gemm: D[M, N] = A[M, K] @ B[N, K]^T (+ bias [N]) in out_dtype, fp32
+        accumulation, A and B the named stored copies of a and b dequantised by their scale_inv;
+        fast_accum: cuBLASLt's fast accumulation (the forward GEMMs)."""
+    def swiglu_fwd_fp8(self, gate_up: Tensor, h_scale: Tensor, h_amax: Tensor, gate_up_scale: Tensor | None,
+                       gate_up_amax: Tensor | None, fmt: str, quantize: bool):
+        """fastffn_swiglu_fwd_fp8: h = silu(gate) * up in fp32 from gate_up [T, 2I] ([gate | up]),
+        its amax max-accumulated into h_amax[0] and, with gate_up_scale, gate_up's into
+        gate_up_amax[0]. quantize: (q(h) row-wise, gate_up's row-wise copy or None), both in fmt;
+        else the amax-only pass (None)."""
+    def swiglu_bwd_fp8(self, gate_up: Tensor, gate_up_scale_inv: Tensor | None, d_h: Tensor, scale: Tensor,
+                       amax: Tensor, fmt: str, quantize: bool, h_scale: Tensor | None = None,
+                       h_fmt: str = "", transpose_cols: int = 0):
+        """fastffn_swiglu_bwd_fp8: d_gate_up = [d_h * u * sig * (1 + g (1 - sig)) | d_h * silu(g)]
+        in fp32 from gate_up (16/32-bit, or its FP8 copy with gate_up_scale_inv) and d_h, its amax
+        into amax[0]. quantize: (q(d_gate_up) both copies, q(h)^T of the recomputed h at h_scale
+        in h_fmt, or None without h_fmt); else the amax-only pass (None)."""
 
 
 _STATE_BACKEND: list = []
