@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import paddle
 
-from ..core.fp8.linear import ROWWISE, TRANSPOSED, Fp8LinearOp
+from ..core.fp8.linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, Fp8LinearOp
 from ._autograd import pylayer
 from .emulated import PaddleFp8Tensors
 from .recipe import LinearScalingStates, ScalingState
@@ -72,10 +72,11 @@ GEMM_ALIGNMENT = 16
 # GEMMs run on sm_89/sm_90 only, and sm_90a code runs on sm_90 alone.
 SUPPORTED_CAPABILITY = (9, 0)
 
-# (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy.
+# (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy;
+# the weight's are core/fp8/linear.py's WEIGHT_COPIES for Paddle's [in, out] layout, which the op reads.
 LINEAR_GEMMS = {
-    "forward": (("x", ROWWISE), ("weight", TRANSPOSED)),
-    "dgrad": (("dy", ROWWISE), ("weight", ROWWISE)),
+    "forward": (("x", ROWWISE), ("weight", WEIGHT_COPIES["in_out"]["forward"])),
+    "dgrad": (("dy", ROWWISE), ("weight", WEIGHT_COPIES["in_out"]["dgrad"])),
     "wgrad": (("x", TRANSPOSED), ("dy", TRANSPOSED)),
 }
 _OUT_DTYPES = {paddle.bfloat16: "bfloat16", paddle.float16: "float16", paddle.float32: "float32"}
