@@ -15,12 +15,12 @@ import torch
 from benchmarks.gpu import fp8_harness as fp8
 from paddle_fastffn.core.autograd import Saved
 from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
-from paddle_fastffn.core.fp8.backend import register_state_backend
+from paddle_fastffn.core.fp8.backend import SharedTensorMethods, register_state_backend
 
 TORCH_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-class TorchFp8Backend:
+class TorchFp8Backend(SharedTensorMethods):
     name = "torch"
 
     def __init__(self, device="cuda"):
@@ -29,15 +29,6 @@ class TorchFp8Backend:
     # --- state tensors ------------------------------------------------------------------------
     def fp32_full(self, n: int, value: float, like=None):
         return torch.full((n,), value, dtype=torch.float32, device=self.device if like is None else like.device)
-
-    def clone(self, t):
-        return t.clone()
-
-    def zero_(self, t) -> None:
-        t.zero_()
-
-    def shape(self, t) -> tuple:
-        return tuple(t.shape)
 
     def to_host(self, t):
         return t.detach().cpu().numpy()
@@ -126,9 +117,6 @@ class TorchFp8Backend:
 
     def reshape(self, t, shape):
         return t.reshape(*shape)
-
-    def dtype(self, t):
-        return t.dtype
 
     def cast(self, t, dtype):
         return t.to(dtype)

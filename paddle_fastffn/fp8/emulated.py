@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ..core.fp8.backend import register_state_backend
+from ..core.fp8.backend import SharedTensorMethods, register_state_backend
 from ..core.fp8.recipe import FP32_MAX, scale_numerator, scaled_max
 from .formats import Quantized, amax_of, from_fp8, quantize as quantize_tensor
 
@@ -59,7 +59,7 @@ def swiglu_bwd32(gate_up: paddle.Tensor, d_h: paddle.Tensor):
     return d_gate_up, silu * up
 
 
-class PaddleFp8Tensors:
+class PaddleFp8Tensors(SharedTensorMethods):
     """The Paddle tensor side of core/fp8/backend.py's protocol, shared by the emulated and the CUDA
     backend: state tensors, 2-D views, dtypes, Paddle's [in, out] weight layout."""
 
@@ -69,15 +69,6 @@ class PaddleFp8Tensors:
     def fp32_full(self, n: int, value: float, like=None):
         out = paddle.full([n], value, paddle.float32)
         return out if like is None or like.place.is_cpu_place() else out.cuda(like.place.gpu_device_id())
-
-    def clone(self, t):
-        return t.clone()
-
-    def zero_(self, t) -> None:
-        t.zero_()
-
-    def shape(self, t) -> tuple:
-        return tuple(t.shape)
 
     def to_host(self, t):
         return t.numpy()
@@ -94,9 +85,6 @@ class PaddleFp8Tensors:
 
     def reshape(self, t, shape):
         return t.reshape(list(shape))
-
-    def dtype(self, t):
-        return t.dtype
 
     def cast(self, t, dtype):
         return t if t.dtype == dtype else t.astype(dtype)

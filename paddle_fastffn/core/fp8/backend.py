@@ -104,6 +104,23 @@ class Fp8Backend(Protocol):
         in h_fmt, or None without h_fmt); else the amax-only pass (None)."""
 
 
+class SharedTensorMethods:
+    """The protocol's methods that Paddle and torch tensors spell alike (both backends inherit
+    them)."""
+
+    def clone(self, t):
+        return t.clone()
+
+    def zero_(self, t) -> None:
+        t.zero_()
+
+    def shape(self, t) -> tuple:
+        return tuple(t.shape)
+
+    def dtype(self, t):
+        return t.dtype
+
+
 _STATE_BACKEND: list = []
 
 
