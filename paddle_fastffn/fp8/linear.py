@@ -23,13 +23,13 @@ import paddle
 import paddle.nn.functional as F
 
 from ..core.fp8.linear import Fp8LinearOp
+from ..core.fp8.weight_cache import weights_changed
 from ..ops._fallback import raise_if_strict
 from ._autograd import pylayer
 from .cuda import GEMM_ALIGNMENT, backend_for, fp8_linear_cuda
 from .emulated import EMULATED
 from .formats import quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
-from ..core.fp8.weight_cache import weights_changed
 from .weight_cache import WeightCache
 
 # cuBLASLt runs FP8 only with both operands K-major, 16-byte aligned rows: every GEMM dimension
