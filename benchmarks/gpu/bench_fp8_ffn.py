@@ -109,7 +109,7 @@ SFT_7B_ACCUMULATION = 4
 
 
 def ours_fp8(x, w_gate_up, w_down, dy, kind, saved_gate_up="fp8"):
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind, saved_gate_up=saved_gate_up))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind, saved_gate_up=saved_gate_up))
 
     def forward(x, w_gu, w_d):
         state.cache.invalidate()  # one optimizer step per iteration
@@ -121,7 +121,7 @@ def ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind, micro_batches=SFT_7B_A
     """One micro-batch's fwd+bwd per call, the FP8 weight copies invalidated at every
     `micro_batches`-th call (an optimizer step), for round_robin's loop of `micro_batches` calls
     per sample (its warm-up runs whole loops too, so the first call of each sample quantises)."""
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind=kind))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind))
     calls = [0]
 
     def run():

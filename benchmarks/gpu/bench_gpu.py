@@ -725,7 +725,7 @@ def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
             return run, list(layer.parameters())
 
         def ours(fp8_kind=None):
-            recipe = None if fp8_kind is None else Fp8Recipe(kind=fp8_kind)
+            recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind)
             fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps, fp8_recipe=recipe).to("cuda")
 
             def run(x):

@@ -227,7 +227,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
         flops = step_flops(**shape)
 
         def ours(fp8_kind=None):
-            model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(kind=fp8_kind))
+            model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind))
             return model, lambda: model(ids, labels), fused_master_adamw
 
         def hf_eager():

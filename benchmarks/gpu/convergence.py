@@ -70,7 +70,7 @@ def fp8_recipe_of(precision: str) -> Fp8Recipe:
     kind, _, rest = precision.removeprefix("fp8_").partition("_")
     if rest not in ("", "gate_up_activation"):
         raise ValueError(f"unknown precision {precision!r}")
-    return Fp8Recipe(kind=kind, saved_gate_up="activation" if rest else "fp8")
+    return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest else "fp8")
 
 
 def train(precision, initial_state, train_data, heldout, args):

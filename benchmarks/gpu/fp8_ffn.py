@@ -55,172 +55,59 @@ host synchronisation anywhere in a step):
            backward (dy, d_gu), fastffn_fp8_update_amax_history_cuda takes
            max(history) (or history[0] for amax_compute_algo="most_recent"), sets the next scale
            and rolls the history. Warm start (delayed_warm_start, the default, as
-           paddle_fastffn/fp8/recipe.py): a tensor's first quantisation, whose history holds no
+           paddle_fastffn/core/fp8/recipe.py): a tensor's first quantisation, whose history holds no
            amax yet, runs as current scaling, and its amax seeds the history; without it scales
            start at 1 as TE's, and the first steps' e5m2 gradients underflow (recipe.py has the
-           numbers). Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe).
+           numbers). Weights are current-scaled under both recipes (Fp8Recipe.ffn_states).
   h and gate_up's copy are quantised by one pass: its amax-only pass gives both amaxes, and each
   has its own scale (and history).
   An amax of 0 or not finite keeps the previous scale (TE's delayed rule, used for both here).
 
-Weights are quantised once per step into an Fp8WeightCache (both layouts); call invalidate()
-after the optimizer changes them. Using a weight that changed in place since it was cached raises
-(the version counter moved) instead of computing with stale FP8 copies.
+Weights are quantised once per weight version into an Fp8WeightCache (both layouts): torch's version
+counter sees every in-place update, optimizer steps included, so a changed weight is re-quantised
+at its next use.
+
+The recipe, the scaling state machine, the weight cache and the forward/backward orchestration are
+the product's own (paddle_fastffn/core/fp8: recipe.py, scaling.py, weight_cache.py, ffn.py's
+Fp8FFNOp, the class the Paddle emulated and CUDA paths run), over the torch FP8 backend
+(torch_fp8_backend.py: the kernels, torch's [out, in] weight layout, and `function`, the autograd
+adapter). This file keeps the harness's state object, its shape checks and the public names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 
-from benchmarks.gpu import fp8_harness as fp8
+from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, function
+from paddle_fastffn.core.fp8.ffn import Fp8FFNOp
+from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+from paddle_fastffn.core.fp8.scaling import ScalingState
+
+__all__ = ["DEFAULT_RECIPE", "E4M3", "E5M2", "GEMM_ALIGNMENT", "Fp8FFN", "Fp8FFNState", "Fp8Recipe", "Fp8WeightCache",
+           "ScalingState", "check_shapes", "fp8_ffn", "misaligned"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 GEMM_ALIGNMENT = 16  # every K and every FP8 row stride of the six GEMMs (see the table above)
-
-
-@dataclass(frozen=True)
-class Fp8Recipe:
-    """Per-tensor FP8 scaling, Transformer Engine's knobs (recipe.DelayedScaling and
-    Float8CurrentScaling), with the HYBRID formats: e4m3 forward, e5m2 gradients."""
-    kind: str = "current"             # "current" | "delayed"
-    amax_history_len: int = 1024      # delayed only; TE's and paddle_fastffn.fp8.Fp8Recipe's default
-    amax_compute_algo: str = "max"    # delayed only: "max" | "most_recent"
-    margin: float = 0.0               # scale = fmt_max * 2^-margin / amax
-    fast_accum_forward: bool = True   # cuBLASLt fast accumulation for the two forward GEMMs
-    delayed_warm_start: bool = True   # delayed only: the first quantisation is current-scaled
-    saved_gate_up: str = "fp8"        # "fp8" | "activation": paddle_fastffn.fp8.Fp8Recipe's
-
-    def __post_init__(self):
-        if self.kind not in ("current", "delayed"):
-            raise ValueError(f"Fp8Recipe.kind must be 'current' or 'delayed', not {self.kind!r}")
-        if self.saved_gate_up not in ("fp8", "activation"):
-            raise ValueError(f"Fp8Recipe.saved_gate_up must be 'fp8' or 'activation', not {self.saved_gate_up!r}")
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError("amax_compute_algo must be 'max' or 'most_recent', not "
-                             f"{self.amax_compute_algo!r}")
-        if self.amax_history_len < 1:
-            raise ValueError("amax_history_len must be at least 1")
-
-    @property
-    def weight_recipe(self) -> "Fp8Recipe":
-        """Weights use current scaling under both recipes, as paddle_fastffn/fp8/recipe.py (whose
-        docstring says why): a weight is quantised once per optimizer step, so its own amax costs
-        one reduction per step, and a delayed scale would pin a frozen weight to the initial 1."""
-        return replace(self, kind="current")
-
-
-class ScalingState:
-    """One tensor's per-tensor scaling state, fp32 device tensors: scale [1], scale_inv [1] and
-    amax_history [L] (delayed; [1] for current scaling). amax_history[0] is the slot the kernels
-    max-accumulate this quantisation's amax into."""
-
-    def __init__(self, recipe: Fp8Recipe, fmt: torch.dtype, device="cuda"):
-        self.recipe, self.fmt, self.fmt_max = recipe, fmt, fp8.FP8_MAX[fmt]
-        self.seeded = False  # whether a quantisation recorded an amax (host-side: no device read)
-        length = recipe.amax_history_len if recipe.kind == "delayed" else 1
-        self.scale = torch.ones(1, dtype=torch.float32, device=device)
-        self.scale_inv = torch.ones(1, dtype=torch.float32, device=device)
-        self.amax_history = torch.zeros(length, dtype=torch.float32, device=device)
-
-    @property
-    def amax(self) -> torch.Tensor:
-        return self.amax_history[:1]
-
-    def scales_by_own_amax(self) -> bool:
-        """Current scaling; delayed scaling's warm start (the first quantisation)."""
-        return self.recipe.kind == "current" or (self.recipe.delayed_warm_start and not self.seeded)
-
-    def quantize_with(self, k: fp8.Fp8Kernels, amax_pass, quantize_pass):
-        """Current scaling (and delayed's warm start): amax_pass(amax) computes this tensor's
-        amax, the scale follows on the device, then quantize_pass(scale, amax) quantises with it.
-        Delayed: quantize_pass with the scale from the history, recording the amax into
-        history[0]. Returns what quantize_pass returns (its Quantized.scale is this state's live
-        tensor; its scale_inv its own)."""
-        return quantize_together(k, (self,), lambda: amax_pass(self.amax),
-                                 lambda: quantize_pass(self.scale, self.amax))
-
-    def quantize(self, k: fp8.Fp8Kernels, x: torch.Tensor, rowwise=True, transpose=True) -> fp8.Quantized:
-        """x [R, C] -> q(x) [R, C] and q(x)^T [C, R] (fastffn_fp8_quantize_cuda)."""
-        return self.quantize_with(
-            k, lambda amax: k.quantize(x, self.fmt, None, rowwise=False, transpose=False, amax=amax),
-            lambda scale, amax: k.quantize(x, self.fmt, scale, rowwise, transpose, amax=amax))
-
-    def end_step(self, k: fp8.Fp8Kernels):
-        """Delayed scaling: the next scale from the amax history, which then rolls."""
-        if self.recipe.kind == "delayed":
-            k.update_amax_history(self.amax_history, self.scale, self.scale_inv, self.fmt_max,
-                                  self.recipe.margin, self.recipe.amax_compute_algo == "most_recent")
-
-
-def quantize_together(k: fp8.Fp8Kernels, states, amax_pass, quantize_pass):
-    """ScalingState.quantize_with for one kernel pass that quantises several tensors, each with
-    its state (the SwiGLU forward: h and gate_up's copy): amax_pass() accumulates every amax (each
-    state's `amax`), then the scales of those that take them from their own amax, then
-    quantize_pass(). (A delayed state beside them gets its amax max-accumulated by both passes,
-    the same value twice: a no-op.) paddle_fastffn/fp8/cuda.py's quantize_with is the same rule."""
-    own_amax = [s for s in states if s.scales_by_own_amax()]
-    if own_amax:
-        for s in own_amax:
-            s.amax.zero_()
-        amax_pass()
-        for s in own_amax:
-            k.compute_scale(s.amax, s.scale, s.scale_inv, s.fmt_max, s.recipe.margin)
-    for s in states:
-        s.seeded = True
-    return quantize_pass()
-
-
-class Fp8WeightCache:
-    """FP8 copies of the FFN weights, both layouts, quantised once per step (at the first forward
-    after invalidate()). The training loop calls invalidate() after every optimizer step."""
-
-    def __init__(self):
-        self._entries: dict[str, tuple[int, int, fp8.Quantized]] = {}
-        self.quantizations = 0  # how many weight quantisations ran (tests, benchmarks)
-
-    def invalidate(self):
-        self._entries.clear()
-
-    def get(self, name: str, weight: torch.Tensor, state: ScalingState, k: fp8.Fp8Kernels) -> fp8.Quantized:
-        entry = self._entries.get(name)
-        if entry is not None:
-            pointer, version, quantized = entry
-            if pointer == weight.data_ptr() and version == weight._version:
-                return quantized
-            raise RuntimeError(
-                f"Fp8WeightCache: weight {name!r} changed since it was quantised (another tensor, "
-                f"or modified in place: version {version} -> {weight._version}); call "
-                f"invalidate() after each optimizer step")
-        quantized = state.quantize(k, weight.detach().contiguous(), rowwise=True, transpose=True)
-        state.end_step(k)  # a no-op for the current-scaled weights (Fp8Recipe.weight_recipe)
-        self._entries[name] = (weight.data_ptr(), weight._version, quantized)
-        self.quantizations += 1
-        return quantized
+# The harness's recipe when none is given: current scaling (the product's Fp8Recipe defaults to
+# delayed, the training default; the kernel benchmarks time current scaling's two passes).
+DEFAULT_RECIPE = Fp8Recipe(scaling="current")
 
 
 class Fp8FFNState:
-    """Everything an FP8 FFN layer keeps between steps: the recipe, one ScalingState per
-    quantised tensor and the weight cache. `record`, when set to a dict, receives the
-    intermediates of each forward and backward (tests check every stage with them)."""
+    """Everything an FP8 FFN layer keeps between steps: the recipe, one core ScalingState per
+    quantised tensor (Fp8Recipe.ffn_states: x, w_gate_up, w_down, h, dy, d_gate_up and gate_up's
+    saved copy, None with saved_gate_up "activation"), on `device`, and the weight cache.
+    `record`, when set to a dict, receives the intermediates of each forward and backward (tests
+    check every stage with them)."""
 
     def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
-        self.recipe = recipe or Fp8Recipe()
-        self.x = ScalingState(self.recipe, E4M3, device)
-        self.w_gate_up = ScalingState(self.recipe.weight_recipe, E4M3, device)
-        self.w_down = ScalingState(self.recipe.weight_recipe, E4M3, device)
-        self.h = ScalingState(self.recipe, E4M3, device)
-        self.dy = ScalingState(self.recipe, E5M2, device)
-        self.d_gate_up = ScalingState(self.recipe, E5M2, device)
-        # gate_up's saved copy (None: the backward keeps the 16-bit gate_up)
-        self.gate_up = ScalingState(self.recipe, E4M3, device) if self.recipe.saved_gate_up == "fp8" else None
+        self.recipe = recipe or DEFAULT_RECIPE
+        self.states = self.recipe.ffn_states(TorchFp8Backend(device))
+        states = self.states
+        self.x, self.w_gate_up, self.w_down = states.x, states.w_gate_up, states.w_down
+        self.h, self.dy, self.d_gate_up, self.gate_up = states.h, states.dy, states.d_gate_up, states.gate_up
         self.cache = Fp8WeightCache()
         self.record: dict | None = None
-
-    def weights(self, k: fp8.Fp8Kernels, w_gate_up: torch.Tensor, w_down: torch.Tensor):
-        return (self.cache.get("gate_up", w_gate_up, self.w_gate_up, k),
-                self.cache.get("down", w_down, self.w_down, k))
 
 
 def misaligned(sizes) -> str:
@@ -243,88 +130,14 @@ def check_shapes(tokens: int, w_gate_up: torch.Tensor, w_down: torch.Tensor, hid
             f"{GEMM_ALIGNMENT}")
 
 
-class Fp8FFN(torch.autograd.Function):
-    """y = swiglu(x @ W_gu^T) @ W_d^T with FP8 GEMMs; see the module docstring for the data flow."""
-
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, state: Fp8FFNState):
-        k = fp8.kernels()
-        hidden = x.shape[-1]
-        x2 = x.reshape(-1, hidden)
-        check_shapes(x2.shape[0], w_gate_up, w_down, hidden)
-        fast = state.recipe.fast_accum_forward
-        qx = state.x.quantize(k, x2.contiguous())
-        wgu, wd = state.weights(k, w_gate_up, w_down)
-        gate_up = k.gemm_q(qx, wgu, x.dtype, fast_accum=fast)
-        h, gu = state.h, state.gate_up
-        if gu is None:
-            qh = h.quantize_with(
-                k, lambda amax: k.swiglu_fwd_fp8(gate_up, E4M3, rowwise=False, amax=amax),
-                lambda scale, amax: k.swiglu_fwd_fp8(gate_up, E4M3, scale, amax=amax))
-            saved, saved_scale_inv = gate_up, None
-        else:  # one pass: q(h) and gate_up's own copy, their amaxes together
-            qh, q_gu = quantize_together(
-                k, (h, gu),
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, rowwise=False, amax=h.amax,
-                                                      gate_up_amax=gu.amax),
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, E4M3, h.scale, amax=h.amax, gate_up_scale=gu.scale,
-                                                      gate_up_rowwise=True, gate_up_amax=gu.amax))
-            saved, saved_scale_inv = q_gu.data, q_gu.scale_inv
-        y = k.gemm_q(qh, wd, x.dtype, fast_accum=fast)
-        h_scale = h.scale.clone()  # the backward recomputes q(h) with this very scale
-        for s in (state.x, h, gu):
-            if s is not None:
-                s.end_step(k)
-        if state.record is not None:
-            state.record.update(q_x=qx, w_gate_up=wgu, w_down=wd, gate_up=gate_up, q_h=qh,
-                                h_scale=h_scale, y=y, saved_gate_up=saved, saved_gate_up_scale_inv=saved_scale_inv)
-        ctx.save_for_backward(qx.data_t, qx.scale_inv, saved, h_scale, saved_scale_inv)
-        ctx.weights, ctx.state, ctx.x_shape = (wgu, wd), state, x.shape
-        ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
-        return y.reshape(*x.shape[:-1], hidden)
-
-    @staticmethod
-    def backward(ctx, dy):
-        k = fp8.kernels()
-        q_x_t, x_scale_inv, gate_up, h_scale, gate_up_scale_inv = ctx.saved_tensors
-        wgu, wd = ctx.weights
-        state = ctx.state
-        x_dtype, w_gate_up_dtype, w_down_dtype = ctx.dtypes
-        need_x, need_w_gate_up, need_w_down = ctx.needs_input_grad[:3]
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous()
-
-        qdy = state.dy.quantize(k, dy2)
-        d_h = k.gemm(qdy.data, wd.data_t, x_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=wd.scale_inv)
-        q_dgu, q_h = state.d_gate_up.quantize_with(
-            k, lambda amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, rowwise=False, transpose=False, amax=amax,
-                                             gate_up_scale_inv=gate_up_scale_inv),
-            lambda scale, amax: k.swiglu_bwd_fp8(gate_up, d_h, E5M2, scale, amax=amax, h=E4M3,
-                                                 h_scale=h_scale, h_transpose=need_w_down,
-                                                 gate_up_scale_inv=gate_up_scale_inv))
-        record = state.record
-        if record is not None:
-            record.update(q_dy=qdy, d_h=d_h, q_d_gate_up=q_dgu, q_h_t=q_h)
-        d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
-        d_w_down = d_x = d_w_gate_up = None
-        if need_w_down:
-            d_w_down = k.gemm(qdy.data_t, q_h.data_t, w_down_dtype, a_scale_inv=qdy.scale_inv,
-                              b_scale_inv=q_h.scale_inv)
-        del qdy, q_h
-        if need_x:
-            d_x = k.gemm(q_dgu.data, wgu.data_t, x_dtype, a_scale_inv=q_dgu.scale_inv,
-                         b_scale_inv=wgu.scale_inv).reshape(ctx.x_shape)
-        if need_w_gate_up:
-            d_w_gate_up = k.gemm(q_dgu.data_t, q_x_t, w_gate_up_dtype, a_scale_inv=q_dgu.scale_inv,
-                                 b_scale_inv=x_scale_inv)
-        state.dy.end_step(k)
-        state.d_gate_up.end_step(k)
-        if record is not None:
-            record.update(d_x=d_x, d_w_gate_up=d_w_gate_up, d_w_down=d_w_down)
-        return d_x, d_w_gate_up, d_w_down, None
+# The product's FP8 FFN (paddle_fastffn/core/fp8/ffn.py: Fp8FFNOp) over the torch backend.
+Fp8FFN = function(Fp8FFNOp)
 
 
 def fp8_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
             state: Fp8FFNState) -> torch.Tensor:
     """The FP8 FFN: x [..., H] (bf16; fp16/fp32 work too), W_gate_up [2I, H], W_down [H, I] ->
     y [..., H] in x's dtype. T = x.numel() // H, H and I must be multiples of 16."""
-    return Fp8FFN.apply(x, w_gate_up, w_down, state)
+    hidden = x.shape[-1]
+    check_shapes(x.numel() // hidden if hidden else 0, w_gate_up, w_down, hidden)
+    return Fp8FFN.apply(x, w_gate_up, w_down, state.states, state.cache, state.record)

@@ -4,7 +4,8 @@ states and weight cache. torch only allocates, supplies the stream and runs auto
 
 y [T, N] = x [T, K] @ W^T, W [N, K] in torch's Linear layout; e4m3 for x and W, e5m2 for dy:
 
-  forward   q(x), q(x)^T   e4m3 = quantize(x)                 one pass (two with current scaling)
+  forward   q(x), q(x)^T   e4m3 = quantize(x)                 one pass (two with current scaling);
+                                                              q(x)^T only where W wants a gradient
             y [T, N]       x.dtype = gemm(q(x), q(W))         fast accumulation (the recipe's)
             kept for backward: q(x)^T and its scale_inv (1 byte per element; x itself is dropped)
   backward  q(dy), q(dy)^T e5m2 = quantize(dy)
@@ -20,28 +21,31 @@ K-major only):
   | dgrad  | dx [T, K]  | N | q(dy)   [T, N]    | q(W)^T [K, N] (weight cache)|
   | wgrad  | dW [N, K]  | T | q(dy)^T [N, T]    | q(x)^T [K, T] (kept)        |
 
-So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). Scaling is fp8_ffn's
-ScalingState, the delayed recipe's warm start included (the first quantisation of x and dy is
-current-scaled and seeds their histories).
+So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). The forward and backward are
+the product's Fp8LinearOp (paddle_fastffn/core/fp8/linear.py) over the torch FP8 backend
+(torch_fp8_backend.py: its `function` adapter), the same class the Paddle emulated and CUDA paths
+run (the weight-layout column of its table is torch's). Scaling is the core's
+ScalingState (paddle_fastffn/core/fp8/scaling.py), the delayed recipe's warm start included (the
+first quantisation of x and dy is current-scaled and seeds their histories).
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu.fp8_ffn import E4M3, E5M2, GEMM_ALIGNMENT, Fp8Recipe, Fp8WeightCache, ScalingState, misaligned
+from benchmarks.gpu.fp8_ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
+from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, function
+from paddle_fastffn.core.fp8.linear import Fp8LinearOp
 
 
 class Fp8LinearState:
-    """What one FP8 linear keeps between steps: a ScalingState for x, W (current-scaled under both
-    recipes) and dy, and the weight cache (invalidate() after each optimizer step)."""
+    """What one FP8 linear keeps between steps: the core's ScalingStates (Fp8Recipe.linear_states)
+    for x, W (current-scaled under both recipes) and dy, on `device`, and the weight cache."""
 
     def __init__(self, recipe: Fp8Recipe | None = None, device="cuda"):
-        self.recipe = recipe or Fp8Recipe()
-        self.x = ScalingState(self.recipe, E4M3, device)
-        self.weight = ScalingState(self.recipe.weight_recipe, E4M3, device)
-        self.dy = ScalingState(self.recipe, E5M2, device)
+        self.recipe = recipe or DEFAULT_RECIPE
+        self.states = self.recipe.linear_states(TorchFp8Backend(device))
+        self.x, self.weight, self.dy = self.states.input, self.states.weight, self.states.grad_output
         self.cache = Fp8WeightCache()
 
 
@@ -56,43 +60,12 @@ def check_linear_shapes(tokens: int, weight: torch.Tensor, in_features: int):
                          f"GEMMs: T is the K of the weight-gradient GEMM); pad the tokens")
 
 
-class Fp8LinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, state: Fp8LinearState):
-        k = fp8.kernels()
-        width = x.shape[-1]
-        x2 = x.reshape(-1, width)
-        check_linear_shapes(x2.shape[0], weight, width)
-        # q(x)^T only feeds the weight gradient: a frozen weight (LoRA's base) gets none, and Paddle's
-        # Fp8Linear then writes only the row-wise copy (fp8/cuda.py: copies_needed).
-        keep_x_t = weight.requires_grad
-        qx = state.x.quantize(k, x2.contiguous(), transpose=keep_x_t)
-        qw = state.cache.get("weight", weight, state.weight, k)
-        y = k.gemm_q(qx, qw, x.dtype, fast_accum=state.recipe.fast_accum_forward)
-        state.x.end_step(k)
-        ctx.save_for_backward(qx.data_t if keep_x_t else None, qx.scale_inv)
-        ctx.qw, ctx.state, ctx.x_shape, ctx.dtypes = qw, state, x.shape, (x.dtype, weight.dtype)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
-
-    @staticmethod
-    def backward(ctx, dy):
-        k = fp8.kernels()
-        q_x_t, x_scale_inv = ctx.saved_tensors
-        qw, state = ctx.qw, ctx.state
-        x_dtype, w_dtype = ctx.dtypes
-        need_x, need_w = ctx.needs_input_grad[:2]
-        qdy = state.dy.quantize(k, dy.reshape(-1, dy.shape[-1]).to(x_dtype).contiguous(),
-                                rowwise=need_x, transpose=need_w)
-        dx = dw = None
-        if need_x:
-            dx = k.gemm(qdy.data, qw.data_t, x_dtype, a_scale_inv=qdy.scale_inv,
-                        b_scale_inv=qw.scale_inv).reshape(ctx.x_shape)
-        if need_w:
-            dw = k.gemm(qdy.data_t, q_x_t, w_dtype, a_scale_inv=qdy.scale_inv, b_scale_inv=x_scale_inv)
-        state.dy.end_step(k)
-        return dx, dw, None
+# The product's FP8 linear (paddle_fastffn/core/fp8/linear.py: Fp8LinearOp) over the torch backend.
+Fp8LinearFunction = function(Fp8LinearOp)
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, state: Fp8LinearState) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T with FP8 GEMMs -> [..., N] in x's dtype."""
-    return Fp8LinearFunction.apply(x, weight, state)
+    width = x.shape[-1]
+    check_linear_shapes(x.numel() // width if width else 0, weight, width)
+    return Fp8LinearFunction.apply(x, weight, None, state.states, state.cache)

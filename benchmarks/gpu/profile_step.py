@@ -179,7 +179,7 @@ def main():
         ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]), device="cuda")
         labels = shift_labels(ids)
         def ours(kind=None):
-            model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(kind=kind))
+            model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind))
             return model, lambda: model(ids, labels), fused_master_adamw
 
         builders = {

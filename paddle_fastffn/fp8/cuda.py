@@ -43,15 +43,15 @@ tokens, which change no amax and add nothing to dW. Nothing is copied or padded 
 side (the forward and dgrad have M = T, which has no alignment rule), so no token count falls back.
 in and out must be multiples of 16 (Fp8Linear keeps other weights in bf16).
 
-Scaling: recipe.py's ScalingState, its tensors moved to the input's GPU once, updated on the device
+Scaling: core/fp8/scaling.py's ScalingState, its tensors moved to the input's GPU once, updated on the device
 with no host synchronisation. current: zero the amax slot, an amax-only pass, the scale from it
 (fastffn_fp8_compute_scale_cuda), then the quantising pass. delayed: quantise with the scale of the
 earlier steps, the amax into history[0], then (after every use, as recipe.py does)
 fastffn_fp8_update_amax_history_cuda; its warm start (recipe.py) runs the first quantisation of a
 tensor as current scaling (a host-side flag, no device read). Both are recipe.py's formulas (see
-scale_from_amax). Weights use current scaling under both recipes (recipe.py says why).
-quantize_with / end_step_of are that logic for any quantising kernel; the FP8 FFN (ffn.py) uses them
-for its SwiGLU kernels too.
+scale_from_amax). Weights use current scaling under both recipes (recipe.py says why). That state
+machine is core/fp8/scaling.py's, run over CudaFp8Backend (the ops); the FP8 FFN (ffn.py) runs its
+SwiGLU kernels through it too.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ import functools
 from dataclasses import dataclass
 
 import paddle
-from paddle.autograd import PyLayer
 
-from .formats import FP8_MAX
+from ..core.fp8.linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, Fp8LinearOp
+from ._autograd import pylayer
+from .emulated import PaddleFp8Tensors
 from .recipe import LinearScalingStates, ScalingState
 
 # Every K and every FP8 row stride of the three GEMMs must be a multiple of 16 bytes (1-byte FP8).
@@ -70,15 +71,12 @@ GEMM_ALIGNMENT = 16
 # The device the kernels are built for (build_definition.CUDA_ARCHS: sm_90a); cuBLASLt's FP8
 # GEMMs run on sm_89/sm_90 only, and sm_90a code runs on sm_90 alone.
 SUPPORTED_CAPABILITY = (9, 0)
-# cuBLASLt's fast accumulation (no periodic fp32 promotion) for the forward GEMM only, as
-# Transformer Engine does; dgrad and wgrad accumulate with promotion.
-FAST_ACCUM_FORWARD = True
 
-ROWWISE, TRANSPOSED = "rowwise", "transposed"
-# (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy.
+# (A, B) of each GEMM: the tensor (x [T, in], weight [in, out], dy [T, out]) and its stored copy;
+# the weight's are core/fp8/linear.py's WEIGHT_COPIES for Paddle's [in, out] layout, which the op reads.
 LINEAR_GEMMS = {
-    "forward": (("x", ROWWISE), ("weight", TRANSPOSED)),
-    "dgrad": (("dy", ROWWISE), ("weight", ROWWISE)),
+    "forward": (("x", ROWWISE), ("weight", WEIGHT_COPIES["in_out"]["forward"])),
+    "dgrad": (("dy", ROWWISE), ("weight", WEIGHT_COPIES["in_out"]["dgrad"])),
     "wgrad": (("x", TRANSPOSED), ("dy", TRANSPOSED)),
 }
 _OUT_DTYPES = {paddle.bfloat16: "bfloat16", paddle.float16: "float16", paddle.float32: "float32"}
@@ -206,68 +204,86 @@ def states_on(states, place) -> None:
         _state_on(getattr(states, role), place)
 
 
-def quantize_with(state: ScalingState | list[ScalingState], amax_pass, quantize_pass, end_step: bool = True):
-    """One quantisation under `state`'s recipe, with a kernel given as its two passes:
-    amax_pass() accumulates the tensor's amax into state.amax_history[0] without writing FP8 data,
-    quantize_pass() quantises with state.scale_used (state.scale, or in a recompute's replay the
-    forward's) and accumulates the amax into state.kernel_amax. Where the scale
-    comes from the tensor's own amax (current scaling; delayed's warm start, recipe.py), the amax
-    pass and fastffn_fp8_compute_scale run first. Delayed scaling then ends the step
-    (end_step(state)) unless end_step=False leaves it to the caller. Returns quantize_pass()'s.
-    A list of states: one kernel pass quantises each of those tensors (the SwiGLU forward: h and
-    gate_up's copy); they share a recipe, so they take their scales from their amaxes together.
-    In a recompute's replay (recompute.py) delayed states quantise with their forward's scales
-    (scale_used / kernel_amax): no amax pass, no scale or history update."""
-    states = state if isinstance(state, list) else [state]
-    if any(s.replaying() for s in states):
-        for s in states:
-            s.begin_replay()
-        return quantize_pass()
-    own_amax = [s for s in states if s.scales_by_own_amax()]
-    if own_amax:
-        # The whole history: current scaling keeps one entry, and a delayed history holds no
-        # amax before the warm start's first quantisation. (A delayed state beside them gets the
-        # same amax max-accumulated twice, by both passes: a no-op.)
-        for s in own_amax:
-            s.amax_history.zero_()
-        amax_pass()
-        for s in own_amax:
-            _run("fastffn_fp8_compute_scale", s.amax_history, s.scale, s.scale_inv, FP8_MAX[s.fmt], s.margin)
-    outputs = quantize_pass()
-    for s in states:
-        s.seeded = True
-        s.remember_forward_scale()
-        if end_step:
-            end_step_of(s)
-    return outputs
+class CudaFp8Backend(PaddleFp8Tensors):
+    """core/fp8/backend.py's kernels through the compiled Paddle ops (the state tensors are Paddle
+    tensors as the emulated backend's, moved to the GPU by states_on)."""
+
+    name = "paddle-cuda"
+
+    def compute_scale(self, amax_history, scale, scale_inv, fmt_max: float, margin: float) -> None:
+        _run("fastffn_fp8_compute_scale", amax_history, scale, scale_inv, fmt_max, margin)
+
+    def update_amax_history(self, amax_history, scale, scale_inv, most_recent: bool, fmt_max: float,
+                            margin: float) -> None:
+        _run("fastffn_fp8_update_amax_history", amax_history, scale, scale_inv, most_recent, fmt_max, margin)
+
+    def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
+                 transpose_cols: int = 0):
+        """fastffn_fp8_quantize: x [R, C] (contiguous, bf16/fp16/fp32 on the GPU); transpose_cols
+        the column count of data_t (0: R), zero past R."""
+        out = _run("fastffn_fp8_quantize", x, scale, amax, fmt, rowwise, transpose, int(transpose_cols))
+        if not (rowwise or transpose):
+            return None
+        data, data_t, scale_inv = out[:3]
+        return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
+
+    def quantize_weight(self, weight, state):
+        """Both copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
+        return quantize(weight, state, rowwise=True, transpose=True)
+
+    def transpose_cols(self, tokens: int) -> int:
+        return padded_tokens(tokens)
+
+    def fp8_parts(self, q, copy: str):
+        return (q.data if copy == ROWWISE else q.data_t), q.scale_inv
+
+    def fp8_join(self, data, scale_inv, fmt: str, copy: str):
+        rowwise = copy == ROWWISE
+        return CudaQuantized(data if rowwise else None, None if rowwise else data, scale_inv, fmt)
+
+    def swiglu_fwd_fp8(self, gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt: str, quantize: bool):
+        """fastffn_swiglu_fwd_fp8: q(h) [T, I] and, with gate_up_scale, q(gate_up) [T, 2I] (row-wise);
+        quantize False: the amax-only pass (both amaxes)."""
+        copy = gate_up_scale is not None
+        out = _run("fastffn_swiglu_fwd_fp8", gate_up, h_scale, h_amax, gate_up_scale, gate_up_amax, fmt, quantize,
+                   False, 0, quantize and copy)
+        if not quantize:
+            return None
+        return (CudaQuantized(out[0], None, out[2], fmt),
+                CudaQuantized(out[3], None, out[4], fmt) if copy else None)
+
+    def swiglu_bwd_fp8(self, gate_up, gate_up_scale_inv, d_h, scale, amax, fmt: str, quantize: bool,
+                       h_scale=None, h_fmt: str = "", transpose_cols: int = 0):
+        """fastffn_swiglu_bwd_fp8: q(d_gate_up) and its transpose [2I, transpose_cols] and, with
+        h_fmt, q(h)^T [I, transpose_cols], from gate_up in d_h's dtype or its FP8 copy (with
+        gate_up_scale_inv); quantize False: d_gate_up's amax-only pass."""
+        out = _run("fastffn_swiglu_bwd_fp8", gate_up, d_h, scale, amax, h_scale, gate_up_scale_inv, fmt, quantize,
+                   quantize, h_fmt, False, bool(h_fmt), transpose_cols if quantize else 0)
+        if not quantize:
+            return None
+        return (CudaQuantized(out[0], out[1], out[2], fmt),
+                CudaQuantized(None, out[4], out[5], h_fmt) if h_fmt else None)
+
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+        """fastffn_gemm on the named stored copies (the table in the module docstring), + bias in
+        out_dtype."""
+        d = gemm(a.data if a_copy == ROWWISE else a.data_t, b.data if b_copy == ROWWISE else b.data_t, out_dtype,
+                 a.scale_inv, b.scale_inv, fast_accum=fast_accum)
+        return d if bias is None else d + bias.astype(d.dtype)
 
 
-def end_step_of(state: ScalingState) -> None:
-    """Delayed scaling's end of step on the device (ScalingState.end_step's rule); nothing under
-    current scaling, nor in a recompute's replay."""
-    if state.mode == "delayed" and not state.replaying():
-        _run("fastffn_fp8_update_amax_history", state.amax_history, state.scale, state.scale_inv,
-             state.algo == "most_recent", FP8_MAX[state.fmt], state.margin)
+CUDA = CudaFp8Backend()
 
 
 def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transpose: bool = True,
              transpose_cols: int = 0, end_step: bool = True) -> CudaQuantized:
     """x [R, C] (contiguous, bf16/fp16/fp32 on the GPU) -> FP8 in state's format and scaling
     (module docstring). transpose_cols: the column count of data_t (0: R), zero past R."""
-    def amax_pass():
-        _run("fastffn_fp8_quantize", x, state.scale, state.amax_history, state.fmt, False, False, 0)
-
-    def quantize_pass():
-        return _run("fastffn_fp8_quantize", x, state.scale_used, state.kernel_amax, state.fmt, rowwise,
-                    transpose, int(transpose_cols))[:3]
-
-    data, data_t, scale_inv = quantize_with(state, amax_pass, quantize_pass, end_step)
-    return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, state.fmt)
+    return state.quantize(x, end_step, backend=CUDA, rowwise=rowwise, transpose=transpose,
+                          transpose_cols=transpose_cols)
 
 
-def quantize_weight(weight: paddle.Tensor, state: ScalingState) -> CudaQuantized:
-    """Both copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
-    return quantize(weight, state, rowwise=True, transpose=True)
+quantize_weight = CUDA.quantize_weight
 
 
 def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scale_inv=None,
@@ -282,54 +298,8 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scal
 
 # --- the linear layer ------------------------------------------------------------------------------
 
-class _CudaFp8LinearFunction(PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, bias, states: LinearScalingStates, weight_cache):
-        in_features, out_features = weight.shape
-        x2d = x.reshape([-1, in_features])
-        if not x2d.is_contiguous():
-            x2d = x2d.contiguous()
-        states_on(states, x.place)
-        need_dx, need_dw = not x.stop_gradient, not weight.stop_gradient
-        tokens16 = padded_tokens(x2d.shape[0])
-        keep_x_t = TRANSPOSED in copies_needed(need_dx, need_dw)["x"]
-        qx = quantize(x2d, states.input, rowwise=True, transpose=keep_x_t,
-                      transpose_cols=tokens16 if keep_x_t else 0)
-        qw = weight_cache.get(weight, states.weight, quantize=quantize_weight)
-        y = gemm(qx.data, qw.data_t, x.dtype, qx.scale_inv, qw.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        if bias is not None:
-            y = y + bias.astype(y.dtype)
-        # Kept as attributes (q(x)^T is None for a frozen weight): FP8 copies and fp32 scalars.
-        ctx.kept = (qx.data_t, qx.scale_inv, qw.data, qw.scale_inv)
-        ctx.grad_state = states.grad_output
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.x_shape, ctx.tokens16 = x.shape, tokens16
-        ctx.needs = (need_dx, need_dw, bias is not None and not bias.stop_gradient)
-        return y.reshape(x.shape[:-1] + [out_features])
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_t, x_scale_inv, w_data, w_scale_inv = ctx.kept
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        need_dx, need_dw, need_db = ctx.needs
-        dy2d = grad_output.reshape([-1, grad_output.shape[-1]])
-        if dy2d.dtype != x_dtype:
-            dy2d = dy2d.astype(x_dtype)
-        if not dy2d.is_contiguous():
-            dy2d = dy2d.contiguous()
-        dx = dw = db = None
-        if need_dx or need_dw:
-            dy_copies = copies_needed(need_dx, need_dw)["dy"]
-            qdy = quantize(dy2d, ctx.grad_state, rowwise=ROWWISE in dy_copies,
-                           transpose=TRANSPOSED in dy_copies,
-                           transpose_cols=ctx.tokens16 if TRANSPOSED in dy_copies else 0)
-            if need_dx:
-                dx = gemm(qdy.data, w_data, x_dtype, qdy.scale_inv, w_scale_inv).reshape(ctx.x_shape)
-            if need_dw:
-                dw = gemm(x_t, qdy.data_t, w_dtype, x_scale_inv, qdy.scale_inv)
-        if need_db:
-            db = dy2d.astype(paddle.float32).sum(axis=0).astype(b_dtype)
-        return (dx, dw) if b_dtype is None else (dx, dw, db)
+# The core's FP8 linear (core/fp8/linear.py) over the CUDA ops.
+_CudaFp8Linear = pylayer(Fp8LinearOp, CUDA)
 
 
 def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
@@ -344,4 +314,5 @@ def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor
                          f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
     if x.dtype not in _OUT_DTYPES:
         raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
-    return _CudaFp8LinearFunction.apply(x, weight, bias, states, weight_cache)
+    states_on(states, x.place)
+    return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache)

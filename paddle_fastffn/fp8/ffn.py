@@ -32,7 +32,8 @@ W_d = down_proj.weight [I, H]; T tokens. e4m3 for activations and weights, e5m2 
   SwiGLU's fp32 expressions are swiglu_fp8.cu's: h = silu(g) * u, d_gate = d_h * u * sig * (1 +
   g (1 - sig)), d_up = d_h * silu(g), sig = sigmoid(g).
 
-Two backends with these quantisation points and formats:
+The forward and backward are core/fp8/ffn.py's Fp8FFNOp (written once, also run by the torch
+harness), over two Paddle backends with these quantisation points and formats:
   emulated (fp8_ffn; CPU CI, fast_ffn_fp8_emulate): fp32 GEMMs on the dequantised FP8 values
       (exact products; only the fp32 summation differs from the tensor cores'), 16-bit roundings
       where the GPU stores 16-bit tensors (gate_up, d_h, the outputs).
@@ -68,45 +69,18 @@ from __future__ import annotations
 import math
 
 import paddle
-import paddle.nn.functional as F
-from paddle.autograd import PyLayer
 
-from . import cuda as fp8_cuda
-from .cuda import (FAST_ACCUM_FORWARD, GEMM_ALIGNMENT, backend_for, end_step_of, gemm, padded_tokens,
-                   quantize_weight, quantize_with, states_on)
-from .formats import dequantize, from_fp8, quantize_dequantize
+from ..core.fp8.ffn import Fp8FFNOp
+from ._autograd import pylayer
+from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, states_on
+from .emulated import EMULATED, swiglu_bwd32, swiglu_fwd32
+from .formats import quantize_dequantize
 from .linear import warn_emulated
 from .recipe import FfnScalingStates, Fp8Recipe
 from .weight_cache import WeightCache
 
-
-# --- SwiGLU in fp32 (swiglu_fp8.cu's expressions) --------------------------------------------------
-
-def _gate_and_up(gate_up: paddle.Tensor):
-    return paddle.chunk(gate_up.astype(paddle.float32), 2, axis=-1)
-
-
-def swiglu_fwd32(gate_up: paddle.Tensor) -> paddle.Tensor:
-    """h = silu(gate) * up in fp32 from gate_up [T, 2I] ([gate | up]) of any float dtype."""
-    gate, up = _gate_and_up(gate_up)
-    return gate * F.sigmoid(gate) * up
-
-
-def swiglu_bwd32(gate_up: paddle.Tensor, d_h: paddle.Tensor):
-    """(d_gate_up [T, 2I] = [d_gate | d_up], the recomputed h [T, I]) in fp32; h is the bits of
-    swiglu_fwd32's."""
-    gate, up = _gate_and_up(gate_up)
-    d_h = d_h.astype(paddle.float32)
-    sig = F.sigmoid(gate)
-    silu = gate * sig
-    d_gate_up = paddle.concat([d_h * up * sig * (1 + gate * (1 - sig)), d_h * silu], axis=-1)
-    return d_gate_up, silu * up
-
-
-def _weight(weight, state, weight_cache, quantize=None):
-    if weight_cache is None:
-        return state.quantize(weight) if quantize is None else quantize(weight, state)
-    return weight_cache.get(weight, state, quantize=quantize)
+__all__ = ["Fp8FFN", "ffn_widths", "fp8_ffn", "fp8_ffn_cuda", "fp8_ffn_ref", "plain_linear", "swiglu_bwd32",
+           "swiglu_fwd32"]
 
 
 def _dy2d(grad_output, dtype):
@@ -115,152 +89,9 @@ def _dy2d(grad_output, dtype):
     return dy if dy.dtype == dtype else dy.astype(dtype)
 
 
-class _FfnContext:
-    """What both backends keep beside their saved tensors: dtypes, shapes, needed gradients."""
-
-    @staticmethod
-    def save(ctx, x, w_gate_up, w_down, states):
-        ctx.states = states
-        ctx.dtypes = (x.dtype, w_gate_up.dtype, w_down.dtype)
-        ctx.x_shape = x.shape
-        ctx.needs = (not x.stop_gradient, not w_gate_up.stop_gradient, not w_down.stop_gradient)
-
-
-# --- emulated ------------------------------------------------------------------------------------
-
-def _forward_states(states: FfnScalingStates):
-    """The states whose steps end with the forward: x, h and (kept in FP8) gate_up."""
-    return [s for s in (states.x, states.h, states.gate_up) if s is not None]
-
-
-class _Fp8FFNFunction(PyLayer):
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, states: FfnScalingStates, weight_cache):
-        qx = states.x.quantize(x.reshape([-1, x.shape[-1]]), end_step=False)
-        q_gu = _weight(w_gate_up, states.w_gate_up, weight_cache)
-        q_d = _weight(w_down, states.w_down, weight_cache)
-        gate_up = paddle.matmul(dequantize(qx), dequantize(q_gu)).astype(x.dtype)
-        qh = states.h.quantize(swiglu_fwd32(gate_up), end_step=False)
-        h_scale = states.h.scale_used.clone()  # the backward re-quantises the recomputed h with it
-        saved_gate_up, saved_scale_inv = gate_up, None
-        if states.gate_up is not None:  # the copy the SwiGLU forward pass writes beside q(h)
-            q_saved = states.gate_up.quantize(gate_up, end_step=False)
-            saved_gate_up, saved_scale_inv = q_saved.data, q_saved.scale_inv
-        y = paddle.matmul(dequantize(qh), dequantize(q_d)).astype(x.dtype)
-        for state in _forward_states(states):
-            state.end_step()
-        ctx.save_for_backward(qx.data, qx.scale_inv, saved_gate_up, h_scale, q_gu.data, q_gu.scale_inv, q_d.data,
-                              q_d.scale_inv)
-        ctx.saved_scale_inv = saved_scale_inv
-        _FfnContext.save(ctx, x, w_gate_up, w_down, states)
-        return y.reshape(x.shape)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_data, x_scale_inv, gate_up, h_scale, gu_data, gu_scale_inv, d_data, d_scale_inv = ctx.saved_tensor()
-        if ctx.saved_scale_inv is not None:
-            gate_up = from_fp8(gate_up, ctx.saved_scale_inv)  # fp32, as the kernel reads the copy
-        states = ctx.states
-        x_dtype, gu_dtype, d_dtype = ctx.dtypes
-        need_dx, need_dgu, need_dd = ctx.needs
-        dy = dequantize(states.dy.quantize(_dy2d(grad_output, x_dtype), end_step=False))
-        d_h = paddle.matmul(dy, from_fp8(d_data, d_scale_inv), transpose_y=True).astype(x_dtype)
-        d_gate_up, h = swiglu_bwd32(gate_up, d_h)
-        d_gu = dequantize(states.d_gate_up.quantize(d_gate_up, end_step=False))
-        dx = d_w_gu = d_w_d = None
-        if need_dd:
-            h_q = quantize_dequantize(h, h_scale, states.h.fmt)  # recomputed, at the forward's scale
-            d_w_d = paddle.matmul(h_q, dy, transpose_x=True).astype(d_dtype)
-        if need_dx:
-            dx = paddle.matmul(d_gu, from_fp8(gu_data, gu_scale_inv), transpose_y=True)
-            dx = dx.astype(x_dtype).reshape(ctx.x_shape)
-        if need_dgu:
-            d_w_gu = paddle.matmul(from_fp8(x_data, x_scale_inv), d_gu, transpose_x=True).astype(gu_dtype)
-        states.dy.end_step()
-        states.d_gate_up.end_step()
-        return dx, d_w_gu, d_w_d
-
-
-# --- CUDA ----------------------------------------------------------------------------------------
-
-def _contiguous(t: paddle.Tensor) -> paddle.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _swiglu_fwd_fp8(gate_up, state, gate_up_state, rowwise: bool):
-    """q(h) [T, I] and, with gate_up_state, q(gate_up) [T, 2I] (rowwise) by fastffn_swiglu_fwd_fp8,
-    or its amax-only pass (both amaxes). Returns (q(h), h's scale_inv, q(gate_up), its scale_inv)."""
-    # scale_used / kernel_amax: scale and amax_history, except in a recompute's replay (the forward's
-    # scale, a scratch amax), which runs no amax-only pass.
-    gu = gate_up_state
-    out = fp8_cuda._run("fastffn_swiglu_fwd_fp8", gate_up, state.scale_used, state.kernel_amax,
-                        None if gu is None else gu.scale_used, None if gu is None else gu.kernel_amax,
-                        state.fmt, rowwise, False, 0, rowwise and gu is not None)
-    return out[0], out[2], out[3], out[4]
-
-
-def _swiglu_bwd_fp8(gate_up, d_h, state, h_scale=None, h_fmt: str = "", tokens16: int = 0, gate_up_scale_inv=None):
-    """q(d_gate_up) and its transpose [2I, tokens16] and, with h_fmt, q(h)^T [I, tokens16] by
-    fastffn_swiglu_bwd_fp8, from gate_up in d_h's dtype or its FP8 copy (with gate_up_scale_inv);
-    tokens16 0 is d_gate_up's amax-only pass. Returns (d_gate_up, d_gate_up^T, its scale_inv,
-    h^T, h's scale_inv)."""
-    quantise = tokens16 > 0
-    out = fp8_cuda._run("fastffn_swiglu_bwd_fp8", gate_up, d_h, state.scale, state.amax_history, h_scale,
-                        gate_up_scale_inv, state.fmt, quantise, quantise, h_fmt, False, bool(h_fmt), tokens16)
-    return out[0], out[1], out[2], out[4], out[5]
-
-
-class _CudaFp8FFNFunction(PyLayer):
-    @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, states: FfnScalingStates, weight_cache):
-        x2d = _contiguous(x.reshape([-1, x.shape[-1]]))
-        states_on(states, x.place)
-        tokens16 = padded_tokens(x2d.shape[0])
-        qx = fp8_cuda.quantize(x2d, states.x, transpose_cols=tokens16, end_step=False)
-        q_gu = _weight(w_gate_up, states.w_gate_up, weight_cache, quantize_weight)
-        q_d = _weight(w_down, states.w_down, weight_cache, quantize_weight)
-        gate_up = gemm(qx.data, q_gu.data_t, x.dtype, qx.scale_inv, q_gu.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        h, gu_state = states.h, states.gate_up
-        # One pass quantises h and (saved_gate_up "fp8") gate_up's copy; their scales together.
-        h_data, h_scale_inv, gu_data, gu_scale_inv = quantize_with(
-            [h] if gu_state is None else [h, gu_state], lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, False),
-            lambda: _swiglu_fwd_fp8(gate_up, h, gu_state, True), end_step=False)
-        y = gemm(h_data, q_d.data_t, x.dtype, h_scale_inv, q_d.scale_inv, fast_accum=FAST_ACCUM_FORWARD)
-        h_scale = h.scale_used.clone()  # the backward re-quantises the recomputed h with it
-        for state in _forward_states(states):
-            end_step_of(state)
-        saved = (gate_up, None) if gu_state is None else (gu_data, gu_scale_inv)
-        # Kept as attributes: FP8 copies (the weights' live in the cache anyway) and fp32 scalars.
-        ctx.kept = (qx.data_t, qx.scale_inv, saved, h_scale, q_gu, q_d)
-        ctx.tokens16 = tokens16
-        _FfnContext.save(ctx, x, w_gate_up, w_down, states)
-        return y.reshape(x.shape)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_t, x_scale_inv, (gate_up, gate_up_scale_inv), h_scale, q_gu, q_d = ctx.kept
-        states, tokens16 = ctx.states, ctx.tokens16
-        x_dtype, gu_dtype, d_dtype = ctx.dtypes
-        need_dx, need_dgu, need_dd = ctx.needs
-        qdy = fp8_cuda.quantize(_contiguous(_dy2d(grad_output, x_dtype)), states.dy, transpose_cols=tokens16,
-                                end_step=False)
-        d_h = gemm(qdy.data, q_d.data, x_dtype, qdy.scale_inv, q_d.scale_inv)
-        dgu_state, h_fmt = states.d_gate_up, states.h.fmt if need_dd else ""
-        d_gu, d_gu_t, d_gu_scale_inv, h_t, h_scale_inv = quantize_with(
-            dgu_state, lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, gate_up_scale_inv=gate_up_scale_inv),
-            lambda: _swiglu_bwd_fp8(gate_up, d_h, dgu_state, h_scale, h_fmt, tokens16, gate_up_scale_inv),
-            end_step=False)
-        d_h = None  # [T, I]: released before the remaining GEMMs allocate their outputs
-        dx = d_w_gu = d_w_d = None
-        if need_dd:
-            d_w_d = gemm(h_t, qdy.data_t, d_dtype, h_scale_inv, qdy.scale_inv)
-        if need_dx:
-            dx = gemm(d_gu, q_gu.data, x_dtype, d_gu_scale_inv, q_gu.scale_inv).reshape(ctx.x_shape)
-        if need_dgu:
-            d_w_gu = gemm(x_t, d_gu_t, gu_dtype, x_scale_inv, d_gu_scale_inv)
-        end_step_of(states.dy)
-        end_step_of(states.d_gate_up)
-        return dx, d_w_gu, d_w_d
+# The core's FP8 FFN (core/fp8/ffn.py) over the emulated backend and over the CUDA ops.
+_EmulatedFp8FFN = pylayer(Fp8FFNOp, EMULATED)
+_CudaFp8FFN = pylayer(Fp8FFNOp, CUDA)
 
 
 # --- public functions ----------------------------------------------------------------------------
@@ -293,7 +124,7 @@ def fp8_ffn(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tensor, *
     (without one they are quantised on every call). Any shape (Fp8FFN decides what runs in FP8)."""
     _check_shapes("fp8_ffn", x, w_gate_up, w_down)
     warn_emulated()
-    return _Fp8FFNFunction.apply(x, w_gate_up, w_down, states, weight_cache)
+    return _EmulatedFp8FFN.apply(x, w_gate_up, w_down, states, weight_cache, None)
 
 
 def fp8_ffn_cuda(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tensor, *, states: FfnScalingStates,
@@ -306,7 +137,8 @@ def fp8_ffn_cuda(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tens
                          f"(cuBLASLt's FP8 alignment)")
     if x.dtype not in (paddle.bfloat16, paddle.float16, paddle.float32):
         raise ValueError(f"fp8_ffn_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
-    return _CudaFp8FFNFunction.apply(x, w_gate_up, w_down, states, weight_cache)
+    states_on(states, x.place)
+    return _CudaFp8FFN.apply(x, w_gate_up, w_down, states, weight_cache, None)
 
 
 def fp8_ffn_ref(x, w_gate_up, w_down, grad_output=None, *, x_scale, w_gate_up_scale, w_down_scale, h_scale,

@@ -27,19 +27,12 @@ from dataclasses import dataclass
 
 import paddle
 
+from ..core.fp8.recipe import FP8_MAX, check_format
+
 FP8_DTYPES = {"e4m3": paddle.float8_e4m3fn, "e5m2": paddle.float8_e5m2}
-# Largest finite values: e4m3 (OCP "fn": no Inf, one NaN per sign) S.1111.110 = 448;
-# e5m2 (IEEE-like) S.11110.11 = 57344.
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 _NAN_BYTE = 0x7F  # S.1111.111 is e4m3's NaN and S.11111.11 one of e5m2's
 _E5M2_POS_INF, _E5M2_NEG_INF = 0x7C, 0xFC
-
-
-def check_format(fmt: str) -> str:
-    if fmt not in FP8_DTYPES:
-        raise ValueError(f"unknown FP8 format {fmt!r}; expected one of {sorted(FP8_DTYPES)}")
-    return fmt
 
 
 @dataclass

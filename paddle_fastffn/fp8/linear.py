@@ -6,7 +6,8 @@ backward's two GEMMs on the same quantised tensors:
     wgrad    dW = q(x)^T @ q(dy)          x kept in FP8 from the forward (1 byte per element)
     dbias    db = sum over tokens of dy   unquantised, as Transformer Engine does
 
-fp8_linear is the emulated path: the GEMMs run in fp32 on the dequantised values (exact: every FP8
+The orchestration is core/fp8/linear.py's (Fp8LinearOp), shared with the CUDA path and the torch
+harness. fp8_linear is the emulated path: the GEMMs run in fp32 on the dequantised values (exact: every FP8
 value and every product of two is exact in fp32), so it has FP8 training's numerics without its
 speed. It runs wherever Paddle runs (CPU CI included). On a Hopper GPU (sm_90) with a CUDA Paddle,
 Fp8Linear runs the same math with cuBLASLt's FP8 GEMMs instead (cuda.py: fp8_linear_cuda).
@@ -20,11 +21,14 @@ import warnings
 
 import paddle
 import paddle.nn.functional as F
-from paddle.autograd import PyLayer
 
+from ..core.fp8.linear import Fp8LinearOp
+from ..core.fp8.weight_cache import weights_changed
 from ..ops._fallback import raise_if_strict
+from ._autograd import pylayer
 from .cuda import GEMM_ALIGNMENT, backend_for, fp8_linear_cuda
-from .formats import dequantize, from_fp8, quantize_dequantize
+from .emulated import EMULATED
+from .formats import quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
 from .weight_cache import WeightCache
 
@@ -49,42 +53,8 @@ def warn_emulated() -> None:
                "values): FP8 training numerics without its speed-up")
 
 
-class _Fp8LinearFunction(PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, bias, states: LinearScalingStates, weight_cache):
-        x2d = x.reshape([-1, x.shape[-1]])
-        qx = states.input.quantize(x2d)
-        if weight_cache is None:
-            qw = states.weight.quantize(weight)
-        else:
-            qw = weight_cache.get(weight, states.weight)
-        y = paddle.matmul(dequantize(qx), dequantize(qw))
-        if bias is not None:
-            y = y + bias.astype(paddle.float32)
-        ctx.save_for_backward(qx.data, qx.scale_inv, qw.data, qw.scale_inv)
-        ctx.grad_state = states.grad_output
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.x_shape = x.shape
-        ctx.needs = (not x.stop_gradient, not weight.stop_gradient,
-                     bias is not None and not bias.stop_gradient)
-        return y.astype(x.dtype).reshape(x.shape[:-1] + [weight.shape[1]])
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x_data, x_scale_inv, w_data, w_scale_inv = ctx.saved_tensor()
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        need_dx, need_dw, need_db = ctx.needs
-        dy2d = grad_output.reshape([-1, grad_output.shape[-1]])
-        dy = dequantize(ctx.grad_state.quantize(dy2d))
-        dx = dw = db = None
-        if need_dx:
-            dx = paddle.matmul(dy, from_fp8(w_data, w_scale_inv), transpose_y=True)
-            dx = dx.astype(x_dtype).reshape(ctx.x_shape)
-        if need_dw:
-            dw = paddle.matmul(from_fp8(x_data, x_scale_inv), dy, transpose_x=True).astype(w_dtype)
-        if need_db:
-            db = dy2d.astype(paddle.float32).sum(axis=0).astype(b_dtype)
-        return (dx, dw) if b_dtype is None else (dx, dw, db)
+# The core's FP8 linear (core/fp8/linear.py) over the emulated backend.
+_EmulatedFp8Linear = pylayer(Fp8LinearOp, EMULATED)
 
 
 def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
@@ -98,7 +68,7 @@ def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | No
     quantisation per optimizer step); without one the weight is quantised on every call.
     Any shape works here; Fp8Linear decides which layers are worth and able to run in FP8."""
     warn_emulated()
-    return _Fp8LinearFunction.apply(x, weight, bias, states, weight_cache)
+    return _EmulatedFp8Linear.apply(x, weight, bias, states, weight_cache)
 
 
 def fp8_linear_ref(x, weight, bias=None, grad_output=None, *, input_scale, weight_scale,
@@ -158,6 +128,7 @@ class Fp8Linear:
         self.linear, self.recipe, self.backend = linear, recipe, backend
         self.states = recipe.linear_states()
         self.weight_cache = WeightCache()
+        self._merged = getattr(linear, "merged", False)  # LoRA: whether the weight holds the adapters
         self.in_features, self.out_features = linear.weight.shape
         self.layer_in_fp8 = layer_index is None or recipe.layer_uses_fp8(layer_index, num_layers)
         self.aligned = self.in_features % FP8_ALIGNMENT == 0 and self.out_features % FP8_ALIGNMENT == 0
@@ -177,8 +148,12 @@ class Fp8Linear:
         if not _is_lora(layer):
             return self._base(x)
         if getattr(layer, "pissa", False) and not layer.apply_pissa:  # as LoRALinear.forward: PiSSA init on first use
-            layer.pissa_init(layer.r)
+            layer.pissa_init(layer.r)  # rewrites the base weight (set_value)
             layer.apply_pissa = True
+            weights_changed([layer.weight])
+        if layer.merged != self._merged:  # eval()/train() merged or unmerged the adapters (set_value)
+            weights_changed([layer.weight])
+            self._merged = layer.merged
         base = self._base(x)
         if layer.merged:  # eval with merge_weights: the adapters are inside the weight
             return base

@@ -21,61 +21,14 @@ integration/llama.py installs the wrapper as PaddleNLP's LLaMA `recompute` while
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import threading
-from dataclasses import dataclass
 
 import paddle
 
-FORWARD, REPLAY = "forward", "replay"
-_STATE = threading.local()
+from ..core.fp8.recompute import FORWARD, REPLAY, RecomputeCall, current_phase, in_phase, phase_of_run, recompute_phase
 
-
-class RecomputeCall:
-    """One call of a recomputed function: what its forward's scales are filed under (the recompute
-    keeps the wrapped function, and so this, until its backward is done)."""
-
-
-@dataclass(frozen=True)
-class Phase:
-    """name: FORWARD or REPLAY; replaying: the call whose scales a replay takes; recorders: the
-    calls that file the scales used (a forward's, and nested recomputes' first runs)."""
-
-    name: str
-    replaying: RecomputeCall | None
-    recorders: tuple
-
-
-def current_phase() -> Phase | None:
-    return getattr(_STATE, "phase", None)
-
-
-def recompute_phase() -> str | None:
-    """FORWARD inside the first run of a function under fp8_recompute, REPLAY inside its recompute,
-    None elsewhere."""
-    phase = current_phase()
-    return None if phase is None else phase.name
-
-
-@contextlib.contextmanager
-def _in_phase(phase: Phase):
-    previous = current_phase()
-    _STATE.phase = phase
-    try:
-        yield
-    finally:
-        _STATE.phase = previous
-
-
-def _phase_of_run(call: RecomputeCall, run_index: int) -> Phase:
-    outer = current_phase()
-    if run_index > 1:  # the call's own replay
-        return Phase(REPLAY, call, ())
-    if outer is None:
-        return Phase(FORWARD, None, (call,))
-    return Phase(outer.name, outer.replaying, outer.recorders + (call,))  # nested: the outer's phase
+__all__ = ["FORWARD", "REPLAY", "current_phase", "fp8_recompute", "recompute_phase"]
 
 
 def fp8_recompute(recompute):
@@ -90,7 +43,7 @@ def fp8_recompute(recompute):
         def run(*run_args, **run_kwargs):
             nonlocal runs
             runs += 1
-            with _in_phase(_phase_of_run(call, runs)):
+            with in_phase(phase_of_run(call, runs)):
                 return function(*run_args, **run_kwargs)
 
         # The reentrant recompute binds the arguments to the function's signature (a Layer's

@@ -1,27 +1,23 @@
-"""Quantise each weight once per optimizer step: forward and dgrad (and every micro-batch of a
-gradient-accumulation step) reuse the FP8 copy until the weight changes.
+"""The FP8 weight cache for Paddle (paddle_fastffn/core/fp8/weight_cache.py: one quantisation per
+weight version, explicit freshness) and the three ways Paddle code says a weight changed:
 
-How a change is seen. Paddle 3.3.1's optimizers update parameters in C++ kernels (adam_, sgd_, ...)
-that do not bump the parameter's inplace version, and neither do `set_value` / `set_state_dict`
-or `copy_` (tests/fp8/test_weight_cache.py pins these facts), so the version counter alone misses
-every update that matters. A cached entry is therefore keyed by four cheap signals:
+  track_optimizer(optimizer)  an instance hook on a stock Paddle optimizer: its parameter updates
+                              (step, minimize, GradScaler's step) bump the updated parameters'
+                              versions. Only that optimizer object changes: no Paddle class is
+                              patched. paddle_fastffn.optim.FastAdamW bumps them itself, and the
+                              Trainer integration tracks the optimizer it creates.
+  weights_updated(model)      for hand-written loops and writes of any kind (set_value, copy_,
+                              set_state_dict of a model the plugin did not patch, a custom op):
+                              every parameter of `model` (a Layer, or an iterable of tensors)
+                              is re-quantised at its next use.
+  LLaMA checkpoint loads      LlamaPretrainedModel.set_state_dict under the plugin calls
+                              weights_updated on the model it loaded (integration/llama.py).
 
-  1. the number of optimizer updates so far, counted by a wrapper around
-     `paddle.optimizer.Optimizer._apply_optimize`, the one method through which `step()` and
-     `minimize()` of every Paddle optimizer update parameters (Adam's and AdamW's own `step` too;
-     fleet's hybrid-parallel and sharding optimizers and GradScaler call it on their inner one).
-     Frozen parameters (stop_gradient, e.g. LoRA's base weights) ignore it: no optimizer changes
-     them, so they stay cached for the whole run;
-  2. the number of `Tensor.set_value` / `copy_` calls (checkpoint loads through
-     set_state_dict, LoRA's merge/unmerge and PiSSA init, PaddleNLP's embedding resize);
-  3. the parameter's `_inplace_version()` (in-place ops: assign(output=...), p[...] = v, fill_, add_);
-  4. its `data_ptr()` (buffer swaps, e.g. PaddleNLP's faster_set_state_dict sharing a new buffer).
-
-The counters are process-wide, so a write to any tensor re-quantises every cached weight: more
-quantisations than needed if something writes tensors every step (`quantizations` shows it), never
-a stale copy. A write that none of these see (a custom C++ op writing the buffer) needs
-`WeightCache.clear()`.
-"""
+Why explicit: Paddle 3.3.1's optimizers update parameters in C++ kernels (adam_, sgd_, ...) that
+do not bump the parameter's inplace version, and neither do set_value, copy_ or set_state_dict
+(tests/fp8/test_weight_cache.py pins these facts). The inplace version still catches in-place ops
+(assign(output=...), p[...] = v, fill_), and the data pointer a parameter given another buffer
+(PaddleNLP's faster_set_state_dict)."""
 
 from __future__ import annotations
 
@@ -29,71 +25,61 @@ import functools
 
 import paddle
 
-from .formats import Quantized
-from .recipe import ScalingState
+from .emulated import EMULATED
+from ..core.fp8 import weight_cache as _core
 
 
-class _UpdateCounters:
-    optimizer_updates = 0
-    value_writes = 0
-    installed = False
+def weight_signals(weight: paddle.Tensor) -> tuple:
+    """What Paddle itself says about a weight's values: inplace version, buffer, dtype, shape."""
+    return (weight._inplace_version(), weight.data_ptr(), weight.dtype, tuple(weight.shape))
 
 
-# Tensor methods that overwrite a tensor's values without bumping its inplace version.
-_VALUE_WRITERS = ("set_value", "copy_")
-
-
-def _counted(method, counter: str):
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        finally:  # counted even when it raises half-way: some values may have changed
-            setattr(_UpdateCounters, counter, getattr(_UpdateCounters, counter) + 1)
-
-    return wrapper
-
-
-def install_update_hooks() -> None:
-    """Count Optimizer._apply_optimize calls and Tensor value writes (idempotent)."""
-    if _UpdateCounters.installed:
-        return
-    optimizer_cls = paddle.optimizer.Optimizer
-    optimizer_cls._apply_optimize = _counted(optimizer_cls._apply_optimize, "optimizer_updates")
-    for name in _VALUE_WRITERS:
-        setattr(paddle.Tensor, name, _counted(getattr(paddle.Tensor, name), "value_writes"))
-    _UpdateCounters.installed = True
-
-
-def weight_version(param: paddle.Tensor) -> tuple:
-    """Changes whenever `param`'s values may have changed (see the module docstring)."""
-    updates = None if param.stop_gradient else _UpdateCounters.optimizer_updates
-    return (updates, _UpdateCounters.value_writes, param._inplace_version(), param.data_ptr(),
-            param.dtype, tuple(param.shape))
-
-
-class WeightCache:
-    """FP8 copies of weights, each re-quantised only when its weight_version changes.
-    `quantizations` counts the quantisations done (tests and benchmarks read it)."""
+class WeightCache(_core.WeightCache):
+    """core's WeightCache over Paddle's weight_signals; `quantize` defaults to the emulated path's
+    (the CUDA backend passes its own, which keeps both layouts)."""
 
     def __init__(self):
-        install_update_hooks()
-        self._entries: dict[int, tuple[paddle.Tensor, tuple, Quantized]] = {}
-        self.quantizations = 0
+        super().__init__(weight_signals)
 
-    def get(self, weight: paddle.Tensor, state: ScalingState, quantize=None) -> Quantized:
-        """The weight's FP8 copy for its current version. `quantize(weight, state)` makes it
-        (default: state.quantize, the emulated path; the CUDA backend passes its own, which keeps
-        both layouts); an entry made by another `quantize` is not reused."""
-        version = (*weight_version(weight), quantize)
-        entry = self._entries.get(id(weight))
-        if entry is not None and entry[0] is weight and entry[1] == version:
-            return entry[2]
-        # records the weight's amax once per version
-        quantized = state.quantize(weight) if quantize is None else quantize(weight, state)
-        self._entries[id(weight)] = (weight, version, quantized)
-        self.quantizations += 1
-        return quantized
+    def get(self, weight: paddle.Tensor, state, quantize=None):
+        return super().get(weight, state, EMULATED.quantize_weight if quantize is None else quantize)
 
-    def clear(self) -> None:
-        self._entries.clear()
+
+def weights_updated(model) -> None:
+    """Say that the weights of `model` (a paddle.nn.Layer, or an iterable of parameters) may have
+    changed: their FP8 copies are re-made at the next forward. Needed after a write that neither
+    an optimizer step nor the LLaMA checkpoint load makes (set_value, copy_, a custom op)."""
+    params = model.parameters() if isinstance(model, paddle.nn.Layer) else model
+    _core.weights_changed(params)
+
+
+def _innermost(optimizer):
+    """The optimizer that applies the updates: fleet's hybrid-parallel and sharding wrappers hold
+    it as _inner_opt."""
+    while getattr(optimizer, "_inner_opt", None) is not None:
+        optimizer = optimizer._inner_opt
+    return optimizer
+
+
+def track_optimizer(optimizer):
+    """Make `optimizer`'s parameter updates bump their FP8 weight versions (an instance attribute
+    wrapping this object's _apply_optimize, the one method through which step() and minimize() of
+    every Paddle optimizer update parameters). Idempotent; returns `optimizer`. FastAdamW needs
+    none (it bumps the versions itself)."""
+    from ..optim import FastAdamW
+
+    target = _innermost(optimizer)
+    if isinstance(target, FastAdamW) or getattr(vars(target).get("_apply_optimize"), "fp8_tracked", False):
+        return optimizer
+    apply_optimize = target._apply_optimize
+
+    @functools.wraps(apply_optimize)
+    def _apply_optimize(loss, startup_program, params_grads, *args, **kwargs):
+        try:
+            return apply_optimize(loss, startup_program, params_grads, *args, **kwargs)
+        finally:  # bumped even when it raises half-way: some parameters may have changed
+            _core.weights_changed(_core.updated_parameters(params_grads))
+
+    _apply_optimize.fp8_tracked = True
+    target._apply_optimize = _apply_optimize
+    return optimizer

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import paddle
 
+from ..core.fp8.weight_cache import weights_changed
 from . import state
 from .messages import info_once
 
@@ -182,7 +183,10 @@ def set_state_dict_fusing(original):
             # projections the fast path fused: the Trainer's resume and best-model reload call
             # set_state_dict directly, without from_pretrained's conversion.
             state_dict, _ = type(self).convert_fuse_and_split(self.config, dict(state_dict))
-        return original(self, state_dict, *args, **kwargs)
+        try:
+            return original(self, state_dict, *args, **kwargs)
+        finally:  # the FP8 copies of the loaded weights are re-made (core/fp8/weight_cache.py)
+            weights_changed(self.parameters())
     return set_state_dict
 
 

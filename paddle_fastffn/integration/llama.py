@@ -49,7 +49,8 @@ from .fused_projections import (FusedLayout, distributed_layers, init_weights_li
                                 mark_fused, remember_stock, save_pretrained_stock, set_state_dict_fusing,
                                 stock_config_values)
 from .lora import install_lora_hooks
-from .messages import fp8_warn_once as _fp8_warn_once, info_once as _info_once, warn_once as _warn_once
+from .messages import info_once as _info_once, warn_once as _warn_once
+from . import fp8_attach
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
@@ -639,14 +640,9 @@ def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_ma
 #   paddle_fastffn.fp8.Fp8Linear: plain Linear, and PaddleNLP's LoRALinear (adapters in the
 #   activation dtype over an FP8 base GEMM), hung off the Linear's __dict__; SwiGLU then runs in
 #   16 bits between the MLP's FP8 GEMMs. Tensor-parallel layers keep their stock GEMMs.
-# One info line says which path an MLP takes and why. Both objects (`_fast_ffn_fp8`) hold the
-# scaling states and weight caches, so parameters, their dtypes and state_dict names stay stock
-# (FP8 is a compute format only). Each attached Linear's own forward runs its Fp8Linear (an
-# instance attribute: no Linear class is patched, so other models' linears are untouched);
-# attachment happens at each LlamaModel.forward, so layers LoRA placed after construction are
-# covered, and revert detaches every one. The recipe's first/last-layer rule keeps
-# those layers stock; its min_gemm_size applies per GEMM (the FFN: its down GEMM, the smaller) and
-# the 16-alignment rule per weight (a misaligned one: one warning, bf16).
+# One info line says which path an MLP takes and why. Attaching, detaching and the recipe choice
+# are family-neutral (fp8_attach.py); attachment happens at each LlamaModel.forward, so layers LoRA
+# placed after construction are covered, and revert detaches every one.
 #
 # Where FP8 runs: on a Hopper GPU (sm_90) with a CUDA Paddle, cuBLASLt FP8 GEMMs (fp8/cuda.py,
 # csrc/paddle/fp8_op.cc); elsewhere emulated (fp32 GEMMs on FP8-rounded values) with fp8_emulate.
@@ -657,49 +653,12 @@ _FP8_TARGETS = (("self_attn", ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj
 
 
 def resolve_fp8(options: FastFFNOptions):
-    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run. FP8 runs on
-    the GPU where the CUDA backend can (sm_90, a CUDA Paddle, the operators built: fp8/cuda.py),
-    emulated elsewhere with fp8_emulate, and not at all otherwise."""
-    if options.precision != "fp8":
-        return None
-    from ..fp8 import cuda as fp8_cuda
-
-    recipe = options.fp8_recipe()
-    compiled = paddle.is_compiled_with_cuda()
-    capability = fp8_cuda.device_capability() if compiled else None
-    ops_error = fp8_cuda.ops_error() if capability == fp8_cuda.SUPPORTED_CAPABILITY else None
-    reason = fp8_cuda.unavailable_reason(compiled, capability, ops_error)
-    if reason is None:
-        _info_once("fp8_cuda", "fast_ffn_precision=fp8 runs cuBLASLt FP8 GEMMs on this sm_90 GPU (per-tensor "
-                               f"{recipe.scaling} scaling, e4m3 forward, e5m2 gradients)")
-        return recipe
-    if options.fp8_emulate:
-        _info_once("fp8_emulate", "fast_ffn_precision=fp8 runs emulated (fast_ffn_fp8_emulate): FP8 scaling and "
-                                  "e4m3/e5m2 rounding with fp32 GEMMs, FP8 numerics without its speed-up")
-        return recipe
-    hint = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
-    key, why = reason
-    if key == "no_cuda":
-        _fp8_warn_once("fp8_cpu", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
-                                  f"build has no GPU: training in bf16/fp32 instead ({hint})")
-    elif key == "arch":
-        _fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); {why}: training "
-                                   f"in bf16 instead ({hint})")
-    else:  # a CUDA Paddle on sm_90 whose operator library cannot be used
-        _fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: {why}. Training in bf16 instead ({hint})")
-    return None
-
-
-def _lora_linear_class():
-    try:
-        from paddlenlp.peft.lora.lora_layers import LoRALinear
-    except ImportError:  # pragma: no cover
-        return None
-    return LoRALinear
+    """fp8_attach.resolve_fp8 with this patch's info log."""
+    return fp8_attach.resolve_fp8(options, _info_once)
 
 
 def _fp8_attached(linear) -> bool:
-    return _FP8 is not None and linear is not None and linear.__dict__.get("_fast_ffn_fp8") is not None
+    return _FP8 is not None and fp8_attach.fp8_of(linear) is not None
 
 
 def _mlp_without_fp8_ffn(mlp) -> str | None:
@@ -717,108 +676,23 @@ def _mlp_without_fp8_ffn(mlp) -> str | None:
 
 
 def _attach_fp8_ffn(mlp, recipe) -> bool:
-    """Attach the FP8 FFN to a decoder layer's MLP where it applies; True when the MLP is handled
-    as one (FFN attached, or kept bf16 because misaligned), False for the per-linear path."""
-    from ..fp8.ffn import Fp8FFN, ffn_widths
-    from ..fp8.linear import FP8_ALIGNMENT
-
+    """The FP8 FFN over LlamaMLP's gate_up_fused_proj ([gate | up]) and down_proj where it applies."""
     if mlp is None:
         return False
     why_not = _mlp_without_fp8_ffn(mlp)
-    if why_not is not None:
-        mlp.__dict__.pop("_fast_ffn_fp8", None)
-        _info_once(f"fp8_mlp:{why_not}", f"fast_ffn_precision=fp8: {why_not}: their linears run Fp8Linear each, "
-                                         f"SwiGLU in 16 bits between (the FP8 FFN needs gate_up_fused_proj and "
-                                         f"down_proj as plain Linear layers)")
-        return False
-    gate_up, down = mlp.gate_up_fused_proj, mlp.down_proj
-    existing = mlp.__dict__.get("_fast_ffn_fp8")
-    if existing is not None and existing.recipe == recipe and existing.gate_up is gate_up and existing.down is down:
-        return True
-    mlp.__dict__.pop("_fast_ffn_fp8", None)
-    hidden, inter = ffn_widths("LlamaMLP", gate_up.weight, down.weight)
-    if hidden % FP8_ALIGNMENT or inter % FP8_ALIGNMENT:
-        _fp8_warn_once(f"fp8_align_ffn:{hidden}x{inter}",
-                       f"fast_ffn_precision=fp8: the MLP's hidden size {hidden} and intermediate size {inter} are not "
-                       f"both multiples of {FP8_ALIGNMENT} (the FP8 GEMM's alignment): those MLPs stay in bf16")
-        return True
-    _info_once("fp8_ffn", "fast_ffn_precision=fp8: MLPs with plain fused gate_up_fused_proj and down_proj run the "
-                          "FP8 FFN (gate_up GEMM -> SwiGLU fused with FP8 quantisation -> down GEMM, SwiGLU "
-                          "recomputed in backward), the composition of the GPU benchmarks")
-    mlp.__dict__["_fast_ffn_fp8"] = Fp8FFN(gate_up, down, recipe)
-    return True
+    gate_up, down = (None, None) if why_not else (mlp.gate_up_fused_proj, mlp.down_proj)
+    return fp8_attach.attach_fp8_ffn(mlp, gate_up, down, recipe, why_not, _info_once)
 
 
 def attach_fp8(llama_model, recipe) -> int:
-    """Give each decoder layer of `llama_model` its FP8 objects (kept across calls while the recipe
-    is the same): the MLP's Fp8FFN where it applies, an Fp8Linear for each other target linear;
-    returns how many linears compute in FP8 (an FFN counts its two)."""
-    from ..fp8.linear import FP8_ALIGNMENT, Fp8Linear
-
-    lora_class = _lora_linear_class()
-    layers = list(getattr(llama_model, "layers", []))
-    count = 0
-    for index, layer in enumerate(layers):
-        in_fp8 = recipe.layer_uses_fp8(index, len(layers))
-        mlp = getattr(layer, "mlp", None)
-        if not in_fp8 and mlp is not None:
-            mlp.__dict__.pop("_fast_ffn_fp8", None)
-        ffn = in_fp8 and _attach_fp8_ffn(mlp, recipe)
-        count += 2 if ffn and mlp.__dict__.get("_fast_ffn_fp8") is not None else 0
-        for owner_name, names in _FP8_TARGETS:
-            owner = getattr(layer, owner_name, None)
-            for name in names:
-                linear = owner._sub_layers.get(name) if owner is not None else None
-                if linear is None:
-                    continue
-                existing = linear.__dict__.get("_fast_ffn_fp8")
-                if not in_fp8 or (ffn and owner is mlp):  # stock, or the MLP's FP8 FFN computes it
-                    _detach_fp8_linear(linear)
-                    continue
-                if existing is not None and existing.recipe == recipe and existing.linear is linear:
-                    count += 1
-                    continue
-                _detach_fp8_linear(linear)
-                if type(linear) is not nn.Linear and type(linear) is not lora_class:
-                    _info_once(f"fp8_layer:{type(linear).__name__}",
-                               f"fast_ffn_precision=fp8: {type(linear).__name__} layers (tensor parallel or other "
-                               f"non-plain linears) keep their stock GEMMs; FP8 covers plain Linear and LoRALinear")
-                    continue
-                in_features, out_features = linear.weight.shape
-                if in_features % FP8_ALIGNMENT or out_features % FP8_ALIGNMENT:
-                    _fp8_warn_once(f"fp8_align:{in_features}x{out_features}",
-                                   f"fast_ffn_precision=fp8: weight [{in_features}, {out_features}] is not a multiple "
-                                   f"of {FP8_ALIGNMENT} in both dimensions (the FP8 GEMM's alignment): those layers "
-                                   f"stay in bf16")
-                    continue
-                _attach_fp8_linear(linear, Fp8Linear(linear, recipe, layer_index=index, num_layers=len(layers)))
-                count += 1
-    return count
+    """Give each decoder layer of `llama_model` its FP8 objects (fp8_attach.attach_fp8): the MLP's
+    Fp8FFN where it applies, an Fp8Linear for each other target linear; returns how many linears
+    compute in FP8 (an FFN counts its two)."""
+    return fp8_attach.attach_fp8(getattr(llama_model, "layers", []), recipe, _FP8_TARGETS, _attach_fp8_ffn,
+                                 _info_once)
 
 
-def fp8_layers(model) -> dict:
-    """{sub-layer name: Fp8Linear or Fp8FFN} of what computes in FP8 in `model`: linears, and MLPs
-    running the FP8 FFN (tests, logs)."""
-    return {name: layer.__dict__["_fast_ffn_fp8"] for name, layer in model.named_sublayers()
-            if layer.__dict__.get("_fast_ffn_fp8") is not None}
-
-
-# The linears whose own forward runs their Fp8Linear: the attachment is per instance (an instance
-# attribute `forward` shadows the class's), so no Linear class is patched and the linears of other
-# models never pass through the plugin; revert detaches them all.
-_FP8_LINEARS: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _attach_fp8_linear(linear, fp8) -> None:
-    linear.__dict__["_fast_ffn_fp8"] = fp8
-    linear.__dict__["forward"] = fp8  # Fp8Linear(input): Linear.forward's and LoRALinear.forward's signature
-    _FP8_LINEARS.add(linear)
-
-
-def _detach_fp8_linear(linear) -> None:
-    linear.__dict__.pop("_fast_ffn_fp8", None)
-    linear.__dict__.pop("forward", None)
-    _FP8_LINEARS.discard(linear)
+fp8_layers = fp8_attach.fp8_layers
 
 
 def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
@@ -855,8 +729,7 @@ def _apply_fp8(recipe) -> None:
 def _revert_fp8() -> None:
     global _FP8
     _FP8 = None
-    for linear in list(_FP8_LINEARS):
-        _detach_fp8_linear(linear)
+    fp8_attach.detach_all_fp8_linears()
     if "llama_model_forward" in _ORIGINALS:
         _modeling().LlamaModel.forward = _ORIGINALS["llama_model_forward"]
         _modeling().recompute = _ORIGINALS["recompute"]

@@ -51,6 +51,7 @@ def install_checkpoint_hooks() -> None:
 
     from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+    from ..fp8.weight_cache import track_optimizer
     from . import resume
 
     trainer = _trainer_class()
@@ -59,6 +60,9 @@ def install_checkpoint_hooks() -> None:
 
     def create_optimizer(self, lr_scheduler=None):
         optimizer = _CHECKPOINT_HOOKS["create_optimizer"](self, lr_scheduler)
+        # Its parameter updates re-quantise the FP8 weight copies (an instance hook on this
+        # optimizer; FastAdamW does it itself): fp8/weight_cache.py.
+        track_optimizer(self.optimizer)
         # unified_checkpoint keys optimizer state by the model's structured names: no renaming.
         if not self.args.unified_checkpoint:
             resume.install_stock_layout(self.optimizer, self.model)

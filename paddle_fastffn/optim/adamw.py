@@ -20,6 +20,7 @@ from paddle.base import framework
 
 from ..ops import _checks
 from ..ops._loader import run_op
+from ..core.fp8.weight_cache import updated_parameters, weights_changed
 
 OP = "paddle_fastffn.optim.adamw"
 _KERNEL_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
@@ -279,6 +280,12 @@ class FastAdamW(paddle.optimizer.AdamW):
         return not any(g is not None and (_selected_rows(g) or p.is_dist()) for p, g in pairs)
 
     def _apply_optimize(self, loss, startup_program, params_grads, param_group_idx=0):
+        try:
+            return self._apply_optimize_fused_clip(loss, startup_program, params_grads, param_group_idx)
+        finally:  # the FP8 weight cache re-quantises what changed (core/fp8/weight_cache.py)
+            weights_changed(updated_parameters(params_grads))
+
+    def _apply_optimize_fused_clip(self, loss, startup_program, params_grads, param_group_idx):
         grouped = isinstance(params_grads, dict)
         pairs = params_grads["params"] if grouped else params_grads
         clip = params_grads.get("grad_clip") if grouped else self._grad_clip

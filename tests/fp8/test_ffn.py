@@ -12,7 +12,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import FP8_MAX, Fp8FFN, Fp8Recipe, fp8_ffn, fp8_ffn_cuda, fp8_ffn_ref, scale_from_amax
+from paddle_fastffn.fp8 import (FP8_MAX, Fp8FFN, Fp8Recipe, fp8_ffn, fp8_ffn_cuda, fp8_ffn_ref, scale_from_amax,
+                            track_optimizer)
 from tolerances import FP8_FFN_BUDGET, assert_close, assert_relative_norm_within, to_numpy64
 
 # (leading shape of x, H, I): H and I multiples of 16 (the FP8 GEMMs' alignment); token counts that
@@ -146,7 +147,8 @@ def test_delayed_first_step_is_current_scaling_and_later_steps_follow_the_histor
 def test_weights_are_quantised_once_per_version_and_states_save_and_restore():
     layer = Fp8FFN(paddle.nn.Linear(64, 192, bias_attr=False), paddle.nn.Linear(96, 64, bias_attr=False),
                    Fp8Recipe(amax_history_len=4), backend="emulated")
-    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=[layer.gate_up.weight, layer.down.weight])
+    optimizer = track_optimizer(paddle.optimizer.SGD(learning_rate=0.1,
+                                                     parameters=[layer.gate_up.weight, layer.down.weight]))
     for _ in range(3):
         for _ in range(2):  # two micro-batches: one quantisation per weight
             layer(paddle.randn([5, 7, 64])).mean().backward()
@@ -175,8 +177,9 @@ def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up)
     with paddle.autograd.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.shape)) or t, lambda t: t):
         y = fp8_ffn(x, w_gate_up, w_down, states=states)
     e4m3, f32 = paddle.float8_e4m3fn, paddle.float32
-    gate_up = (e4m3, [20, 192]) if saved_gate_up == "fp8" else (paddle.bfloat16, [20, 192])
-    expected = [(e4m3, [20, 64]), (f32, [1]), gate_up, (f32, [1]), (e4m3, [64, 192]),
+    # gate_up: its e4m3 copy and that copy's scale_inv, or the bf16 tensor alone
+    gate_up = [(e4m3, [20, 192]), (f32, [1])] if saved_gate_up == "fp8" else [(paddle.bfloat16, [20, 192])]
+    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), (e4m3, [64, 192]),
                 (f32, [1]), (e4m3, [96, 64]), (f32, [1])]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     y.backward(dy)

@@ -10,7 +10,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
-from paddle_fastffn.fp8 import Fp8Linear, Fp8Recipe, WeightCache, fp8_linear
+from paddle_fastffn.fp8 import Fp8Linear, Fp8Recipe, WeightCache, fp8_linear, track_optimizer
 from paddle_fastffn.fp8 import linear as fp8_linear_module
 from paddle_fastffn.ops._fallback import UnrequestedFallbackError
 from tolerances import assert_close
@@ -139,7 +139,7 @@ def test_lora_base_in_fp8_adapters_in_high_precision(lora_layer):
 def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lora_layer):
     recipe = Fp8Recipe(scaling="current")  # the twin below then needs no history
     fp8 = Fp8Linear(lora_layer, recipe)
-    opt = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=lora_layer.parameters())
+    opt = track_optimizer(paddle.optimizer.AdamW(learning_rate=1e-2, parameters=lora_layer.parameters()))
     for _ in range(3):
         (fp8(paddle.randn([4, 48])) ** 2).mean().backward()
         opt.step()

@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import FP8_DTYPES, Fp8Linear, Fp8Recipe, fp8_linear, fp8_linear_ref, scale_from_amax
+from paddle_fastffn.fp8 import (FP8_DTYPES, Fp8Linear, Fp8Recipe, fp8_linear, fp8_linear_ref, scale_from_amax,
+                            track_optimizer)
 from tolerances import TOLERANCES, assert_close, to_numpy64
 
 # (leading shape of x, in, out): one row, odd sizes, widths not a multiple of 8, a 3-D input.
@@ -171,7 +172,7 @@ def test_two_layer_mlp_trains_like_fp32(scaling):
         recipe = Fp8Recipe(scaling=scaling, amax_history_len=16)
         forwards = [Fp8Linear(layer, recipe) if use_fp8 else layer for layer in layers]
         teacher = paddle.randn([64, 32]) / 8
-        opt = paddle.optimizer.Adam(learning_rate=3e-3, parameters=params)
+        opt = track_optimizer(paddle.optimizer.Adam(learning_rate=3e-3, parameters=params))
         losses = []
         for _ in range(50):
             x = paddle.randn([96, 64])

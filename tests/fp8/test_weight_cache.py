@@ -1,5 +1,6 @@
-"""One weight quantisation per optimizer step: reused by every forward and dgrad of the step,
-redone after the optimizer (or anything else) changes the weight."""
+"""One weight quantisation per weight version: reused by every forward and dgrad of a step, redone
+after the optimizer (stock through its instance hook, FastAdamW by itself), a checkpoint load or a
+hand write followed by weights_updated changes the weight; no Paddle class is patched for it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import Fp8Recipe, WeightCache, fp8_linear
+from paddle_fastffn.fp8 import Fp8Recipe, WeightCache, fp8_linear, track_optimizer, weights_updated
 from paddle_fastffn.fp8.formats import quantize_dequantize
+from paddle_fastffn.optim import FastAdamW
 
-OPTIMIZERS = {
+STOCK_OPTIMIZERS = {
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=0.1, parameters=params),
     "momentum": lambda params: paddle.optimizer.Momentum(learning_rate=0.1, parameters=params),
     "adam": lambda params: paddle.optimizer.Adam(learning_rate=0.1, parameters=params),
     "adamw": lambda params: paddle.optimizer.AdamW(learning_rate=0.1, parameters=params),
 }
+# Stock optimizers through their instance hook; FastAdamW untracked (it bumps the versions itself).
+OPTIMIZERS = {name: (lambda make: lambda params: track_optimizer(make(params)))(make)
+              for name, make in STOCK_OPTIMIZERS.items()}
+OPTIMIZERS["fast_adamw"] = lambda params: FastAdamW(learning_rate=0.1, parameters=params)
 
 
 class Model:
@@ -44,14 +50,22 @@ class Model:
 
 
 def cached_weight(model):
-    (_, _, quantized), = model.cache._entries.values()
+    quantized, = model.cache.cached()
     return quantized
 
 
+def assert_cache_holds_the_weight(model):
+    """The cached FP8 copy is the current weight quantised at its scale (not a stale copy)."""
+    quantized = cached_weight(model)
+    expected = quantize_dequantize(model.linear.weight, 1.0 / quantized.scale_inv, "e4m3")
+    np.testing.assert_array_equal((quantized.data.astype(paddle.float32) * quantized.scale_inv).numpy(),
+                                  expected.numpy())
+
+
 def test_paddle_updates_do_not_bump_the_inplace_version():
-    """Why the cache counts optimizer updates and set_value itself (Paddle 3.3.1)."""
+    """Why freshness is explicit (Paddle 3.3.1): no update that matters moves _inplace_version."""
     linear = paddle.nn.Linear(4, 4)
-    for make in OPTIMIZERS.values():
+    for make in STOCK_OPTIMIZERS.values():
         opt = make(linear.parameters())
         linear(paddle.randn([2, 4])).sum().backward()
         opt.step()
@@ -80,11 +94,31 @@ def test_optimizer_step_requantises(optimizer):
         before = cached_weight(model).data.astype(paddle.float32).numpy()
         model.step()
     model.forward_backward()
-    quantized = cached_weight(model)
-    expected = quantize_dequantize(model.linear.weight, 1.0 / quantized.scale_inv, "e4m3")
-    np.testing.assert_array_equal((quantized.data.astype(paddle.float32) * quantized.scale_inv).numpy(),
-                                  expected.numpy())
-    assert not np.array_equal(quantized.data.astype(paddle.float32).numpy(), before), "stale copy"
+    assert_cache_holds_the_weight(model)
+    assert not np.array_equal(cached_weight(model).data.astype(paddle.float32).numpy(), before), "stale copy"
+
+
+def test_an_untracked_stock_optimizer_is_not_seen():
+    """The hook is per optimizer instance: an optimizer nobody tracked bumps nothing (what
+    weights_updated is for), and tracking one patches no Paddle class."""
+    classes = (paddle.optimizer.Optimizer, paddle.optimizer.AdamW, paddle.Tensor)
+    before = [dict(vars(cls)) for cls in classes]
+    model = Model()
+    model.opt = STOCK_OPTIMIZERS["adamw"](model.linear.parameters())
+    model.forward_backward()
+    model.step()
+    model.forward_backward()
+    assert model.cache.quantizations == 1
+    weights_updated(model.linear)
+    model.forward_backward()
+    assert model.cache.quantizations == 2
+    track_optimizer(model.opt)
+    track_optimizer(model.opt)  # idempotent: one hook
+    model.step()
+    model.forward_backward()
+    assert model.cache.quantizations == 3
+    assert_cache_holds_the_weight(model)
+    assert [dict(vars(cls)) for cls in classes] == before
 
 
 def test_minimize_and_grad_scaler_requantise():
@@ -95,7 +129,7 @@ def test_minimize_and_grad_scaler_requantise():
     model.forward_backward()
     assert model.cache.quantizations == 2
     # Disabled on CPU (Paddle warns) it passes through to optimizer.step; enabled on GPU, its
-    # step and minimize end in the inner optimizer's _apply_optimize too (or skip on found_inf).
+    # step and minimize end in the optimizer's (instance) _apply_optimize too (or skip on found_inf).
     scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0)
     x = paddle.randn([8, 32])
     scaler.scale((model(x) ** 2).mean()).backward()
@@ -123,11 +157,15 @@ def share_new_buffer(param):
     return new  # keep the buffer alive
 
 
-WRITES = {
+# Writes Paddle does not report: the loop says so with weights_updated.
+UNREPORTED_WRITES = {
     "set_value": lambda p: p.set_value(np.ones(p.shape, np.float32)),
     "set_state_dict": lambda p: p.owner.set_state_dict({"weight": paddle.ones(p.shape),
                                                          "bias": p.owner.bias}),
     "copy_": lambda p: p.copy_(paddle.full(p.shape, 2.0), False),
+}
+# Writes the parameter's inplace version or buffer shows: seen with no call.
+WRITES = {
     "setitem": lambda p: p.__setitem__(slice(None), 4.0),
     "assign": lambda p: paddle.assign(paddle.full(p.shape, 3.0), output=p),
     "shared_buffer": share_new_buffer,
@@ -135,20 +173,42 @@ WRITES = {
 
 
 @pytest.mark.parametrize("write", sorted(WRITES))
-def test_writes_outside_the_optimizer_requantise(write):
+def test_writes_the_inplace_version_or_buffer_shows_requantise(write):
     model = Model()
-    model.linear.weight.stop_gradient = True  # not even the optimizer counter would help here
+    model.linear.weight.stop_gradient = True  # no optimizer involved
     model.forward_backward()
-    model.linear.weight.owner = model.linear
     with paddle.no_grad():
         keep = WRITES[write](model.linear.weight)
     model.forward_backward()
     assert model.cache.quantizations == 2, write
-    quantized = cached_weight(model)
-    expected = quantize_dequantize(model.linear.weight, 1.0 / quantized.scale_inv, "e4m3")
-    np.testing.assert_array_equal((quantized.data.astype(paddle.float32) * quantized.scale_inv).numpy(),
-                                  expected.numpy())
+    assert_cache_holds_the_weight(model)
     del keep
+
+
+@pytest.mark.parametrize("write", sorted(UNREPORTED_WRITES))
+def test_unreported_writes_requantise_after_weights_updated(write):
+    model = Model()
+    model.linear.weight.stop_gradient = True
+    model.forward_backward()
+    model.linear.weight.owner = model.linear
+    with paddle.no_grad():
+        UNREPORTED_WRITES[write](model.linear.weight)
+    model.forward_backward()
+    assert model.cache.quantizations == 1, f"{write}: Paddle now reports it; the cache could rely on that"
+    weights_updated(model.linear)
+    model.forward_backward()
+    assert model.cache.quantizations == 2, write
+    assert_cache_holds_the_weight(model)
+
+
+def test_weights_updated_takes_parameters_and_leaves_others_cached():
+    model, other = Model(), Model()
+    model.forward_backward()
+    other.forward_backward()
+    weights_updated([model.linear.weight])
+    model.forward_backward()
+    other.forward_backward()
+    assert (model.cache.quantizations, other.cache.quantizations) == (2, 1)
 
 
 def test_clear():

@@ -701,7 +701,7 @@ def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind, saved_gate_up)
 
     def used_scale(q, ref32, fmt, weight=False):  # what the recipe must have used
         amax = float(ref32.abs().max())
-        # Weights are current-scaled under both recipes (Fp8Recipe.weight_recipe); delayed
+        # Weights are current-scaled under both recipes (Fp8Recipe.ffn_states); delayed
         # scaling's first step is its warm start: current scaling too (TE's would use 1).
         own = current or weight or state.recipe.delayed_warm_start
         expected = scale_rule(amax, 1.0, fp8.FP8_MAX[fmt], 0.0) if own else np.float32(1)
@@ -778,20 +778,25 @@ def test_fp8_ffn_rejects_tokens_not_a_multiple_of_16(k):
     # (the SwiGLU kernels themselves take T = 1000: the kernel tests above run it)
 
 
-def test_fp8_ffn_weight_cache_needs_invalidate_after_an_update():
+def test_fp8_ffn_weight_cache_requantises_a_weight_written_in_place():
+    """The core's weight cache (paddle_fastffn/core/fp8/weight_cache.py) keys each copy by torch's
+    version counter: an in-place write (an optimizer step is one) re-quantises that weight alone
+    at its next use, and the FFN computes with the new values."""
     x, w_gu, w_d, dy = ffn_inputs(64, 256, 688)
     state = fp8_ffn.Fp8FFNState()
     w_gu.requires_grad_()
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
-    assert state.cache.quantizations == 2, "one quantisation per weight per step"
+    assert state.cache.quantizations == 2, "one quantisation per weight per version"
     with torch.no_grad():
         w_gu.mul_(0.5)
-    with pytest.raises(RuntimeError, match="invalidate"):
-        fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
+    y = fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
+    assert state.cache.quantizations == 3, "w_gate_up re-quantised, w_down still cached"
+    fresh = fp8_ffn.Fp8FFNState()
+    torch.testing.assert_close(y, fp8_ffn.fp8_ffn(x, w_gu, w_d, fresh), rtol=0, atol=0)
     state.cache.invalidate()
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
-    assert state.cache.quantizations == 4
+    assert state.cache.quantizations == 5
 
 
 class TeHistory:

@@ -4,6 +4,7 @@ import numpy as np
 import paddle
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
+from paddle_fastffn.fp8 import track_optimizer
 
 
 def tiny_config(**overrides):
@@ -47,8 +48,10 @@ def loss_and_grads(model, ids, labels, mask=None):
 def train_steps(model, steps, parameters=None, batches=2):
     """AdamW (lr 3e-3, weight decay 0.01) for `steps` steps over `batches` fixed batches in turn
     (few enough to memorise, so losses fall); returns the per-step losses."""
-    optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=parameters or model.parameters(),
-                                       weight_decay=0.01)
+    # Tracked: its updates re-quantise FP8 weights (a hand-written loop says so; the Trainer does it)
+    optimizer = track_optimizer(paddle.optimizer.AdamW(learning_rate=3e-3,
+                                                       parameters=parameters or model.parameters(),
+                                                       weight_decay=0.01))
     losses = []
     for step in range(steps):
         ids, labels, mask = batch(seed=step % batches)

@@ -15,10 +15,11 @@ from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
 from llama_fixtures import batch, logits_of, tiny_model, train_steps
-from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe
-from paddle_fastffn.integration import enabled_options
+from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer, weights_updated
+from paddle_fastffn.integration import enabled_options, fp8_attach
 from paddle_fastffn.integration import llama as fast_llama
 from paddle_fastffn.integration import messages as fast_messages
+from paddle_fastffn.optim import FastAdamW
 from tolerances import FP8_TRAINING_LOSS_RTOL, TOLERANCES, assert_close
 
 # Every weight dimension a multiple of 16 (the FP8 GEMM's alignment): the fixture's 172 is not.
@@ -149,6 +150,48 @@ def test_emulated_fp8_trains_close_to_fp32_through_the_fp8_ffn_and_fp8_linear():
         assert float(inputs.amax_history.max()) > 0, name  # inputs were quantised
 
 
+def _one_step(model, optimizer):
+    ids, labels, mask = batch(seed=1)
+    model(ids, labels=labels, attention_mask=mask)[0].backward()
+    optimizer.step()
+    optimizer.clear_grad()
+
+
+def _set_value_by_hand(model):
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("qkv_proj.weight", "down_proj.weight")):
+                p.set_value(p * 1.5)
+    weights_updated(model)  # the hand-written loop says so (fp8/weight_cache.py)
+
+
+# Every supported way of changing weights under FP8 (docs/usage.md, FP8): a tracked stock
+# optimizer, FastAdamW, a checkpoint load, a hand write followed by weights_updated.
+WEIGHT_CHANGES = {
+    "stock_optimizer_step": lambda model: _one_step(model, track_optimizer(
+        paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters()))),
+    "fast_adamw_step": lambda model: _one_step(model, FastAdamW(learning_rate=1e-2, parameters=model.parameters())),
+    "set_state_dict": lambda model: model.set_state_dict(tiny_model(seed=5, **FP8_SHAPES).state_dict()),
+    "set_value_then_weights_updated": _set_value_by_hand,
+}
+
+
+@pytest.mark.parametrize("change", sorted(WEIGHT_CHANGES))
+def test_the_fp8_forward_uses_weights_changed_in_each_supported_way(change):
+    """No stale FP8 weight copy: after the change, the FP8 model computes what a fresh FP8 model
+    with the new weights computes (current scaling, so no scaling history tells them apart)."""
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_scaling="current")
+    model = tiny_model(seed=3, **FP8_SHAPES)
+    ids, _, mask = batch()
+    before = logits_of(model, ids, mask).numpy()  # caches every FP8 weight copy
+    WEIGHT_CHANGES[change](model)
+    after = logits_of(model, ids, mask).numpy()
+    fresh = tiny_model(seed=4, **FP8_SHAPES)
+    fresh.set_state_dict(model.state_dict())
+    np.testing.assert_array_equal(after, logits_of(fresh, ids, mask).numpy(), err_msg=change)
+    assert not np.array_equal(after, before), f"{change} changed no weight the forward reads"
+
+
 def test_lora_adapters_train_over_an_fp8_base():
     paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED)
     targets = [".*q_proj.*", ".*v_proj.*", ".*gate_proj.*", ".*down_proj.*"]
@@ -245,8 +288,8 @@ def test_delayed_scaling_warm_start_tracks_fp32_from_the_first_steps():
     def train(**options):
         paddle_fastffn.apply_fast_ffn_to_llama(**options)
         model = tiny_model(seed=3, **FP8_SHAPES)
-        optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(), weight_decay=0.01,
-                                           epsilon=1e-12)
+        optimizer = track_optimizer(paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters(),
+                                                           weight_decay=0.01, epsilon=1e-12))
         losses = []
         for step in range(6):
             ids, labels, mask = batch(seed=step % 2)
@@ -300,7 +343,7 @@ def _train_fp8_delayed(recompute: str | None, steps=4):
         model.config.recompute_granularity = "full"
         model.config.recompute_use_reentrant = recompute == "reentrant"
         model.llama.enable_recompute = True
-    optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+    optimizer = track_optimizer(paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters()))
     losses = []
     for step in range(steps):
         ids, labels, mask = batch(seed=step % 2)

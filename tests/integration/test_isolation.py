@@ -8,6 +8,7 @@ import paddle
 from llama_fixtures import batch, tiny_model
 
 import paddle_fastffn
+from paddle_fastffn.fp8 import track_optimizer
 
 FP8_EMULATED = dict(precision="fp8", fp8_emulate=True)
 
@@ -21,7 +22,12 @@ def _patch_points():
 
     owners = {"paddle.nn.Linear": paddle.nn.Linear, "LoRALinear": LoRALinear, "LoRAModel": LoRAModel,
               "Trainer": trainer.Trainer, "paddle.Tensor": paddle.Tensor,
-              "paddle.optimizer.Optimizer": paddle.optimizer.Optimizer, "llama.modeling": modeling}
+              "paddle.optimizer.Optimizer": paddle.optimizer.Optimizer, "llama.modeling": modeling,
+              "paddle.nn.Layer": paddle.nn.Layer}
+    # The FP8 weight cache's freshness is explicit (fp8/weight_cache.py): no optimizer class is
+    # patched for it, only the optimizer objects FP8 training tracks.
+    owners.update({f"paddle.optimizer.{name}": getattr(paddle.optimizer, name)
+                   for name in ("AdamW", "Adam", "SGD", "Momentum")})
     owners.update({name: getattr(modeling, name) for name in dir(modeling)
                    if name.startswith("Llama") and isinstance(getattr(modeling, name), type)})
     points = {}
@@ -42,9 +48,6 @@ KEPT_AFTER_REVERT = {
     # A Trainer resuming a checkpoint of a fused or FP8 model after revert still needs its optimizer
     # state turned to and from the stock layout, and its FP8 state (integration/resume.py).
     ("Trainer", "create_optimizer"), ("Trainer", "_save_checkpoint"), ("Trainer", "_load_optimizer_and_scheduler"),
-    # Not yet explicit (issue 20, item 4): the FP8 weight cache counts optimizer updates and value
-    # writes process-wide, from the first FP8 weight cache on (fp8/weight_cache.py says why).
-    ("paddle.Tensor", "set_value"), ("paddle.Tensor", "copy_"), ("paddle.optimizer.Optimizer", "_apply_optimize"),
 }
 
 
@@ -83,6 +86,9 @@ def test_another_family_is_untouched_and_revert_restores_every_patch(kernel_call
         llama = tiny_model()  # a patched LLaMA built and trained beside the GPT model
         ids, labels, mask = batch()
         llama(ids, labels=labels, attention_mask=mask)[0].backward()
+        optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=llama.parameters())
+        track_optimizer(optimizer).step()  # a stock optimizer tracked for the FP8 weight cache
+        llama.set_state_dict(llama.state_dict())  # a checkpoint load: its weights' FP8 copies refresh
         calls_before_gpt = kernel_calls()
         gpt = _gpt_model(state)
         logits, grads = _gpt_step(gpt)

@@ -17,6 +17,7 @@ import paddle_fastffn
 from llama_fixtures import tiny_config
 from paddle_fastffn import FastFFNTrainingArguments
 from paddle_fastffn.integration import resume
+from paddle_fastffn.integration.fp8_attach import fp8_layers as fast_fp8_layers
 from paddle_fastffn.integration.fused_projections import fast_fused_kinds
 from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL
 
@@ -170,6 +171,36 @@ def test_emulated_fp8_resumes_bit_exactly_with_its_scaling_state(scaling, tmp_pa
         os.remove(resume.fp8_state_file(str(checkpoint)))
         fresh = train(tmp_path / "fresh", resume_from=checkpoint, **fp8)
         assert losses(fresh, after=N) != losses(full, after=N)
+
+
+@pytest.mark.parametrize("fused_optimizer", [True, False], ids=["fast_adamw", "stock_adamw"])
+def test_fp8_trainer_requantises_every_weight_after_every_optimizer_step(fused_optimizer, tmp_path):
+    """Explicit FP8 weight freshness under the Trainer (fp8/weight_cache.py): FastAdamW marks the
+    weights it updates, the stock AdamW is tracked by the Trainer integration; either way each FP8
+    weight is quantised once per step, and the last step's update is seen too: the next use
+    re-quantises each weight once, into the current weight's FP8 copy."""
+    from paddle_fastffn.fp8.emulated import EMULATED
+    from paddle_fastffn.optim import FastAdamW
+
+    steps = 3
+    trainer = train(tmp_path, steps=steps, fast_ffn_precision="fp8", fast_ffn_fp8_emulate=True,
+                    fast_ffn_fp8_scaling="current", fast_ffn_fused_optimizer=fused_optimizer)
+    assert isinstance(trainer.optimizer, FastAdamW) is fused_optimizer
+    layers = fast_fp8_layers(trainer.model)
+    assert layers
+    for name, fp8 in layers.items():
+        ffn = hasattr(fp8, "gate_up")
+        per_step = 2 if ffn else 1
+        assert fp8.weight_cache.quantizations == per_step * steps, name
+        weights = ((fp8.gate_up.weight, fp8.states.w_gate_up), (fp8.down.weight, fp8.states.w_down)) if ffn else (
+            (fp8.linear.weight, fp8.states.weight),)
+        for weight, state in weights:
+            cached = fp8.weight_cache.get(weight, state)  # what the next forward would use
+            assert fp8.weight_cache.get(weight, state) is cached
+            fresh = EMULATED.quantize_weight(weight, state)
+            np.testing.assert_array_equal(cached.data.astype(paddle.float32).numpy(),
+                                          fresh.data.astype(paddle.float32).numpy(), err_msg=name)
+        assert fp8.weight_cache.quantizations == per_step * (steps + 1), f"{name}: the last step's update unseen"
 
 
 def test_lora_checkpoints_resume_both_ways(tmp_path):

@@ -1,0 +1,98 @@
+"""The FP8 linear, written once over an FP8 backend (backend.py): y = x @ W (+ b) with both GEMM
+operands quantised per tensor and the backward's two GEMMs on the same quantised tensors. The
+Paddle emulation (CPU CI), the Paddle CUDA ops and the torch harness all run this class, each
+through its framework's autograd adapter (paddle_fastffn/fp8/_autograd.py `pylayer`,
+benchmarks/gpu/torch_fp8_backend.py `function`).
+
+    forward  q(x) [T, in] (+ q(x)^T)   forward format (e4m3), states.input; ends its step
+             q(W), both copies          once per weight version (WeightCache), states.weight
+             y [T, out]                 x.dtype = gemm(q(x), q(W)), fast accumulation, + b
+             kept for backward          q(x)^T (only where W wants a gradient) and q(W)'s dgrad copy
+    backward q(dy) (+ q(dy)^T)         backward format (e5m2), states.grad_output, only the
+                                        copies the GEMMs that run read
+             dx [T, in]                 x.dtype = gemm(q(dy), q(W))
+             dW                         W.dtype = gemm(q(x)^T, q(dy)^T)  in the framework's layout
+             db [out]                   sum over tokens of dy in fp32 (unquantised, as TE)
+
+Which stored copy each GEMM reads: the backend's fp8_gemm computes D[M, N] = A[M, K] @ B[N, K]^T
+from the named stored copies (cuBLASLt's FP8 GEMMs take K-major operands only). x, dy: "rowwise"
+[T, C] and "transposed" [C, T16] (T16: the backend's transpose_cols, tokens rounded up to 16 on
+the Paddle CUDA path). The weight's copies depend on the framework's layout (WEIGHT_COPIES):
+
+  | GEMM   | D          | A                 | B (Paddle W [in, out])  | B (torch W [out, in])   |
+  |--------|------------|-------------------|-------------------------|-------------------------|
+  | fwd    | y [T, out] | q(x) rowwise      | q(W) transposed [out,in] | q(W) rowwise [out, in]  |
+  | dgrad  | dx [T, in] | q(dy) rowwise     | q(W) rowwise [in, out]  | q(W) transposed [in,out] |
+  | wgrad  | dW         | Paddle: q(x)^T [in, T16], B q(dy)^T [out, T16] -> dW [in, out];  |
+  |        |            | torch: q(dy)^T [out, T], B q(x)^T [in, T] -> dW [out, in]          |
+"""
+
+from __future__ import annotations
+
+from ..autograd import FusedOp, Saved
+from .recipe import FAST_ACCUM_FORWARD
+
+ROWWISE, TRANSPOSED = "rowwise", "transposed"
+# The stored copy of the weight each GEMM reads, by the framework's weight layout (the backend's
+# weight_layout): Paddle's [in, out], torch's [out, in].
+WEIGHT_COPIES = {"in_out": {"forward": TRANSPOSED, "dgrad": ROWWISE},
+                 "out_in": {"forward": ROWWISE, "dgrad": TRANSPOSED}}
+
+
+def quantized_weight(be, weight, state, weight_cache):
+    """q(W), both copies: from the cache (one quantisation per weight version), or made now."""
+    if weight_cache is None:
+        return be.quantize_weight(weight, state)
+    return weight_cache.get(weight, state, be.quantize_weight)
+
+
+def weight_gradient(be, q_input, q_grad, dtype):
+    """dW from the transposed copies of the layer input and of the output gradient, in the
+    framework's weight layout: Paddle's [in, out] = gemm(q(in)^T, q(grad)^T), torch's [out, in] =
+    gemm(q(grad)^T, q(in)^T)."""
+    if be.weight_layout == "in_out":
+        return be.fp8_gemm(q_input, TRANSPOSED, q_grad, TRANSPOSED, dtype)
+    return be.fp8_gemm(q_grad, TRANSPOSED, q_input, TRANSPOSED, dtype)
+
+
+class Fp8LinearOp(FusedOp):
+    inputs = ("x", "weight", "bias")
+    options = ("states", "weight_cache")
+
+    @staticmethod
+    def forward(be, saved: Saved, x, weight, bias, states, weight_cache):
+        need_dw = saved.need("weight", Fp8LinearOp.inputs)
+        x2d = be.contiguous(be.rows(x))
+        tokens = be.shape(x2d)[0]
+        qx = states.input.quantize(x2d, backend=be, rowwise=True, transpose=need_dw,
+                                   transpose_cols=be.transpose_cols(tokens) if need_dw else 0)
+        qw = quantized_weight(be, weight, states.weight, weight_cache)
+        copies = WEIGHT_COPIES[be.weight_layout]
+        y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
+        x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
+        saved.save(*x_parts, *be.fp8_parts(qw, copies["dgrad"]))
+        saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, states.weight.fmt)
+        saved.dtypes = (be.dtype(x), be.dtype(weight), None if bias is None else be.dtype(bias))
+        saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
+        return be.reshape(y, (*be.shape(x)[:-1], be.shape(y)[-1]))
+
+    @staticmethod
+    def backward(be, saved: Saved, grad_output):
+        x_data, x_scale_inv, w_data, w_scale_inv = saved.tensors
+        x_dtype, w_dtype, b_dtype = saved.dtypes
+        need_dx, need_dw, need_db = saved.needs
+        copies = WEIGHT_COPIES[be.weight_layout]
+        dy2d = be.contiguous(be.cast(be.rows(grad_output), x_dtype))
+        dx = dw = db = None
+        if need_dx or need_dw:
+            qdy = saved.grad_state.quantize(dy2d, backend=be, rowwise=need_dx, transpose=need_dw,
+                                            transpose_cols=saved.transpose_cols if need_dw else 0)
+            if need_dx:
+                qw = be.fp8_join(w_data, w_scale_inv, saved.fmts[1], copies["dgrad"])
+                dx = be.reshape(be.fp8_gemm(qdy, ROWWISE, qw, copies["dgrad"], x_dtype), saved.x_shape)
+            if need_dw:
+                qx = be.fp8_join(x_data, x_scale_inv, saved.fmts[0], TRANSPOSED)
+                dw = weight_gradient(be, qx, qdy, w_dtype)
+        if need_db:
+            db = be.column_sums(dy2d, b_dtype)
+        return dx, dw, db

@@ -1,0 +1,175 @@
+"""FP8 recipes (framework-neutral) with Transformer Engine's per-tensor semantics, and the scaling state they drive.
+
+Scale: quantised = x * scale, dequantised = q * scale_inv, and (TE's formula)
+
+    scale = fp8_max / amax / 2^margin         kept at its previous value when amax is 0 or not finite
+
+  current scaling: amax is this tensor's own max |x| (one extra pass over it before quantising);
+  delayed scaling (TE's DelayedScaling): amax comes from a history of the last amax_history_len
+      amaxes, reduced by "max" or "most_recent"; the scale used at step t comes from the history
+      up to t-1, and step t's amax enters the history after it was used.
+  delayed_warm_start (default on): a delayed-scaling tensor's first quantisation, whose history
+      holds no amax yet, is current-scaled, and its amax seeds the history; TE's delayed rule from
+      then on. Off: TE exactly, every scale starts at 1. Why: with scales of 1, the first
+      backward's e5m2 gradients underflow to zero (e5m2 flushes |g * scale| below 2^-17),
+      a layer fed a zero gradient records amax 0 and keeps its scale of 1, and calibration crawls
+      down the layers about one tensor per step (the H200 whole-step benchmark, LLaMA-2-7B width, 8
+      layers, run 9: FP8 delayed losses 11.18 / 11.17 / 11.15 over the first three steps where
+      bf16 gave 11.17 / 10.88 / 10.05 and FP8 current 11.18 / 10.91 / 10.12).
+
+A tensor role (a linear layer's input, weight, grad_output) has one ScalingState. Formats follow
+TE's HYBRID default: e4m3 (more precision) forward, e5m2 (more range) for gradients.
+
+Weights use current scaling under both recipes (TE's DelayedScaling delays them too): a weight is
+quantised once per weight version (weight_cache.py), so its own amax costs one reduction per step,
+shared by all micro-batches; and a delayed scale would pin a frozen weight (LoRA's base), which is
+quantised once for the whole run, to the initial scale of 1, under which e4m3 flushes every weight
+below 2^-10 to zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SCALING_MODES = ("current", "delayed")
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+SAVED_GATE_UP = ("fp8", "activation")
+FP8_FORMATS = ("e4m3", "e5m2")
+# Largest finite values: e4m3 (OCP "fn": no Inf, one NaN per sign) S.1111.110 = 448;
+# e5m2 (IEEE-like) S.11110.11 = 57344.
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+# A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
+# current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
+FP32_MAX = float(np.finfo(np.float32).max)
+# cuBLASLt's fast accumulation (no periodic fp32 promotion) for the forward GEMMs only, as
+# Transformer Engine does; dgrad and wgrad accumulate with promotion.
+FAST_ACCUM_FORWARD = True
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FP8_MAX:
+        raise ValueError(f"unknown FP8 format {fmt!r}; expected one of {sorted(FP8_MAX)}")
+    return fmt
+
+
+def scale_numerator(fmt_max: float, margin: float) -> float:
+    """fmt_max * 2^-margin, rounded to fp32 as the kernels form it: the numerator of every scale."""
+    return float(np.float32(fmt_max) * np.float32(2.0) ** np.float32(-margin))
+
+
+def scaled_max(fmt: str, margin: float) -> float:
+    return scale_numerator(FP8_MAX[check_format(fmt)], margin)
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    scaling: str = "delayed"  # "current" | "delayed"
+    forward_format: str = "e4m3"  # inputs and weights
+    backward_format: str = "e5m2"  # output gradients
+    amax_history_len: int = 1024  # TE's default; delayed scaling only
+    amax_compute_algo: str = "max"  # "max" | "most_recent" over the history; delayed scaling only
+    margin: float = 0.0  # scale = fp8_max / amax / 2^margin: headroom against growth between steps
+    # Keep the first and the last decoder layer in bf16: their inputs (embeddings, the last
+    # hidden states before lm_head) have the widest ranges, and FP8 recipes for LLMs (NeMo,
+    # DeepSeek-V3) keep them in higher precision.
+    first_last_bf16: bool = False
+    # GEMMs with M * N * K below this stay bf16: quantising costs passes over the inputs that a
+    # small GEMM does not earn back. 0 (every GEMM in FP8) until the H200 benchmark measures the
+    # break-even size (benchmarks/gpu); that number replaces this default.
+    min_gemm_size: int = 0
+    # Delayed scaling: current-scale each tensor's first quantisation and seed its amax history
+    # with that amax (see the module docstring); False is Transformer Engine's exact behaviour.
+    delayed_warm_start: bool = True
+    # What the FP8 FFN keeps of gate_up [T, 2I] for its backward (the SwiGLU recompute): "fp8",
+    # its own per-tensor scaled copy in forward_format, written by the SwiGLU forward pass (1 byte
+    # an element, as DeepSeek-V3 caches the SwiGLU input in FP8), or "activation", gate_up in the
+    # activation dtype (2 bytes in bf16). The forward's h comes from the 16-bit gate_up either
+    # way; only the backward reads the copy.
+    saved_gate_up: str = "fp8"
+
+    def __post_init__(self):
+        _check_choice("scaling", self.scaling, SCALING_MODES)
+        _check_choice("amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGOS)
+        _check_choice("saved_gate_up", self.saved_gate_up, SAVED_GATE_UP)
+        check_format(self.forward_format)
+        check_format(self.backward_format)
+        _check_type("amax_history_len", self.amax_history_len, int)
+        _check_type("min_gemm_size", self.min_gemm_size, int)
+        _check_type("first_last_bf16", self.first_last_bf16, bool)
+        _check_type("delayed_warm_start", self.delayed_warm_start, bool)
+        margin_is_number = isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool)
+        if not margin_is_number or not math.isfinite(self.margin):
+            raise ValueError(f"Fp8Recipe.margin must be a finite number, got {self.margin!r}")
+        if self.amax_history_len < 1:
+            raise ValueError(f"Fp8Recipe.amax_history_len must be >= 1, got {self.amax_history_len}")
+        if self.min_gemm_size < 0:
+            raise ValueError(f"Fp8Recipe.min_gemm_size must be >= 0, got {self.min_gemm_size}")
+
+    @classmethod
+    def from_dict(cls, values: dict, prefix: str = "") -> "Fp8Recipe":
+        """Build from a mapping such as TrainingArguments' fields: keys are the field names, each
+        with `prefix` (e.g. "fp8_"); keys without the prefix are ignored, unknown ones with it raise."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        chosen = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+        unknown = sorted(set(chosen) - fields)
+        if unknown:
+            raise ValueError(f"unknown FP8 recipe options {[prefix + k for k in unknown]}; "
+                             f"known: {sorted(prefix + f for f in fields)}")
+        return cls(**chosen)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def layer_uses_fp8(self, layer_index: int, num_layers: int) -> bool:
+        """Whether decoder layer `layer_index` (0-based, of `num_layers`) runs its GEMMs in FP8."""
+        return not (self.first_last_bf16 and layer_index in (0, num_layers - 1))
+
+    def gemm_uses_fp8(self, m: int, n: int, k: int) -> bool:
+        """Whether a [m, k] x [k, n] GEMM is large enough for FP8 (see min_gemm_size)."""
+        return m * n * k >= self.min_gemm_size
+
+    def new_state(self, fmt: str, scaling: str | None = None, backend=None) -> "ScalingState":
+        """A ScalingState of this recipe for one tensor role in format `fmt` (`scaling` overrides
+        the recipe's: weights are "current"); its tensors are `backend`'s (default: the state
+        backend the framework registered, core/fp8/backend.py)."""
+        from .scaling import ScalingState
+
+        scaling = scaling or self.scaling
+        history_len = self.amax_history_len if scaling == "delayed" else 1
+        return ScalingState(fmt, scaling, history_len, self.amax_compute_algo, self.margin,
+                            self.delayed_warm_start, backend=backend)
+
+    def linear_states(self, backend=None) -> "LinearScalingStates":
+        from .scaling import LinearScalingStates
+
+        return LinearScalingStates(input=self.new_state(self.forward_format, backend=backend),
+                                   weight=self.new_state(self.forward_format, "current", backend),
+                                   grad_output=self.new_state(self.backward_format, backend=backend))
+
+    def ffn_states(self, backend=None) -> "FfnScalingStates":
+        from .scaling import FfnScalingStates
+
+        forward, backward = self.forward_format, self.backward_format
+
+        def state(fmt, scaling=None):
+            return self.new_state(fmt, scaling, backend)
+
+        return FfnScalingStates(x=state(forward), w_gate_up=state(forward, "current"),
+                                w_down=state(forward, "current"), h=state(forward), dy=state(backward),
+                                d_gate_up=state(backward),
+                                gate_up=state(forward) if self.saved_gate_up == "fp8" else None)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"Fp8Recipe.{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_type(name, value, kind):
+    # bool is an int in Python: a history length of True is a mistake, not 1.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"Fp8Recipe.{name} must be {kind.__name__}, got {value!r}")

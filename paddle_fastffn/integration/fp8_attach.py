@@ -1,0 +1,175 @@
+"""Attaching FP8 compute to a model's layers, for any decoder family (the LLaMA patch, llama.py, is
+the first user): which recipe runs here (resolve_fp8), the FP8 FFN hung off an MLP, an Fp8Linear
+hung off each other target linear, and detaching them all.
+
+Both objects (`_fast_ffn_fp8` in the layer's __dict__) hold the scaling states and weight caches,
+so parameters, their dtypes and state_dict names stay stock (FP8 is a compute format only). Each
+attached Linear's own forward runs its Fp8Linear (an instance attribute `forward` shadows the
+class's): no Linear class is patched, so other models' linears never pass through the plugin, and
+detach_all_fp8_linears undoes every attachment. The recipe's first/last-layer rule keeps those
+decoder layers stock; its min_gemm_size applies per GEMM and the 16-alignment rule per weight (a
+misaligned one: one warning, bf16)."""
+
+from __future__ import annotations
+
+import weakref
+
+import paddle
+from paddle import nn
+
+from .messages import fp8_warn_once
+
+# The linears whose own forward runs their Fp8Linear (detach_all_fp8_linears detaches them).
+FP8_LINEARS: "weakref.WeakSet" = weakref.WeakSet()
+ATTRIBUTE = "_fast_ffn_fp8"
+
+
+def resolve_fp8(options, info_once):
+    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run. FP8 runs on
+    the GPU where the CUDA backend can (sm_90, a CUDA Paddle, the operators built: fp8/cuda.py),
+    emulated elsewhere with fp8_emulate, and not at all otherwise. info_once(key, message): the
+    integration's one-line info log."""
+    if options.precision != "fp8":
+        return None
+    from ..fp8 import cuda as fp8_cuda
+
+    recipe = options.fp8_recipe()
+    compiled = paddle.is_compiled_with_cuda()
+    capability = fp8_cuda.device_capability() if compiled else None
+    ops_error = fp8_cuda.ops_error() if capability == fp8_cuda.SUPPORTED_CAPABILITY else None
+    reason = fp8_cuda.unavailable_reason(compiled, capability, ops_error)
+    if reason is None:
+        info_once("fp8_cuda", "fast_ffn_precision=fp8 runs cuBLASLt FP8 GEMMs on this sm_90 GPU (per-tensor "
+                              f"{recipe.scaling} scaling, e4m3 forward, e5m2 gradients)")
+        return recipe
+    if options.fp8_emulate:
+        info_once("fp8_emulate", "fast_ffn_precision=fp8 runs emulated (fast_ffn_fp8_emulate): FP8 scaling and "
+                                 "e4m3/e5m2 rounding with fp32 GEMMs, FP8 numerics without its speed-up")
+        return recipe
+    hint = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
+    key, why = reason
+    if key == "no_cuda":
+        fp8_warn_once("fp8_cpu", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
+                                 f"build has no GPU: training in bf16/fp32 instead ({hint})")
+    elif key == "arch":
+        fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); {why}: training "
+                                  f"in bf16 instead ({hint})")
+    else:  # a CUDA Paddle on sm_90 whose operator library cannot be used
+        fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: {why}. Training in bf16 instead ({hint})")
+    return None
+
+
+def lora_linear_class():
+    try:
+        from paddlenlp.peft.lora.lora_layers import LoRALinear
+    except ImportError:  # pragma: no cover
+        return None
+    return LoRALinear
+
+
+def fp8_of(layer):
+    """The Fp8Linear or Fp8FFN attached to `layer`, or None."""
+    return None if layer is None else layer.__dict__.get(ATTRIBUTE)
+
+
+def attach_fp8_ffn(mlp, gate_up, down, recipe, why_not: str | None, info_once) -> bool:
+    """Attach the FP8 FFN over `mlp`'s fused gate/up and down projections where it applies
+    (why_not None); True when the MLP is handled as one (FFN attached, or kept bf16 because
+    misaligned), False for the per-linear path."""
+    from ..fp8.ffn import Fp8FFN, ffn_widths
+    from ..fp8.linear import FP8_ALIGNMENT
+
+    if mlp is None:
+        return False
+    if why_not is not None:
+        mlp.__dict__.pop(ATTRIBUTE, None)
+        info_once(f"fp8_mlp:{why_not}", f"fast_ffn_precision=fp8: {why_not}: their linears run Fp8Linear each, "
+                                        f"SwiGLU in 16 bits between (the FP8 FFN needs the fused gate/up and the "
+                                        f"down projection as plain Linear layers)")
+        return False
+    existing = fp8_of(mlp)
+    if existing is not None and existing.recipe == recipe and existing.gate_up is gate_up and existing.down is down:
+        return True
+    mlp.__dict__.pop(ATTRIBUTE, None)
+    hidden, inter = ffn_widths(type(mlp).__name__, gate_up.weight, down.weight)
+    if hidden % FP8_ALIGNMENT or inter % FP8_ALIGNMENT:
+        fp8_warn_once(f"fp8_align_ffn:{hidden}x{inter}",
+                      f"fast_ffn_precision=fp8: the MLP's hidden size {hidden} and intermediate size {inter} are not "
+                      f"both multiples of {FP8_ALIGNMENT} (the FP8 GEMM's alignment): those MLPs stay in bf16")
+        return True
+    info_once("fp8_ffn", "fast_ffn_precision=fp8: MLPs with plain fused gate/up and down projections run the "
+                         "FP8 FFN (gate_up GEMM -> SwiGLU fused with FP8 quantisation -> down GEMM, SwiGLU "
+                         "recomputed in backward), the composition of the GPU benchmarks")
+    mlp.__dict__[ATTRIBUTE] = Fp8FFN(gate_up, down, recipe)
+    return True
+
+
+def attach_fp8(decoder_layers, recipe, targets, attach_ffn, info_once, mlp_name: str = "mlp") -> int:
+    """Give each of `decoder_layers` its FP8 objects (kept across calls while the recipe is the
+    same): attach_ffn(mlp, recipe) -> bool (attach_fp8_ffn with the family's projections) for the
+    MLP, and an Fp8Linear for each other target linear, `targets` being ((owner sub-layer name,
+    (linear names...)), ...); returns how many linears compute in FP8 (an FFN counts its two)."""
+    from ..fp8.linear import FP8_ALIGNMENT, Fp8Linear
+
+    lora_class = lora_linear_class()
+    layers = list(decoder_layers)
+    count = 0
+    for index, layer in enumerate(layers):
+        in_fp8 = recipe.layer_uses_fp8(index, len(layers))
+        mlp = getattr(layer, mlp_name, None)
+        if not in_fp8 and mlp is not None:
+            mlp.__dict__.pop(ATTRIBUTE, None)
+        ffn = in_fp8 and attach_ffn(mlp, recipe)
+        count += 2 if ffn and fp8_of(mlp) is not None else 0
+        for owner_name, names in targets:
+            owner = getattr(layer, owner_name, None)
+            for name in names:
+                linear = owner._sub_layers.get(name) if owner is not None else None
+                if linear is None:
+                    continue
+                existing = fp8_of(linear)
+                if not in_fp8 or (ffn and owner is mlp):  # stock, or the MLP's FP8 FFN computes it
+                    detach_fp8_linear(linear)
+                    continue
+                if existing is not None and existing.recipe == recipe and existing.linear is linear:
+                    count += 1
+                    continue
+                detach_fp8_linear(linear)
+                if type(linear) is not nn.Linear and type(linear) is not lora_class:
+                    info_once(f"fp8_layer:{type(linear).__name__}",
+                              f"fast_ffn_precision=fp8: {type(linear).__name__} layers (tensor parallel or other "
+                              f"non-plain linears) keep their stock GEMMs; FP8 covers plain Linear and LoRALinear")
+                    continue
+                in_features, out_features = linear.weight.shape
+                if in_features % FP8_ALIGNMENT or out_features % FP8_ALIGNMENT:
+                    fp8_warn_once(f"fp8_align:{in_features}x{out_features}",
+                                  f"fast_ffn_precision=fp8: weight [{in_features}, {out_features}] is not a multiple "
+                                  f"of {FP8_ALIGNMENT} in both dimensions (the FP8 GEMM's alignment): those layers "
+                                  f"stay in bf16")
+                    continue
+                attach_fp8_linear(linear, Fp8Linear(linear, recipe, layer_index=index, num_layers=len(layers)))
+                count += 1
+    return count
+
+
+def fp8_layers(model) -> dict:
+    """{sub-layer name: Fp8Linear or Fp8FFN} of what computes in FP8 in `model`: linears, and MLPs
+    running the FP8 FFN (tests, logs, checkpoints)."""
+    return {name: fp8_of(layer) for name, layer in model.named_sublayers() if fp8_of(layer) is not None}
+
+
+def attach_fp8_linear(linear, fp8) -> None:
+    linear.__dict__[ATTRIBUTE] = fp8
+    linear.__dict__["forward"] = fp8  # Fp8Linear(input): Linear.forward's and LoRALinear.forward's signature
+    FP8_LINEARS.add(linear)
+
+
+def detach_fp8_linear(linear) -> None:
+    linear.__dict__.pop(ATTRIBUTE, None)
+    linear.__dict__.pop("forward", None)
+    FP8_LINEARS.discard(linear)
+
+
+def detach_all_fp8_linears() -> None:
+    for linear in list(FP8_LINEARS):
+        detach_fp8_linear(linear)
