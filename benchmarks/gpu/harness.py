@@ -40,10 +40,14 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64:
 
 def scalar(value) -> Scalar:
     """A Python number as a host value, a one-element fp32 CUDA tensor as its device address (the
-    kernel reads it when it runs: no host sync, and a CUDA graph replays the current value)."""
+    kernel reads it when it runs: no host sync, and a CUDA graph replays the current value), a
+    one-element fp32 CPU tensor (the beta powers, which Paddle keeps on the host) as its value."""
     if isinstance(value, torch.Tensor):
-        assert value.dtype == torch.float32 and value.numel() == 1 and value.is_cuda, value
-        return Scalar(0.0, value.data_ptr())
+        assert value.dtype == torch.float32 and value.numel() == 1 and value.is_contiguous(), value
+        if value.is_cuda:
+            return Scalar(0.0, value.data_ptr())
+        assert value.device.type == "cpu", value
+        return Scalar(ctypes.c_float.from_address(value.data_ptr()).value, None)  # host memory: no torch op
     return Scalar(float(value), None)
 
 
@@ -254,7 +258,8 @@ class Kernels:
         """One step of Paddle's AdamW on one tensor, in place: param (fp32/fp16/bf16), grad (its
         dtype or fp32), master (fp32 or None), moment1/moment2 (fp32), all with param's element
         count (contiguous; any alignment). lr, beta1_pow (beta1^t), beta2_pow and grad_scale: host
-        numbers or one-element fp32 CUDA tensors (read by the kernel)."""
+        numbers, one-element fp32 CUDA tensors (read by the kernel) or one-element fp32 CPU
+        tensors (their values, see scalar)."""
         for t in (param, grad, moment1, moment2, master):
             assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw: tensor layout"
         args = AdamwArgs(param.numel(), _DTYPES[param.dtype], _DTYPES[grad.dtype], beta1, beta2, eps,

@@ -23,9 +23,9 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
   for Paddle's flash_attn_unpadded (packed_attention).
 - MasterWeightAdamW: AdamW over fp32 master copies of 16-bit parameters (PaddleNLP's AMP O2 with
   multi_precision): grads cast into fp32 buffers, torch's fused AdamW, parameters copied back.
-- FusedMasterAdamW: the same interface on our one-pass AdamW kernel (what paddle_fastffn.optim's
-  FastAdamW runs in Paddle): reads the 16-bit grads directly, no fp32 gradient buffers, the
-  global-norm clip fused as a device scalar.
+- FusedMasterAdamW: the same interface on our one-pass AdamW kernel, stepping the optimizer
+  composition Paddle's FastAdamW steps (paddle_fastffn/core/optimizer.py): reads the 16-bit grads
+  directly, no fp32 gradient buffers, the global-norm clip fused as a device scalar.
 
 torch supplies cuBLAS GEMMs, SDPA attention, the embedding and the optimizer, standing in for
 Paddle's; everything fastffn fuses is the csrc/kernels CUDA code through ctypes.
@@ -42,8 +42,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from benchmarks.gpu import harness
+from benchmarks.gpu.optimizer_backend import TorchOptimizerBackend, host_beta_pows
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
+from paddle_fastffn.core import optimizer as core_optimizer
 
 TORCH = harness.BACKEND
 
@@ -383,72 +385,44 @@ class MasterWeightAdamW:
 
 
 class FusedMasterAdamW:
-    """MasterWeightAdamW's interface on our AdamW kernel (fastffn_adamw_cuda, the update FastAdamW
-    runs in Paddle, with Paddle's formula; torch's AdamW is the same math): per parameter an fp32
-    master (None for fp32 parameters, updated in place), fp32 m and v, and one kernel call that
-    reads the 16-bit .grad directly: 28 bytes per parameter, no fp32 gradient buffers.
-
-    The learning rate and the beta powers (beta^t, one pair for the parameters that have taken the
-    same number of steps, multiplied on the device after each step) are fp32 device scalars, so a
-    step can be captured in a CUDA graph. max_grad_norm: Paddle's ClipGradByGlobalNorm, fused: the
-    global norm of the gradients (fp32 accumulation, torch) gives clip = max_norm / max(norm,
-    max_norm) on the device, which the kernel multiplies each gradient by as it reads it (torch's
-    clip_grad_norm_ divides by norm + 1e-6 instead; the difference is 1e-6 / norm relative)."""
+    """MasterWeightAdamW's interface on our AdamW kernel, stepping paddle_fastffn/core/optimizer.py's
+    composition (the one Paddle's FastAdamW steps; benchmarks/gpu/optimizer_backend.py is its torch
+    backend): per parameter an fp32 master (None for fp32 parameters, updated in place), fp32 m and
+    v, its own beta powers on the host (as Paddle keeps them: advanced after its kernel call, no
+    kernel of their own) and one kernel call that reads the 16-bit .grad directly: 28 bytes per
+    parameter, no fp32 gradient buffers. The learning rate is an fp32 device scalar, written only
+    when set_lr changes it. max_grad_norm: Paddle's ClipGradByGlobalNorm, fused: Paddle's squared
+    norm per gradient (fp32 accumulation, in the gradient's dtype), summed in fp32, gives clip =
+    max_norm / max(norm, max_norm) on the device, which the kernel multiplies each gradient by as it
+    reads it (torch's clip_grad_norm_ divides by norm + 1e-6 instead). zero_grad releases the
+    gradients (None), as FastAdamW.clear_grad does."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
+        self._backend = TorchOptimizerBackend()
         self.params = [p for p in params if p.requires_grad]
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.max_grad_norm = eps, weight_decay, max_grad_norm
+        self.hyper = core_optimizer.AdamWHyper(self.beta1, self.beta2, eps, weight_decay)
+        self.clip = None if max_grad_norm is None else core_optimizer.GlobalNormClip(float(max_grad_norm))
         device = self.params[0].device
         self.masters = [p.detach().float() if p.dtype != torch.float32 else None for p in self.params]
         self.m = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
         self.v = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
+        # per parameter: beta1^t and beta2^t of its next step (Paddle's accumulators start at beta1, beta2)
+        self.beta_pows = [host_beta_pows(self.beta1, self.beta2) for _ in self.params]
         self.lr = torch.tensor([lr], dtype=torch.float32, device=device)
-        # beta1^t and beta2^t of the next step (Paddle's accumulators start at beta1 and beta2)
-        self.beta1_pow = torch.tensor([self.beta1], dtype=torch.float32, device=device)
-        self.beta2_pow = torch.tensor([self.beta2], dtype=torch.float32, device=device)
-        self.steps = 0  # steps of the shared beta powers
-        self.param_steps = [0] * len(self.params)
+        self._lr_slot = core_optimizer.LearningRateSlot(written=float(lr))
 
     def set_lr(self, lr):
-        self.lr.fill_(lr)
+        self._lr_slot.set(self._backend, self.lr, lr)
 
     def zero_grad(self):
         for p in self.params:
             p.grad = None
 
-    def _clip_coefficient(self, grads):
-        if self.max_grad_norm is None:
-            return 1.0
-        # fp32 accumulation straight from the 16-bit gradients (no fp32 copies)
-        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        max_norm = torch.full_like(total, self.max_grad_norm)
-        return (max_norm / torch.maximum(total, max_norm)).reshape(1)
-
-    def _pows(self, i):
-        """The shared device pair, or for a parameter that missed steps its own beta^t (host fp32,
-        the same repeated fp32 products)."""
-        if self.param_steps[i] == self.steps:
-            return self.beta1_pow, self.beta2_pow
-        b1, b2 = torch.tensor(self.beta1, dtype=torch.float32), torch.tensor(self.beta2, dtype=torch.float32)
-        p1, p2 = b1.clone(), b2.clone()
-        for _ in range(self.param_steps[i]):
-            p1, p2 = p1 * b1, p2 * b2
-        return float(p1), float(p2)
-
     @torch.no_grad()
     def step(self):
-        k = harness.kernels()
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        scale = self._clip_coefficient([self.params[i].grad for i in live])
-        for i in live:
-            p = self.params[i]
-            pow1, pow2 = self._pows(i)
-            k.adamw(p.detach(), p.grad, self.m[i], self.v[i], self.masters[i], lr=self.lr, beta1_pow=pow1,
-                    beta2_pow=pow2, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-                    weight_decay=self.weight_decay, grad_scale=scale)
-            self.param_steps[i] += 1
-        if any(self.param_steps[i] == self.steps + 1 for i in live):
-            k.adamw_update_pows(self.beta1, self.beta2, self.beta1_pow, self.beta2_pow)
-            self.steps += 1
+        updates = [core_optimizer.ParameterUpdate(p.detach(), p.grad, self.m[i], self.v[i], self.masters[i],
+                                                  *self.beta_pows[i])
+                   for i, p in enumerate(self.params) if p.grad is not None]
+        core_optimizer.adamw_step(self._backend, updates, self.lr, self.hyper, self.clip)

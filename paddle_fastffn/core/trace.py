@@ -133,8 +133,8 @@ EQUIVALENCE = {
     "paddle:full_": ("fill", "fill", "as full, in place"),
     "paddle:full_like": ("fill", "fill", "as full"),
     "paddle:fill_": ("fill", "fill", "as full"),
-    "fill:clear_gradient": ("fill", "fill", "Paddle's optimizer.clear_grad() (set_to_zero=True, what the Trainer "
-                                            "calls) zeroes every .grad in place; torch's zero_grad() sets None"),
+    "fill:clear_gradient": ("fill", "fill", "Paddle's optimizer.clear_grad(set_to_zero=True) zeroes every .grad in "
+                                            "place (FastAdamW releases them in one process; torch's zero_grad() sets None)"),
     "torch:fill_": ("fill", "fill", "as Paddle's full_"),
     "torch:zero_": ("fill", "fill", "as Paddle's full_ with 0"),
     "torch:zeros": ("fill", "fill", "as Paddle's full"),
@@ -164,6 +164,7 @@ EQUIVALENCE = {
     "torch:sum": ("reduce", "sum", "a sum"),
     "paddle:squared_l2_norm": ("reduce", "norm", "one gradient's squared norm (ClipGradByGlobalNorm)"),
     "torch:linalg_vector_norm": ("reduce", "norm", "one gradient's norm"),
+    "torch:dot": ("reduce", "norm", "g . g, one gradient's squared norm (fp32 accumulation, as squared_l2_norm)"),
     "paddle:all": ("reduce", "all", "a reduction"),
     "paddle:add": ("elementwise", "add", "x + y"),
     "paddle:add_": ("elementwise", "add", "x + y in place"),
@@ -219,6 +220,9 @@ EQUIVALENCE = {
 }
 # Operands an op takes for their shape only (not read): left out of its entry.
 SHAPE_ONLY = {"paddle:embedding_grad": 2}  # the table, for its shape (torch passes num_weights instead)
+# Ops whose two operands are one tensor: torch has no squared-norm op, the harness's clip runs
+# dot(g, g) (benchmarks/gpu/optimizer_backend.py) where Paddle runs squared_l2_norm(g): one operand.
+SELF_PRODUCT = {"torch:dot"}
 PADDLE_PYLAYER_PREFIX = "_"  # a PyLayer's own record (e.g. _RMSNorm): its ops are recorded one by one
 
 
@@ -273,6 +277,8 @@ def canonicalise(raw_ops, framework: str) -> list:
         inputs = list(raw.inputs)
         if f"{framework}:{raw.name}" in SHAPE_ONLY:
             del inputs[SHAPE_ONLY[f"{framework}:{raw.name}"]]
+        if f"{framework}:{raw.name}" in SELF_PRODUCT:
+            inputs = inputs[:1]
         if category == "fill":
             inputs = []  # a fill reads nothing (Paddle's full_like / full_ and torch's full_like take a tensor)
         counts = _counts(inputs)

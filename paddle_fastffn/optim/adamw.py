@@ -16,7 +16,11 @@ from __future__ import annotations
 from collections import Counter
 
 import paddle
+from paddle import _C_ops
 from paddle.base import framework
+from paddle.optimizer.lr import LRScheduler
+
+from ..core import optimizer as core_optimizer
 
 from ..ops import _checks
 from ..ops._loader import run_op
@@ -120,38 +124,79 @@ def _need_clip(param) -> bool:
     return getattr(param, "need_clip", True) is not False
 
 
-def global_norm_clip_coefficient(clip: paddle.nn.ClipGradByGlobalNorm, params_grads):
-    """clip_norm / max(global_norm, clip_norm) as paddle.nn.ClipGradByGlobalNorm computes it in
-    dygraph (its own squared norm per gradient, in the gradient's dtype unless Paddle's mp-type
-    flag is set, summed per dtype group, in float64 when any gradient is float64, else float32),
-    without scaling any gradient: a [1] tensor in that sum dtype on the gradients' device, or None
-    when no gradient is clipped (need_clip False). auto_skip_clip: 1 where Paddle skips the clip
-    (global_norm <= clip_norm), decided on the device instead of by a host read."""
-    half, single, other = [], [], []
-    for param, grad in params_grads:
-        if grad is None or not _need_clip(param):
-            continue
+class PaddleOptimizerBackend:
+    """The optimizer step's backend (paddle_fastffn/core/optimizer.py) in Paddle dygraph: Paddle's
+    own ops for the clip, our compiled adamw op for the update."""
+
+    _PRECISION = {paddle.float16: core_optimizer.HALF, paddle.bfloat16: core_optimizer.HALF,
+                  paddle.float32: core_optimizer.SINGLE}
+
+    def precision(self, t):
+        return self._PRECISION.get(t.dtype, core_optimizer.DOUBLE)
+
+    def squared_norm(self, grad):
         if grad.dtype in (paddle.float16, paddle.bfloat16) and grad.place.is_cpu_place():
             # Paddle's CPU build has no 16-bit squared_l2_norm (its own clip fails there): fp32,
             # as Paddle computes it with paddle.nn.clip._clip_by_global_norm_using_mp_type(True).
             grad = grad.astype(paddle.float32)
-        square = paddle.nn.clip._squared_l2_norm(grad)
-        if square.dtype in (paddle.float16, paddle.bfloat16):
-            half.append(square)
-        elif square.dtype == paddle.float32:
-            single.append(square)
-        else:
-            other.append(square)
-    if not (half or single or other):
-        return None
-    sum_dtype = "float64" if other else "float32"
-    parts = [paddle.stack(group).sum().astype(sum_dtype) for group in (half, single, other) if group]
-    global_norm = paddle.sqrt(paddle.stack(parts).sum())
-    max_norm = paddle.full(shape=[1], dtype=sum_dtype, fill_value=clip.clip_norm)
-    if clip.auto_skip_clip:
-        return paddle.where(global_norm > max_norm, paddle.divide(max_norm, global_norm),
-                            paddle.ones_like(max_norm))
-    return paddle.divide(max_norm, paddle.maximum(global_norm, max_norm))
+        return paddle.nn.clip._squared_l2_norm(grad)
+
+    def stack(self, scalars):
+        return paddle.stack(scalars)
+
+    def sum(self, t, dtype):
+        return paddle.sum(t, dtype=dtype)
+
+    def sqrt(self, t):
+        return paddle.sqrt(t)
+
+    def maximum(self, a, b):
+        return paddle.maximum(a, b)
+
+    def divide(self, a, b):
+        return paddle.divide(a, b)
+
+    def greater(self, a, b):
+        return paddle.greater_than(a, b)
+
+    def where(self, condition, a, b):
+        return paddle.where(condition, a, b)
+
+    def full(self, value, dtype, like):
+        return paddle.full(shape=[1], dtype=dtype, fill_value=value)
+
+    def to_float32(self, t):
+        return t.astype(paddle.float32)
+
+    def dtype_name(self, t):
+        return str(t.dtype).replace("paddle.", "")
+
+    def fill_(self, t, value):
+        _C_ops.full_(t, list(t.shape), float(value), t.dtype, t.place)
+
+    def adamw(self, update, learning_rate, grad_scale, hyper):
+        _adamw_op(update.param, update.grad, learning_rate, update.moment1, update.moment2, update.beta1_pow,
+                  update.beta2_pow, update.master, grad_scale, hyper.beta1, hyper.beta2, hyper.epsilon,
+                  update.lr_ratio, hyper.weight_decay, update.with_decay)
+
+
+_BACKEND = PaddleOptimizerBackend()
+
+
+def global_norm_clip_coefficient(clip: paddle.nn.ClipGradByGlobalNorm, params_grads):
+    """clip_norm / max(global_norm, clip_norm) of the gradients paddle.nn.ClipGradByGlobalNorm would
+    clip (need_clip), without scaling any gradient (core/optimizer.py's clip_coefficient: Paddle's
+    squared norm per gradient, its dtype groups, summed into float64 when any gradient is float64,
+    else float32): a [1] tensor in that sum dtype on the gradients' device, or None when no
+    gradient is clipped. auto_skip_clip: 1 where Paddle skips the clip (global_norm <= clip_norm),
+    decided on the device instead of by a host read."""
+    grads = [grad for param, grad in params_grads if grad is not None and _need_clip(param)]
+    return core_optimizer.clip_coefficient(_BACKEND, grads, core_optimizer.GlobalNormClip(
+        float(clip.clip_norm), bool(clip.auto_skip_clip)))
+
+
+def _distributed() -> bool:
+    return paddle.distributed.get_world_size() > 1
 
 
 class FastAdamW(paddle.optimizer.AdamW):
@@ -174,6 +219,11 @@ class FastAdamW(paddle.optimizer.AdamW):
     the coefficient and the scaled gradient to the gradient's dtype: results are at least as
     accurate as Paddle's, but not bit-identical to Paddle GPU's AdamW. Other clip classes run as
     in Paddle.
+
+    The step is core/optimizer.py's composition, which the GPU harness's FusedMasterAdamW runs too:
+    with a learning-rate scheduler the learning-rate tensor is written only when the value changed
+    (Paddle fills it before every step), and clear_grad() releases the gradients instead of
+    zero-filling them in a single-process run (see clear_grad).
 
     lr_ratio works on the CPU too (Paddle's constructor refuses it there because its CPU kernel
     would apply the ratio to the decay only); a parameter that would take Paddle's own CPU update
@@ -198,6 +248,30 @@ class FastAdamW(paddle.optimizer.AdamW):
         # While a step runs with the global-norm clip fused: Paddle's coefficient (in its sum
         # dtype, for gradients that take Paddle's update) and its fp32 value (for the kernel).
         self._clip_coefficient = self._clip_coefficient_fp32 = None
+        self._learning_rate_slot = core_optimizer.LearningRateSlot()
+
+    # --- the learning rate and the gradients: no device work that changes nothing ------------
+    def _create_global_learning_rate(self):
+        """Paddle's, except that in dygraph a scheduler's value is written into the learning-rate
+        tensor only when it changed (Paddle fills it before every step)."""
+        current = self._global_learning_rate()
+        if current is None or not framework.in_dygraph_mode() or not isinstance(self._learning_rate, LRScheduler):
+            super()._create_global_learning_rate()
+            scheduled = isinstance(self._learning_rate, LRScheduler)
+            self._learning_rate_slot.written_elsewhere(float(self._learning_rate()) if scheduled else None)
+            return
+        self._learning_rate_slot.set(_BACKEND, current, float(self._learning_rate()))
+
+    def clear_grad(self, set_to_zero: bool | None = None) -> None:
+        """Paddle's clear_grad; by default (None) the gradients are released instead of zero-filled
+        in a single-process run: the next backward writes each gradient afresh (a released .grad
+        takes the first micro-batch's gradient as it is, later micro-batches add to it, exactly as
+        into zeros), so the fill of every gradient after each step is memory traffic for nothing.
+        Where several processes train (data parallel, sharding, pipeline), communication buffers
+        may hold the gradients: zero-filled there, as Paddle does. True / False: Paddle's meaning."""
+        if set_to_zero is None:
+            set_to_zero = _distributed()
+        super().clear_grad(set_to_zero)
 
     # --- which parameters the kernel takes --------------------------------------------------
     def _optimizer_reason(self) -> str | None:
@@ -240,17 +314,18 @@ class FastAdamW(paddle.optimizer.AdamW):
         if reason is not None:
             return self._paddle_update(block, param, grad, reason)
         find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
-        with_decay = self._apply_decay_param_fun is None or self._apply_decay_param_fun(param.name)
         clipped = self._clip_coefficient_fp32 is not None and _need_clip(param)
-        _adamw_op(param, grad, learning_rate, moment1,
-                  self._get_accumulator_master(self._moment2_acc_str, param),
-                  self._get_accumulator_master(self._beta1_pow_acc_str, param),
-                  self._get_accumulator_master(self._beta2_pow_acc_str, param),
-                  self._master_weights[param.name] if find_master else None,
-                  self._clip_coefficient_fp32 if clipped else None,
-                  _as_float(self._beta1), _as_float(self._beta2), _as_float(self._epsilon),
-                  1.0 if self._lr_ratio is None else self._lr_ratio(param),
-                  float(self._weight_decay), with_decay)
+        update = core_optimizer.ParameterUpdate(
+            param, grad, moment1, self._get_accumulator_master(self._moment2_acc_str, param),
+            self._master_weights[param.name] if find_master else None,
+            self._get_accumulator_master(self._beta1_pow_acc_str, param),
+            self._get_accumulator_master(self._beta2_pow_acc_str, param),
+            lr_ratio=1.0 if self._lr_ratio is None else self._lr_ratio(param),
+            with_decay=self._apply_decay_param_fun is None or self._apply_decay_param_fun(param.name),
+            clipped=clipped)
+        hyper = core_optimizer.AdamWHyper(_as_float(self._beta1), _as_float(self._beta2), _as_float(self._epsilon),
+                                          float(self._weight_decay))
+        core_optimizer.update_parameters(_BACKEND, [update], learning_rate, self._clip_coefficient_fp32, hyper)
         return None
 
     def _paddle_update(self, block, param, grad, reason):
@@ -292,8 +367,7 @@ class FastAdamW(paddle.optimizer.AdamW):
         if not self._clip_to_fuse(clip, pairs):
             return super()._apply_optimize(loss, startup_program, params_grads, param_group_idx)
         self._clip_coefficient = global_norm_clip_coefficient(clip, pairs)
-        if self._clip_coefficient is not None:
-            self._clip_coefficient_fp32 = self._clip_coefficient.astype(paddle.float32)
+        self._clip_coefficient_fp32 = core_optimizer.as_grad_scale(_BACKEND, self._clip_coefficient)
         saved_clip = self._grad_clip
         try:
             if grouped:

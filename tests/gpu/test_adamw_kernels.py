@@ -1,6 +1,7 @@
 """The AdamW kernel (fastffn_adamw_cuda, fastffn/optimizer.h) against a float64 torch reference of
-Paddle's formula, and FusedMasterAdamW (benchmarks/gpu/llama_model.py) against MasterWeightAdamW,
-through the ctypes harness.
+Paddle's formula, and FusedMasterAdamW (benchmarks/gpu/llama_model.py) against MasterWeightAdamW
+and, with the global-norm clip, against torch's AdamW fed Paddle's clip coefficient, through the
+ctypes harness.
 
 Each step is checked from the kernel's own state (so every step is a one-step comparison):
 masters and moments within the fp32 row of the tolerance table (fp32 math against float64), the
@@ -242,11 +243,9 @@ def test_adamw_statuses():
                                     m.data_ptr(), None) == 1
 
 
-@pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no_clip", "clip"])
-def test_fused_master_adamw_matches_master_weight_adamw(max_grad_norm):
+def test_fused_master_adamw_matches_master_weight_adamw():
     """The same steps as MasterWeightAdamW (torch's fused AdamW on fp32 masters): masters and
-    moments within the fp32 row (the same math in another order; the clip divides by
-    max(norm, max_norm) where torch divides by norm + 1e-6), parameters = masters rounded."""
+    moments within the fp32 row (the same math in another order), parameters = masters rounded."""
     from benchmarks.gpu.llama_model import FusedMasterAdamW, MasterWeightAdamW
 
     torch.manual_seed(3)
@@ -255,8 +254,8 @@ def test_fused_master_adamw_matches_master_weight_adamw(max_grad_norm):
     init = [torch.randn(s, device="cuda").to(d) for s, d in zip(shapes, dtypes)]
     ours_p = [t.clone().requires_grad_() for t in init]
     ref_p = [t.clone().requires_grad_() for t in init]
-    ours = FusedMasterAdamW(ours_p, lr=1e-2, max_grad_norm=max_grad_norm)
-    ref = MasterWeightAdamW(ref_p, lr=1e-2, max_grad_norm=max_grad_norm)
+    ours = FusedMasterAdamW(ours_p, lr=1e-2)
+    ref = MasterWeightAdamW(ref_p, lr=1e-2)
     for _ in range(4):
         for a, b in zip(ours_p, ref_p):
             g = torch.randn(a.shape, device="cuda").to(a.dtype)
@@ -275,10 +274,49 @@ def test_fused_master_adamw_matches_master_weight_adamw(max_grad_norm):
     assert all(p.grad is None for p in ours_p)
 
 
+def paddle_clip_coefficient(grads, clip_norm):
+    """ClipGradByGlobalNorm's coefficient as Paddle computes it on a GPU, in float64: each squared
+    norm rounded to its gradient's dtype (squared_l2_norm's result), then summed."""
+    squares = [(g.double() ** 2).sum().to(g.dtype).double() for g in grads]
+    norm = torch.stack(squares).sum().sqrt()
+    return clip_norm / max(norm.item(), clip_norm)
+
+
+def test_fused_master_adamw_clips_the_global_norm_as_paddle():
+    """max_grad_norm: every gradient multiplied by Paddle's coefficient (its squared norms in the
+    gradients' dtype, paddle_clip_coefficient) before torch's AdamW on fp32 masters: masters and
+    moments within the fp32 row. The clip is on (the gradients' norm is far above 0.5)."""
+    from benchmarks.gpu.llama_model import FusedMasterAdamW
+
+    torch.manual_seed(3)
+    shapes = [(64, 48), (4097,), (48,)]
+    dtypes = [torch.bfloat16, torch.bfloat16, torch.float32]
+    init = [torch.randn(s, device="cuda").to(d) for s, d in zip(shapes, dtypes)]
+    ours_p = [t.clone().requires_grad_() for t in init]
+    ref_masters = [t.float().clone().requires_grad_() for t in init]
+    ours = FusedMasterAdamW(ours_p, lr=1e-2, max_grad_norm=0.5)
+    ref = torch.optim.AdamW(ref_masters, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, foreach=False)
+    for _ in range(4):
+        grads = [torch.randn(a.shape, device="cuda").to(a.dtype) for a in ours_p]
+        coefficient = paddle_clip_coefficient(grads, 0.5)
+        assert coefficient < 0.1
+        for a, r, g in zip(ours_p, ref_masters, grads):
+            a.grad, r.grad = g.clone(), g.float() * coefficient
+        ours.step()
+        ref.step()
+        ours.zero_grad()
+    for i, (a, r) in enumerate(zip(ours_p, ref_masters)):
+        master = ours.masters[i] if ours.masters[i] is not None else a.detach()
+        close(master, r.detach(), torch.float32, f"master {i}")
+        close(ours.m[i], ref.state[r]["exp_avg"], torch.float32, f"moment1 {i}")
+        close(ours.v[i], ref.state[r]["exp_avg_sq"], torch.float32, f"moment2 {i}")
+        assert torch.equal(a.detach(), master.to(a.dtype))
+
+
 def test_fused_master_adamw_parameter_that_misses_a_step():
-    """A parameter without a gradient is skipped and its beta powers lag behind the others' (host
-    values from then on), as in Paddle and in torch's AdamW, which is the reference here (fp32
-    parameters; MasterWeightAdamW would step a stale fp32 gradient buffer instead)."""
+    """A parameter without a gradient is skipped and its own beta powers (on the host, as Paddle
+    keeps them) lag behind the others', as in Paddle and in torch's AdamW, which is the reference
+    here (fp32 parameters; MasterWeightAdamW would step a stale fp32 gradient buffer instead)."""
     from benchmarks.gpu.llama_model import FusedMasterAdamW
 
     torch.manual_seed(4)
@@ -297,4 +335,35 @@ def test_fused_master_adamw_parameter_that_misses_a_step():
         ref.step()
     for i, (a, b) in enumerate(zip(ours_p, ref_p)):
         close(a.detach(), b.detach(), torch.float32, f"param {i}")
-    assert ours.param_steps == [4, 3] and ours.steps == 4
+    for (beta1_pow, beta2_pow), steps in zip(ours.beta_pows, (4, 3)):
+        assert not beta1_pow.is_cuda and (beta1_pow.item(), beta2_pow.item()) == pows(0.9, 0.95, steps + 1)
+
+
+def test_fused_master_adamw_runs_one_kernel_per_parameter_and_writes_the_lr_only_when_it_changes():
+    """The optimizer step of the trace (tests/traces/training_step.json): one adamw launch per
+    parameter with a gradient and no beta-power kernel; set_lr fills the device scalar only when the
+    value changes."""
+    from benchmarks.gpu.llama_model import FusedMasterAdamW
+
+    params = [torch.randn(s, device="cuda").requires_grad_() for s in ((33,), (65,))]
+    ours = FusedMasterAdamW(params, lr=1e-2)
+    calls = []
+    k = harness.kernels()
+    for name in ("adamw", "adamw_update_pows"):
+        original = getattr(k, name)
+        setattr(k, name, lambda *a, _name=name, _f=original, **kw: (calls.append(_name), _f(*a, **kw))[1])
+    try:
+        for p in params:
+            p.grad = torch.randn_like(p)
+        ours.step()
+    finally:
+        del k.adamw, k.adamw_update_pows
+    assert calls == ["adamw", "adamw"]
+    fills = []
+    fill = ours._backend.fill_
+    ours._backend.fill_ = lambda t, value: (fills.append(value), fill(t, value))
+    ours.set_lr(1e-2)  # unchanged: nothing runs
+    ours.set_lr(5e-3)
+    ours.set_lr(5e-3)
+    assert fills == [5e-3]
+    assert ours.lr.item() == torch.tensor(5e-3).item()

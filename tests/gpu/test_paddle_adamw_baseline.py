@@ -50,7 +50,7 @@ def test_paddle_adamw_port_matches_paddles_formula_each_step():
 
 def test_paddle_adamw_port_matches_our_kernel_without_clip():
     """The same formula in the same precision (the beta powers the same fp32 products, on the host
-    here and on the device in ours): masters and moments within the fp32 row."""
+    in both, per parameter): masters and moments within the fp32 row."""
     from benchmarks.gpu.llama_model import FusedMasterAdamW
     from benchmarks.gpu.paddle_adamw import PaddleAdamW
 
@@ -72,8 +72,8 @@ def test_paddle_adamw_port_matches_our_kernel_without_clip():
 def test_paddle_adamw_step_clips_the_gradients_before_the_update():
     """With max_grad_norm, step() is clip_grads (deterministic: no atomics in the norm) and then
     Paddle's update on the clipped bf16 gradients. (Against our kernel the clip differs by design:
-    Paddle rounds each squared norm, their sum, the coefficient and each scaled gradient to bf16,
-    ours scales in fp32 inside the update.)"""
+    both round each squared norm to bf16, but Paddle also rounds their sum, the coefficient and each
+    scaled gradient to bf16, where ours sums in fp32 and scales in fp32 inside the update.)"""
     from benchmarks.gpu.paddle_adamw import PaddleAdamW
 
     params = bf16_parameters(3)

@@ -511,3 +511,66 @@ def test_kernel_statuses_for_bad_pointers_and_dtypes():
     assert status(grad=None) == 1 and status(n=-1) == 1
     assert status(param_dtype=3, grad_dtype=3) == 2
     assert status(param_dtype=2, grad_dtype=1) == 2
+
+
+# --- no device work that changes nothing (core/optimizer.py; the trace test holds the whole step) ---
+
+def test_clear_grad_releases_the_gradients_by_default_and_zero_fills_on_request():
+    params, _ = twin_parameters([(5,), (3, 7)])
+    opt = FastAdamW(parameters=params)
+    set_grads(params, [paddle.ones(p.shape) for p in params])
+    opt.step()
+    opt.clear_grad()
+    assert all(p.grad is None or not p.grad._is_initialized() for p in params)
+    set_grads(params, [paddle.ones(p.shape) for p in params])
+    opt.clear_grad(set_to_zero=True)
+    for p in params:
+        np.testing.assert_array_equal(p.grad.numpy(), np.zeros(p.shape, np.float32))
+
+
+def test_gradient_accumulation_into_released_gradients_is_bit_identical_to_zeroed_ones():
+    """The Trainer's gradient_accumulation_steps 4: four backward passes accumulate into the
+    gradients released by clear_grad() exactly as into Paddle's zero-filled ones (both FastAdamW,
+    so the updates are bit-identical too)."""
+    released_model, zeroed_model = twin_models(0)
+    released = FastAdamW(learning_rate=3e-3, parameters=released_model.parameters())
+    zeroed = FastAdamW(learning_rate=3e-3, parameters=zeroed_model.parameters())
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        for _ in range(4):
+            ids = paddle.to_tensor(rng.integers(0, 11, (3, 9)))
+            for model in (released_model, zeroed_model):
+                ((model(ids) ** 2).mean() / 4).backward()
+        for p, q in zip(released_model.parameters(), zeroed_model.parameters()):
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy(), err_msg=p.name)
+        released.step()
+        zeroed.step()
+        released.clear_grad()
+        zeroed.clear_grad(set_to_zero=True)
+    for p, q in zip(released_model.parameters(), zeroed_model.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=p.name)
+
+
+def test_a_schedulers_learning_rate_is_written_only_when_it_changes(monkeypatch):
+    """Paddle fills the learning-rate tensor before every step; FastAdamW when the value changed."""
+    from paddle_fastffn.optim.adamw import PaddleOptimizerBackend
+
+    writes, fill = [], PaddleOptimizerBackend.fill_
+    monkeypatch.setattr(PaddleOptimizerBackend, "fill_",
+                        lambda self, t, value: (writes.append(value), fill(self, t, value))[1])
+    params, stock_params = twin_parameters([(7,), (5, 3)])
+    scheduler = paddle.optimizer.lr.StepDecay(0.01, step_size=2, gamma=0.5)
+    stock_scheduler = paddle.optimizer.lr.StepDecay(0.01, step_size=2, gamma=0.5)
+    ours = FastAdamW(learning_rate=scheduler, parameters=params)
+    stock = paddle.optimizer.AdamW(learning_rate=stock_scheduler, parameters=stock_params)
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        grads = random_grads([p.shape for p in params], rng)
+        set_grads(params, grads)
+        set_grads(stock_params, grads)
+        ours.step()
+        stock.step()
+        scheduler.step()
+        stock_scheduler.step()
+    assert writes == [0.005, 0.0025]  # created with 0.01 at the first step; steps 2 and 4 change it
+    assert_same_state(ours, stock, params, stock_params, 5, 0.01)

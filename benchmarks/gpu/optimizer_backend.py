@@ -1,0 +1,80 @@
+"""The optimizer step's backend (paddle_fastffn/core/optimizer.py) in torch: what Paddle's ops are
+on the GPU, and our AdamW kernel through harness.Kernels. llama_model.FusedMasterAdamW executes the
+core's step over it, as Paddle's FastAdamW executes it over PaddleOptimizerBackend."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from benchmarks.gpu import harness
+from paddle_fastffn.core import optimizer as core_optimizer
+
+_PRECISION = {torch.float16: core_optimizer.HALF, torch.bfloat16: core_optimizer.HALF,
+              torch.float32: core_optimizer.SINGLE}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class TorchOptimizerBackend:
+    def precision(self, t):
+        return _PRECISION.get(t.dtype, core_optimizer.DOUBLE)
+
+    def squared_norm(self, grad):
+        # g . g: one cuBLAS dot (fp32 accumulation, the result in grad's dtype), as Paddle's
+        # squared_l2_norm (fp32 accumulation, the result in grad's dtype) on a GPU.
+        flat = grad.reshape(-1)
+        return torch.dot(flat, flat)
+
+    def stack(self, scalars):
+        return torch.stack(scalars)
+
+    def sum(self, t, dtype):
+        return torch.sum(t, dtype=_DTYPES[dtype])
+
+    def sqrt(self, t):
+        return torch.sqrt(t)
+
+    def maximum(self, a, b):
+        return torch.maximum(a, b)
+
+    def divide(self, a, b):
+        return torch.div(a, b)
+
+    def greater(self, a, b):
+        return torch.gt(a, b)
+
+    def where(self, condition, a, b):
+        return torch.where(condition, a, b)
+
+    def full(self, value, dtype, like):
+        return torch.full((1,), value, dtype=_DTYPES[dtype], device=like.device)
+
+    def to_float32(self, t):
+        return t.float()
+
+    def dtype_name(self, t):
+        return str(t.dtype).removeprefix("torch.")
+
+    def fill_(self, t, value):
+        t.fill_(value)
+
+    def adamw(self, update, learning_rate, grad_scale, hyper):
+        harness.kernels().adamw(
+            update.param, update.grad, update.moment1, update.moment2, update.master, lr=learning_rate,
+            beta1_pow=update.beta1_pow, beta2_pow=update.beta2_pow, beta1=hyper.beta1, beta2=hyper.beta2,
+            eps=hyper.epsilon, weight_decay=hyper.weight_decay, lr_ratio=update.lr_ratio,
+            with_decay=update.with_decay, grad_scale=1.0 if grad_scale is None else grad_scale)
+        advance_beta_pows(update.beta1_pow, update.beta2_pow, hyper.beta1, hyper.beta2)
+
+
+def host_beta_pows(beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A parameter's beta powers before its first step (beta1, beta2), as Paddle keeps them: one-element
+    fp32 tensors on the host (the kernel receives their values; no device memory, no kernel)."""
+    return (torch.tensor([beta1], dtype=torch.float32), torch.tensor([beta2], dtype=torch.float32))
+
+
+def advance_beta_pows(beta1_pow: torch.Tensor, beta2_pow: torch.Tensor, beta1: float, beta2: float) -> None:
+    """beta_pow *= beta in fp32 on the host, as Paddle's adamw kernel does to its CPU beta powers
+    (through numpy views of the tensors' memory: host arithmetic, no torch op)."""
+    beta1_pow.numpy()[...] *= np.float32(beta1)
+    beta2_pow.numpy()[...] *= np.float32(beta2)
