@@ -26,6 +26,7 @@ from benchmarks.gpu.torch_backend import TorchBackend, function
 from benchmarks.gpu.torch_rotary_backend import function as rotary_function
 from paddle_fastffn.core import ffn as core_ffn
 from paddle_fastffn.core import linear_cross_entropy as core_lce
+from paddle_fastffn.core import residual as core_residual
 from paddle_fastffn.core import rms_norm as core_rms_norm
 from paddle_fastffn.core import rotary as core_rotary
 from paddle_fastffn.core import swiglu as core_swiglu
@@ -307,6 +308,7 @@ SwiGLU = function(core_swiglu.SwiGLUPacked, BACKEND)  # apply(gate_up): packed [
 SwiGLUPair = function(core_swiglu.SwiGLU, BACKEND)
 RMSNorm = function(core_rms_norm.RMSNorm, BACKEND)  # apply(x, weight, eps)
 AddRMSNorm = function(core_rms_norm.AddRMSNorm, BACKEND)  # apply(x, residual, weight, eps)
+ResidualAdd = function(core_residual.ResidualAdd, BACKEND)  # apply(residual, y): one gradient for both
 
 
 # The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.

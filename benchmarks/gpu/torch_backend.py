@@ -47,6 +47,10 @@ class TorchBackend(IndexingBackend):
         return torch.zeros(tuple(shape), dtype=dtype, device=like.device)
 
     @staticmethod
+    def add(a, b):
+        return torch.add(a, b)
+
+    @staticmethod
     def cast(t, dtype):
         return t if t.dtype == dtype else t.to(dtype)
 

@@ -43,6 +43,8 @@ class Backend(Protocol):
         """An uninitialised tensor on `like`'s device."""
     def zeros(self, shape, dtype: DType, like: Tensor) -> Tensor:
         """A zero-filled tensor on `like`'s device."""
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        """a + b, elementwise, into a new tensor (same shape and dtype)."""
     def cast(self, t: Tensor, dtype: DType) -> Tensor:
         """t itself when it already has `dtype`, else a converted copy."""
     def scale_(self, t: Tensor, factor: float) -> Tensor:

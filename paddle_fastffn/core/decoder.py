@@ -15,7 +15,7 @@ Layer (decoder_layer):
     post_norm_add(a, residual) -> (x, residual)   add_rms_norm: residual + a fused into the norm
     mlp(x) -> y                              runs mlp(mlp_parts, x, variant) likewise (Paddle: the
                                              layer's own mlp sub-layer call)
-    residual_add(residual, y) -> out         residual_add: the framework's own add
+    residual_add(residual, y) -> out         residual_add: core/residual.py's ResidualAdd
 Attention sub-layer (attention); attributes num_heads, num_kv_heads, head_dim, variant ("fused" or
 "unfused", decoder_steps.ATTENTION_VARIANTS):
     qkv(x) -> [b, s, (h + 2 hk) d]           qkv_proj: the fused projection through the layer's own

@@ -118,10 +118,13 @@ class LinearCrossEntropy(FusedOp):
         mean_scale = 1.0 / n_labelled if n_labelled and not float64 else 1.0
         kernel_scale, gemm_scale = (1.0, mean_scale) if compute == be.float16 else (mean_scale, 1.0)
         w = be.cast(weight, compute)
-        d_hidden = (be.empty((tokens, width), be.float64 if float64 else be.dtype(hidden), hidden)
-                    if need_d_hidden else None)
+        d_hidden_dtype = be.float64 if float64 else be.dtype(hidden)
         d_weight = None
         single_chunk = tokens <= chunk_tokens
+        # One chunk: d_hidden is its GEMM's own output. Several: each chunk's GEMM writes its rows
+        # of one buffer (torch writes them in place; Paddle's matmul has no out=, so it copies).
+        d_hidden = (be.empty((tokens, width), d_hidden_dtype, hidden)
+                    if need_d_hidden and not single_chunk else None)
         flag = be.zeros((1,), be.int32, hidden)  # the kernel's out-of-vocabulary flag
         losses = []
         for start in range(0, tokens, chunk_tokens):
@@ -133,7 +136,12 @@ class LinearCrossEntropy(FusedOp):
             d_logits = logits  # overwritten in place by the kernel
             if need_d_hidden:
                 # d_hidden = d_logits @ W^T ([H, V] weight) or d_logits @ W (tied [V, H] weight).
-                be.matmul_into_rows(d_hidden, start, d_logits, w, not transpose_weight, gemm_scale)
+                if single_chunk:
+                    d_hidden = be.matmul(d_logits, w, transpose_b=not transpose_weight, alpha=gemm_scale)
+                    if be.dtype(d_hidden) != d_hidden_dtype:
+                        d_hidden = be.cast(d_hidden, d_hidden_dtype)
+                else:
+                    be.matmul_into_rows(d_hidden, start, d_logits, w, not transpose_weight, gemm_scale)
             if need_d_weight:
                 # d_W = h^T @ d_logits ([H, V]) or d_logits^T @ h ([V, H]), summed over chunks.
                 a, b = (d_logits, h) if transpose_weight else (h, d_logits)
@@ -142,9 +150,12 @@ class LinearCrossEntropy(FusedOp):
                 else:
                     d_weight = be.gemm_fp32_accumulate(d_weight, a, b, gemm_scale)
             del logits, d_logits, h
+        if need_d_hidden and d_hidden is None:  # no tokens: an empty gradient
+            d_hidden = be.empty((tokens, width), d_hidden_dtype, hidden)
         if need_d_weight and d_weight is None:  # no tokens: a zero gradient
             d_weight = be.zeros(be.shape(weight), be.float64 if float64 else be.float32, weight)
-        loss_rows = be.concat(losses) if losses else be.zeros((0,), be.float32, hidden)
+        loss_rows = (losses[0] if len(losses) == 1 else be.concat(losses) if losses
+                     else be.zeros((0,), be.float32, hidden))
         # PaddleNLP's reduction: the mean of the tokens whose loss is > 0 (ignored ones have 0); NaN
         # when there are none (0 / 0: every label ignored), with zero gradients.
         loss, n_kept = be.positive_mean(loss_rows)

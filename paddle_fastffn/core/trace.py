@@ -223,7 +223,6 @@ SHAPE_ONLY = {"paddle:embedding_grad": 2}  # the table, for its shape (torch pas
 # Ops whose two operands are one tensor: torch has no squared-norm op, the harness's clip runs
 # dot(g, g) (benchmarks/gpu/optimizer_backend.py) where Paddle runs squared_l2_norm(g): one operand.
 SELF_PRODUCT = {"torch:dot"}
-PADDLE_PYLAYER_PREFIX = "_"  # a PyLayer's own record (e.g. _RMSNorm): its ops are recorded one by one
 
 
 def _lookup(framework: str, raw: RawOp):
@@ -247,7 +246,7 @@ def canonicalise(raw_ops, framework: str) -> list:
     """The canonical entries of one recorded run ("paddle" or "torch")."""
     entries = []
     for raw in raw_ops:
-        if framework == "paddle" and raw.source == "api" and raw.name[:1] == PADDLE_PYLAYER_PREFIX:
+        if raw.source == "pylayer":  # an autograd container's own record: its ops are recorded one by one
             continue
         found = _lookup(framework, raw)
         if found is None:

@@ -42,6 +42,8 @@ from paddle import nn
 
 from .. import ops
 from ..core import decoder as core_decoder
+from ..core.residual import ResidualAdd
+from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
 from ..ops._fallback import raise_if_strict
 from . import state
@@ -60,6 +62,8 @@ from .patching import own_attribute, restore_attribute
 # unfused_linear_class).
 MODEL_TYPES = ("llama",)
 _PADDLE = PaddleBackend()  # the views core.decoder asks for
+# The closing residual add: one gradient tensor for both inputs (Paddle's add_grad copies it twice).
+_RESIDUAL_ADD = pylayer(ResidualAdd)
 FUSED_LAYOUTS = {
     "qkv": FusedLayout("qkv_proj", ("q_proj", "k_proj", "v_proj"), "fuse_attention_qkv"),
     "ffn": FusedLayout("gate_up_fused_proj", ("gate_proj", "up_proj"), "fuse_attention_ffn"),
@@ -184,7 +188,7 @@ def fast_mlp_forward(self, x):
 
 def fast_apply_rotary_pos_emb(q, k, cos, sin, position_ids):
     """Drop-in for modeling.apply_rotary_pos_emb: the fused kernel on q and k together."""
-    return ops.rotary_embedding(q, k, cos, sin, position_ids)
+    return ops.rotary_embedding(q, k, cos, sin, _positions(position_ids))
 
 
 def _can_fuse_add_norm(layer) -> bool:
@@ -234,7 +238,7 @@ class _DecoderLayerParts:
         return self.layer.mlp(x)
 
     def residual_add(self, residual, y):
-        return residual + y
+        return _RESIDUAL_ADD.apply(residual, y)
 
 
 def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention_mask=None,
@@ -276,7 +280,7 @@ class _AttentionParts:
 
     def qkv_rotary(self, qkv):
         cos, sin = self.layer.rotary_emb(qkv, seq_len=qkv.shape[1])  # the tables in qkv's dtype, as stock
-        return ops.qkv_rotary(qkv, self.num_heads, self.num_kv_heads, cos, sin, self.position_ids)
+        return ops.qkv_rotary(qkv, self.num_heads, self.num_kv_heads, cos, sin, _positions(self.position_ids))
 
     def attention(self, q, k, v):
         layer, config, modeling = self.layer, self.layer.config, _modeling()
@@ -382,6 +386,8 @@ def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_va
     attention (they replace the [batch, 1, seq, seq] mask); other masks as stock. With
     fast_ffn_attention off, attention is PaddleNLP's own: the segments become its dense
     block-causal mask (one info line)."""
+    if attention_mask is CAUSAL_MASK:
+        return attention_mask
     if isinstance(attention_mask, ops.PackedSegments):
         if _ACTIVE is not None and _ACTIVE.attention:
             return attention_mask
@@ -394,6 +400,8 @@ def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_va
 def fast_is_casual_mask(attention_mask):
     """modeling.is_casual_mask (LlamaModel asks it on the flash path): a packed batch's segments
     are not one causal mask."""
+    if attention_mask is CAUSAL_MASK:
+        return True
     if isinstance(attention_mask, ops.PackedSegments):
         return False
     return _ORIGINALS["is_casual_mask"](attention_mask)
@@ -695,14 +703,51 @@ def attach_fp8(llama_model, recipe) -> int:
 fp8_layers = fp8_attach.fp8_layers
 
 
+class _Implied:
+    """An argument LlamaModel.forward would otherwise build on every step; the fast forwards it
+    reaches read the sentinel for what it stands for (see fast_llama_model_forward)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"<paddle_fastffn: {self.name}>"
+
+
+# No attention_mask (and no cache) on the flash path: stock builds a [batch, 1, seq, seq] mask, asks
+# is_casual_mask (a device reduction and a blocking read to the host, every step) and drops it for
+# is_causal=True. The trace test saw those 18 ops at the head of every training step.
+CAUSAL_MASK = _Implied("causal attention, no mask built")
+# No position_ids (and no cache): stock builds arange(seq).expand([batch, seq]) and every layer
+# expands it again for rotary, whose kernel then reads and range-checks the ids; positions 0..seq-1
+# are the token index, which the kernels take from position_ids=None.
+IMPLICIT_POSITIONS = _Implied("positions 0..seq-1")
+
+
+def _positions(position_ids):
+    return None if position_ids is IMPLICIT_POSITIONS else position_ids
+
+
 def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                              use_cache=None, past_key_values=None, output_attentions=False,
                              output_hidden_states=None, return_dict=False, **kwargs):
-    """LlamaModel.forward, after attaching Fp8Linear to the decoder layers' linears (FP8 only).
-    PaddleNLP 2.8.1's signature spelled out: its Layer.__setattr__ wraps a class-level forward
-    patch that lacks output_* / return_dict and drops those arguments."""
+    """LlamaModel.forward with what it would build every step passed as implied (CAUSAL_MASK,
+    IMPLICIT_POSITIONS) where only the fast forwards read it: no cache and nothing the stock
+    forward or a stock kernel reads the tensors for (alibi, fused or long-sequence rope). Under
+    FP8 the decoder layers' linears get their Fp8Linear first. PaddleNLP 2.8.1's signature spelled
+    out: its Layer.__setattr__ wraps a class-level forward patch that lacks output_* / return_dict
+    and drops those arguments."""
     if _FP8 is not None:
         attach_fp8(self, _FP8)
+    config, options = self.config, _ACTIVE
+    fresh = (options is not None and not use_cache
+             and (past_key_values is None or all(p is None for p in past_key_values)))
+    if (fresh and attention_mask is None and options.attention and config.use_flash_attention
+            and not config.alibi):
+        attention_mask = CAUSAL_MASK
+    if (fresh and position_ids is None and options.rotary and not getattr(config, "use_fused_rope", False)
+            and not getattr(config, "use_long_sequence_strategies", False)):
+        position_ids = IMPLICIT_POSITIONS
     return _ORIGINALS["llama_model_forward"](
         self, input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
@@ -719,7 +764,6 @@ def _apply_fp8(recipe) -> None:
     if recipe is None:
         _revert_fp8()
         return
-    modeling.LlamaModel.forward = fast_llama_model_forward
     # PaddleNLP's layer (and attention) recompute: the replay reuses the forward's FP8 scales.
     from ..fp8.recompute import fp8_recompute
 
@@ -730,8 +774,7 @@ def _revert_fp8() -> None:
     global _FP8
     _FP8 = None
     fp8_attach.detach_all_fp8_linears()
-    if "llama_model_forward" in _ORIGINALS:
-        _modeling().LlamaModel.forward = _ORIGINALS["llama_model_forward"]
+    if "recompute" in _ORIGINALS:
         _modeling().recompute = _ORIGINALS["recompute"]
 
 
@@ -757,6 +800,8 @@ def apply(options: FastFFNOptions, model=None) -> None:
     _ORIGINALS.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
     # Always the fast forward: it takes packed batches' segments; the fused loss is its own option.
     modeling.LlamaForCausalLM.forward = fast_causal_lm_forward
+    _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
+    modeling.LlamaModel.forward = fast_llama_model_forward
     modeling.LlamaModel._prepare_decoder_attention_mask = staticmethod(fast_prepare_decoder_attention_mask)
     modeling.is_casual_mask = fast_is_casual_mask
     modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
@@ -809,6 +854,7 @@ def revert() -> None:
     restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
     modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
     modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
+    modeling.LlamaModel.forward = _ORIGINALS["llama_model_forward"]
     restore_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask", _ORIGINALS["prepare_mask"])
     modeling.is_casual_mask = _ORIGINALS["is_casual_mask"]
 

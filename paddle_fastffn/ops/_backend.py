@@ -43,6 +43,10 @@ class PaddleBackend(IndexingBackend):
         return paddle.zeros(list(shape), dtype=dtype)
 
     @staticmethod
+    def add(a, b):
+        return paddle.add(a, b)
+
+    @staticmethod
     def cast(t, dtype):
         return t if t.dtype == dtype else t.astype(dtype)
 

@@ -28,7 +28,7 @@ nodes are found by address) and the phase boundaries (forward / backward / optim
 Blind spot: work inside a compiled op's C++ binding (allocations, and on CUDA only the rotary
 binding's read of its position flag to the host) is not seen; the torch recorder leaves the
 harness's binding-side ATen ops out the same way, but records their host reads.
-A PyLayer's own record in the log (_RMSNorm, ...) is dropped by the canonicaliser: the kernels
+A PyLayer's own record in the log (any PyLayer subclass: _pylayer_names) is dropped by the canonicaliser: the kernels
 and ops it runs are recorded one by one.
 
 The traces are built as users build the model: FastFFNTrainingArguments(use_fast_ffn=True), then
@@ -212,6 +212,20 @@ _NODE_CREATED = re.compile(r"Create node \w+ addr (0x[0-9a-f]+)")
 _NODE_RUNNING = re.compile(r"gradnode_ptr = (0x[0-9a-f]+)")
 
 
+
+def _pylayer_names() -> set:
+    """The class names of every PyLayer defined so far (ours are built by pylayer(core op)): the eager
+    log records a PyLayer's apply as an API of that name, around the ops it runs, which are recorded
+    one by one."""
+    from paddle.autograd import PyLayer
+
+    names, todo = set(), [PyLayer]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            names.add(sub.__name__)
+            todo.append(sub)
+    return names
+
 def parse_log(text: str) -> list:
     """Raw entries, in execution order, from the log and the markers. A region (attention) is the
     forward ops run between its markers and, in backward, the grad nodes those ops created (known
@@ -258,7 +272,8 @@ def parse_log(text: str) -> list:
             if found is None:
                 raise RuntimeError("unparsed forward record:\n" + chunk[:2000])
             inputs, outputs = _split_io(chunk.partition("Forward Debug Info {")[2])
-            entries.append(trace.RawOp("api", found.group(1), inputs, outputs, current_phase, region))
+            kind = "pylayer" if found.group(1) in _pylayer_names() else "api"
+            entries.append(trace.RawOp(kind, found.group(1), inputs, outputs, current_phase, region))
         elif "Running_AD_API_GRAD: " in chunk:
             grad_name, grad_region = re.search(r"Running_AD_API_GRAD: (\w+)", chunk).group(1), None
         elif grad_name and " Output: [" in chunk and chunk.lstrip().startswith("{ Input: ["):
