@@ -86,6 +86,9 @@ class FastDecoderLayer(torch.nn.Module):
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.heads, self.kv_heads, self.eps, self.recompute = heads, kv_heads, eps, recompute
+        # core.decoder's attention reads the head counts and width under these names.
+        self.num_heads, self.num_kv_heads = heads, kv_heads
+        self.head_dim = attn.o_proj.weight.shape[1] // heads
         self.lora = lora
         if lora is not None:
             self._init_lora(hf_layer, lora, fp8_recipe)
