@@ -64,13 +64,18 @@ class TorchBackend(IndexingBackend):
 
     @staticmethod
     def indices_not_equal(t, value):
-        return torch.nonzero(t != value).reshape(-1)
+        # Against a one-element tensor, as the Paddle backend must compare (Paddle has no
+        # tensor-scalar compare kernel): the same two ops on both sides.
+        return torch.nonzero(t != torch.full((1,), value, dtype=t.dtype, device=t.device)).reshape(-1)
 
     @staticmethod
     def positive_mean(values):
-        kept = values > 0
+        # The Paddle backend's ops (the trace test compares both; Paddle has no tensor-scalar
+        # compare and its where expands a broadcast operand): a one-element zero to compare
+        # against, a full one to select from.
+        kept = values > torch.zeros(1, dtype=values.dtype, device=values.device)
         count = kept.sum(dtype=torch.float32)
-        return torch.where(kept, values, 0.0).sum() / count, count
+        return torch.where(kept, values, torch.zeros_like(values)).sum() / count, count
 
     @staticmethod
     def to_host(scalars):

@@ -8,7 +8,7 @@ What is seen, and how:
   ops and reductions. A read to the host is `_local_scalar_dense` (.item(), int(), float()) or a
   copy whose result lies on the CPU (.tolist(), .cpu()); both become host_read entries.
 - Our C kernels: the harness calls them through ctypes, which no dispatch mode sees. While
-  recording, the methods of harness.Kernels that call a C entry point, and harness.cross_entropy,
+  recording, the methods of harness.Kernels that call a C entry point (cross_entropy among them),
   are wrapped: each call is one kernel entry named by its C entry point, with the tensors it reads
   and the new tensors it returns (a result in an input's memory is not listed twice). The ATen ops
   inside those methods (allocating outputs, zeroing a flag) are the binding's part, as the Paddle
@@ -46,7 +46,8 @@ DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 # harness.Kernels methods -> the C entry point each calls
 KERNEL_METHODS = {"swiglu_fwd": "fastffn_swiglu_fwd", "swiglu_bwd": "fastffn_swiglu_bwd",
                   "rms_norm_fwd": "fastffn_rms_norm_fwd", "rms_norm_bwd": "fastffn_rms_norm_bwd",
-                  "rotary": "fastffn_rotary", "adamw": "fastffn_adamw", "adamw_update_pows": "fastffn_adamw_update_pows"}
+                  "rotary": "fastffn_rotary", "adamw": "fastffn_adamw", "adamw_update_pows": "fastffn_adamw_update_pows",
+                  "cross_entropy": "fastffn_cross_entropy"}
 
 
 def _info(t):
@@ -92,7 +93,9 @@ class Recorder(TorchDispatchMode):
                 # Paddle's FastAdamW reads one too under AMP O2 on a GPU, while the committed trace
                 # is recorded in fp32 on CPU (no master). Left out, as the dtype is.
                 operands = (args[:4], {k: v for k, v in kwargs.items() if k != "master"})
-            inputs = _tensors(operands)
+            # One entry per tensor: the harness passes one buffer for several slots (the fused qkv as
+            # q, k and v; d_qkv as the three outputs), where Paddle's binding takes it once.
+            inputs = list({(i.data_ptr(), i.numel(), i.dtype): i for i in _tensors(operands)}.values())
             read = {i.data_ptr() for i in inputs}
             if self.region is None:
                 self.ops.append(trace.RawOp("kernel", entry_point, [_info(i) for i in inputs],
@@ -130,7 +133,7 @@ def recording():
     recorder = Recorder()
     kernels = harness.kernels()
     saved = {name: getattr(kernels, name) for name in KERNEL_METHODS}
-    saved_ce, saved_sdpa = harness.cross_entropy, F.scaled_dot_product_attention
+    saved_sdpa = F.scaled_dot_product_attention
     # ctypes keeps each C function the library has resolved in its __dict__: all the harness calls
     c_functions = {name: f for name, f in vars(kernels.lib).items()
                    if name.startswith("fastffn_") and name != "fastffn_status_string"}
@@ -139,7 +142,6 @@ def recording():
             setattr(kernels.lib, name, recorder.stray_c_call(name, function))
         for name, entry_point in KERNEL_METHODS.items():
             setattr(kernels, name, recorder.kernel(entry_point, saved[name]))
-        harness.cross_entropy = recorder.kernel("fastffn_cross_entropy", saved_ce)
         F.scaled_dot_product_attention = recorder.attention(saved_sdpa)
         with recorder:
             yield recorder
@@ -148,7 +150,7 @@ def recording():
             setattr(kernels.lib, name, function)
         for name in KERNEL_METHODS:
             delattr(kernels, name)  # the instance attribute; the class's method shows again
-        harness.cross_entropy, F.scaled_dot_product_attention = saved_ce, saved_sdpa
+        F.scaled_dot_product_attention = saved_sdpa
 
 
 def canonical(raw) -> list:

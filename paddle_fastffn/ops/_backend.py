@@ -60,12 +60,16 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def indices_not_equal(t, value):
-        return paddle.nonzero(t != value).reshape([-1])
+        # Against a one-element tensor, as the torch backend compares: Paddle would otherwise
+        # materialise the scalar as a full [n] tensor first (the trace test compares both).
+        return paddle.nonzero(t != paddle.full([1], value, t.dtype)).reshape([-1])
 
     @staticmethod
     def positive_mean(values):
-        kept = values > 0
-        count = kept.astype(paddle.float32).sum()
+        # The same ops as the torch backend's (the trace test compares both): a one-element zero to
+        # compare against, a full one to select from (Paddle's where would expand a broadcast one).
+        kept = values > paddle.zeros([1], values.dtype)
+        count = paddle.sum(kept, dtype=paddle.float32)
         return paddle.where(kept, values, paddle.zeros_like(values)).sum() / count, count
 
     @staticmethod
