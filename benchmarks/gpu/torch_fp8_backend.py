@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from benchmarks.gpu import fp8_harness as fp8
-from paddle_fastffn.core.autograd import Saved
+from benchmarks.gpu import torch_backend
 from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
 from paddle_fastffn.core.fp8.backend import SharedTensorMethods, register_state_backend
 
@@ -150,32 +150,5 @@ quantize_weight = TORCH.quantize_weight
 
 
 def function(op, backend=TORCH):
-    """torch's autograd adapter for a core FusedOp (paddle_fastffn/core/autograd.py), with the
-    semantics of Paddle's pylayer: `needs` recorded in forward (ctx.needs_input_grad), the saved
-    tensors through ctx.save_for_backward (None entries keep their positions), None gradients for
-    the options. apply(*inputs, *options)."""
-    count = len(op.inputs)
-
-    def forward(ctx, *args):
-        saved = Saved(ctx.needs_input_grad[:count])
-        outputs = op.forward(backend, saved, *args)
-        kept = [i for i, t in enumerate(saved.tensors) if t is not None]
-        ctx.save_for_backward(*(saved.tensors[i] for i in kept))
-        ctx.layout = (len(saved.tensors), kept)
-        saved.tensors = ()  # only the framework's copies reach backward
-        ctx.fused_saved = saved
-        return outputs
-
-    def backward(ctx, *output_grads):
-        length, kept = ctx.layout
-        tensors = [None] * length
-        for i, t in zip(kept, ctx.saved_tensors):
-            tensors[i] = t
-        saved = ctx.fused_saved
-        saved.tensors = tuple(tensors)
-        grads = op.backward(backend, saved, *output_grads)
-        grads = grads if isinstance(grads, tuple) else (grads,)
-        return (*grads, *([None] * len(op.options)))
-
-    return type(f"{op.__name__}_torch", (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    """torch_backend.py's one autograd.Function adapter over `backend`."""
+    return torch_backend.function(op, backend)

@@ -1,17 +1,14 @@
-"""torch's side of the core layer for the rotary ops (paddle_fastffn/core/rotary.py): the backend
-methods they call, over the harness's ctypes kernels, and the autograd.Function adapter, with
-core/autograd.py's semantics.
-
-Written to fold into the shared TorchBackend and `function` (benchmarks/gpu/torch_backend.py): the
-methods below are the ones core/backend.py documents under "allocation and addressing" and
-"kernels", plus `shape`/`contiguous`; `function` is the contract's adapter.
+"""torch's backend for the rotary ops (paddle_fastffn/core/rotary.py), over the harness's ctypes
+kernels: the methods core/backend.py documents under "allocation and addressing" and "kernels" for
+them, plus `shape`/`contiguous`; their autograd is torch_backend.py's one adapter. (Kept apart from
+TorchBackend as the Paddle side keeps its rotary backend apart: `empty` takes a tensor's dtype.)
 """
 
 from __future__ import annotations
 
 import torch
 
-from paddle_fastffn.core.autograd import Saved
+from benchmarks.gpu import torch_backend
 
 
 class RotaryTorchBackend:
@@ -59,28 +56,5 @@ BACKEND = RotaryTorchBackend()
 
 
 def function(op):
-    """A torch.autograd.Function running `op` (a core FusedOp) over the torch backend. apply()
-    takes the op's tensor inputs then its options; `needs` from ctx.needs_input_grad (recorded in
-    forward); saved tensors go through ctx.save_for_backward; backward returns None for options."""
-    n_inputs = len(op.inputs)
-
-    class _Function(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            saved = Saved(ctx.needs_input_grad[:n_inputs])
-            out = op.forward(BACKEND, saved, *args)
-            ctx.save_for_backward(*saved.tensors)
-            saved.tensors = ()  # only the framework holds them from here
-            ctx.fused_saved = saved
-            return out
-
-        @staticmethod
-        def backward(ctx, *output_grads):
-            saved = ctx.fused_saved
-            saved.tensors = tuple(ctx.saved_tensors)
-            grads = op.backward(BACKEND, saved, *output_grads)
-            grads = grads if isinstance(grads, tuple) else (grads,)
-            return grads + (None,) * len(op.options)
-
-    _Function.__name__ = _Function.__qualname__ = f"{op.__name__}Function"
-    return _Function
+    """torch_backend.py's one autograd.Function adapter, over this rotary backend."""
+    return torch_backend.function(op, BACKEND)

@@ -77,17 +77,27 @@ class FusedOp:
 
 def run_forward(op: type[FusedOp], be, needs, args, save_for_backward):
     """(outputs, saved): op.forward with a fresh Saved, its tensors handed to the framework's own
-    saving (save_for_backward(*tensors)) so recompute, hooks and memory accounting see them."""
+    saving (save_for_backward(*tensors)) so recompute, hooks and memory accounting see them. None
+    entries are not handed over (Paddle's saving refuses them); their positions are kept."""
     saved = Saved(needs)
     outputs = op.forward(be, saved, *args)
-    save_for_backward(*saved.tensors)
+    kept = [i for i, t in enumerate(saved.tensors) if t is not None]
+    save_for_backward(*(saved.tensors[i] for i in kept))
+    saved.layout = (len(saved.tensors), kept)
     saved.tensors = ()
     return outputs, saved
 
 
 def run_backward(op: type[FusedOp], be, saved: Saved, framework_saved, output_grads) -> tuple:
-    """op.backward on the framework's saved copies; one gradient per op input, as a tuple."""
-    saved.tensors = tuple(framework_saved)
+    """op.backward on the framework's saved copies (back in their places, None where forward saved
+    None); one gradient per op input, as a tuple."""
+    length, kept = saved.layout
+    if not isinstance(framework_saved, (list, tuple)):  # Paddle gives one saved tensor bare
+        framework_saved = (framework_saved,)
+    tensors = [None] * length
+    for i, t in zip(kept, framework_saved):
+        tensors[i] = t
+    saved.tensors = tuple(tensors)
     grads = op.backward(be, saved, *output_grads)
     saved.tensors = ()
     return grads if isinstance(grads, tuple) else (grads,)

@@ -10,9 +10,10 @@ from ..core.autograd import FusedOp, run_backward, run_forward
 from ._backend import BACKEND
 
 
-def pylayer(op: type[FusedOp]) -> type[PyLayer]:
-    """A PyLayer class running `op` over the Paddle backend. Call it as
-    ``cls.apply(*tensor_inputs, *options)`` (op.inputs then op.options, all positional)."""
+def pylayer(op: type[FusedOp], backend=BACKEND, name: str | None = None) -> type[PyLayer]:
+    """A PyLayer class running `op` over `backend` (the compiled ops' PaddleBackend; FP8 passes its
+    emulated or CUDA backend, rotary its own). Call it as ``cls.apply(*tensor_inputs, *options)``
+    (op.inputs then op.options, all positional)."""
     n_inputs = len(op.inputs)
 
     class FusedPyLayer(PyLayer):
@@ -33,15 +34,15 @@ def pylayer(op: type[FusedOp]) -> type[PyLayer]:
             needs = [grad_enabled and t is not None and not t.stop_gradient for t in tensors]
             # Paddle wants one gradient per Tensor input: None inputs get no slot.
             ctx.tensor_inputs = tuple(t is not None for t in tensors)
-            outputs, ctx.fused_saved = run_forward(op, BACKEND, needs, args, ctx.save_for_backward)
+            outputs, ctx.fused_saved = run_forward(op, backend, needs, args, ctx.save_for_backward)
             return outputs
 
         @staticmethod
         def backward(ctx, *output_grads):
-            grads = run_backward(op, BACKEND, ctx.fused_saved, ctx.saved_tensor(), output_grads)
+            grads = run_backward(op, backend, ctx.fused_saved, ctx.saved_tensor(), output_grads)
             grads = tuple(g for g, is_tensor in zip(grads, ctx.tensor_inputs) if is_tensor)
             return grads[0] if len(grads) == 1 else grads
 
-    FusedPyLayer.__name__ = FusedPyLayer.__qualname__ = op.__name__
+    FusedPyLayer.__name__ = FusedPyLayer.__qualname__ = name or op.__name__
     FusedPyLayer.__doc__ = op.__doc__
     return FusedPyLayer

@@ -1,17 +1,14 @@
-"""Paddle's side of the core layer for the rotary ops (paddle_fastffn/core/rotary.py): the backend
-methods they call and the PyLayer adapter, with core/autograd.py's semantics.
-
-Written to fold into the shared PaddleBackend (ops/_backend.py) and `pylayer` (ops/_autograd.py):
-the methods below are the ones core/backend.py documents under "allocation and addressing" and
-"kernels", plus `shape`/`contiguous`; `pylayer` is the contract's adapter.
+"""Paddle's backend for the rotary ops (paddle_fastffn/core/rotary.py): the methods core/backend.py
+documents under "allocation and addressing" and "kernels" for them, plus `shape`/`contiguous`;
+their autograd is ops/_autograd.py's one PyLayer adapter. (Kept apart from PaddleBackend: its
+`empty` takes the dtype from a tensor, where the other ops' passes one.)
 """
 
 from __future__ import annotations
 
 import paddle
-from paddle.autograd import PyLayer
 
-from ..core.autograd import Saved
+from . import _autograd
 from ._loader import run_op
 
 _NO_LAYOUT = (0, 1, 1, 1, 1)  # an absent v's slot: ignored by the kernel (with_v false)
@@ -60,32 +57,5 @@ BACKEND = RotaryPaddleBackend()
 
 
 def pylayer(op):
-    """A PyLayer running `op` (a core FusedOp) over the Paddle backend. Called with the op's tensor
-    inputs then its options; `needs` recorded in forward from stop_gradient; saved tensors go
-    through ctx.save_for_backward; backward returns one gradient per tensor argument actually
-    passed (Paddle's rule: None arguments and options get none)."""
-    n_inputs = len(op.inputs)
-
-    class _Layer(PyLayer):
-        @staticmethod
-        def forward(ctx, *args):
-            tensors = args[:n_inputs]
-            saved = Saved([isinstance(t, paddle.Tensor) and not t.stop_gradient for t in tensors])
-            out = op.forward(BACKEND, saved, *args)
-            ctx.save_for_backward(*saved.tensors)
-            saved.tensors = ()  # only the framework holds them from here
-            ctx.fused_saved = saved
-            ctx.tensor_positions = [i for i, t in enumerate(tensors) if isinstance(t, paddle.Tensor)]
-            return out
-
-        @staticmethod
-        def backward(ctx, *output_grads):
-            saved = ctx.fused_saved
-            saved.tensors = tuple(ctx.saved_tensor())
-            grads = op.backward(BACKEND, saved, *output_grads)
-            grads = grads if isinstance(grads, tuple) else (grads,)
-            picked = tuple(grads[i] for i in ctx.tensor_positions)
-            return picked[0] if len(picked) == 1 else picked
-
-    _Layer.__name__ = f"{op.__name__}PyLayer"
-    return _Layer
+    """ops/_autograd.py's one PyLayer adapter, over this rotary backend."""
+    return _autograd.pylayer(op, BACKEND)
