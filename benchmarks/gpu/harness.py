@@ -304,7 +304,8 @@ def rms_norm_bwd_plan(rows: int, cols: int, limits: DeviceLimits) -> RmsNormBwdP
 BACKEND = TorchBackend(kernels, Kernels.empty)
 
 SwiGLU = function(core_swiglu.SwiGLUPacked, BACKEND)  # apply(gate_up): packed [gate | up]
-# apply(gate, up): two inputs (the MLP with unfused gate_proj and up_proj, as under LoRA)
+# apply(gate, up, reuse_input_memory): two inputs (the MLP with unfused gate_proj and up_proj, as
+# under LoRA; reuse_input_memory writes the gradients over gate and up)
 SwiGLUPair = function(core_swiglu.SwiGLU, BACKEND)
 RMSNorm = function(core_rms_norm.RMSNorm, BACKEND)  # apply(x, weight, eps)
 AddRMSNorm = function(core_rms_norm.AddRMSNorm, BACKEND)  # apply(x, residual, weight, eps)

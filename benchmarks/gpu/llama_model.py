@@ -217,7 +217,7 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(x, self.w_up, "up")
 
     def swiglu(self, gate, up):
-        return harness.SwiGLUPair.apply(gate, up)
+        return harness.SwiGLUPair.apply(gate, up, True)  # reuse_input_memory: as the Paddle MLP
 
     def down(self, h):
         return self._linear(h, self.w_down, "down")

@@ -114,6 +114,29 @@ void SwigluBackwardInPlace(paddle::Tensor& x, paddle::Tensor& d_out) {
                kOp);
 }
 
+// The two-input backward, in place: x becomes d_x and y becomes d_y (the unfused MLP's gate_proj
+// and up_proj outputs, which nothing else reads), so it allocates no [tokens, 2I]. No recompute:
+// the caller keeps the SwiGLU output where it needs it.
+void SwigluPairBackwardInPlace(paddle::Tensor& x, paddle::Tensor& y, const paddle::Tensor& d_out) {
+  SwigluView v = make_view(x, y);
+  check_contiguous(d_out, "d_out", kOp);
+  check_same_dtype(x, "x", d_out, "d_out", kOp);
+  PD_CHECK(d_out.shape() == v.out_shape, kOp, ": `d_out` must have the output's shape");
+  const int64_t cols = v.args.cols;
+  const int64_t stride = v.args.gate_row_stride;
+  check_status(run_on_device(
+                   x, kOp,
+                   [&] {
+                     return fastffn_swiglu_bwd_cpu(v.args, d_out.data(), cols, x.data(), stride, y.data(),
+                                                   stride, nullptr, cols);
+                   },
+                   [&](void* stream) {
+                     return fastffn_swiglu_bwd_cuda(v.args, d_out.data(), cols, x.data(), stride,
+                                                    y.data(), stride, nullptr, cols, stream);
+                   }),
+               kOp);
+}
+
 std::vector<std::vector<int64_t>> SwigluForwardShape(
     const std::vector<int64_t>& x, const paddle::optional<std::vector<int64_t>>& y) {
   std::vector<int64_t> out = x;
@@ -160,3 +183,9 @@ PD_BUILD_OP(fastffn_swiglu_bwd_inplace)
     .Outputs({"DX", "Recomputed"})
     .SetInplaceMap({{"X", "DX"}, {"DOut", "Recomputed"}})
     .SetKernelFn(PD_KERNEL(SwigluBackwardInPlace));
+
+PD_BUILD_OP(fastffn_swiglu_pair_bwd_inplace)
+    .Inputs({"X", "Y", "DOut"})
+    .Outputs({"DX", "DY"})
+    .SetInplaceMap({{"X", "DX"}, {"Y", "DY"}})
+    .SetKernelFn(PD_KERNEL(SwigluPairBackwardInPlace));

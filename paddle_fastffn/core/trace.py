@@ -81,6 +81,8 @@ EQUIVALENCE = {
     "kernel:fastffn_swiglu_bwd": ("kernel", "swiglu_bwd", "the same C kernel"),
     "kernel:fastffn_swiglu_bwd_inplace": ("kernel", "swiglu_bwd", "the Paddle op that writes the C kernel's "
                                                                   "gradient over its input, as the harness's in_place"),
+    "kernel:fastffn_swiglu_pair_bwd_inplace": ("kernel", "swiglu_bwd", "the Paddle op that writes the two-input "
+                                                                       "gradients over the inputs, as the harness's in_place"),
     "kernel:fastffn_cross_entropy": ("kernel", "cross_entropy", "the same C kernel"),
     "kernel:fastffn_adamw_": ("kernel", "adamw", "the same C kernel (Paddle's in-place op)"),
     "kernel:fastffn_adamw": ("kernel", "adamw", "the same C kernel"),

@@ -143,7 +143,9 @@ class _MLPParts:
         return self.mlp.up_proj(x)
 
     def swiglu(self, gate_or_gate_up, up=None):
-        return ops.swiglu(gate_or_gate_up, up)
+        # Two inputs: gate_proj's and up_proj's outputs are this forward's private intermediates,
+        # so their memory can hold their gradients (as gate_up's does on the fused path).
+        return ops.swiglu(gate_or_gate_up, up, reuse_input_memory=up is not None)
 
     def down(self, h):
         return self.mlp.down_proj(h)

@@ -89,12 +89,15 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def swiglu_grad_in_place(gate, up, d_out, recompute):
-        # The binding's in-place backward is the packed one with recompute (the only one the
-        # Paddle path runs: swiglu_down_proj with reuse_gate_up_memory).
-        if up is not None or not recompute:
+        # The bindings' in-place backwards: packed with recompute (swiglu_down_proj with
+        # reuse_gate_up_memory) and two inputs without (the unfused MLP's swiglu).
+        if up is None and recompute:
+            run_op("fastffn_swiglu_bwd_inplace", gate, d_out)
+        elif up is not None and not recompute:
+            run_op("fastffn_swiglu_pair_bwd_inplace", gate, up, d_out)
+        else:
             raise ValueError("paddle_fastffn.ops.swiglu: the in-place backward takes a packed [gate | up] "
-                             "with recompute")
-        run_op("fastffn_swiglu_bwd_inplace", gate, d_out)
+                             "with recompute, or two inputs without")
 
     @staticmethod
     def rms_norm(x, weight, epsilon, residual=None):

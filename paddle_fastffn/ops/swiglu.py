@@ -36,12 +36,15 @@ def _check_swiglu_inputs(x, y):
         _checks.check_like(x, "x", y, OP, "y")
 
 
-def swiglu(x: paddle.Tensor, y: paddle.Tensor | None = None) -> paddle.Tensor:
+def swiglu(x: paddle.Tensor, y: paddle.Tensor | None = None, reuse_input_memory: bool = False) -> paddle.Tensor:
     """``silu(x) * y``; with ``y`` None, ``x`` is ``[..., 2*I]`` holding ``[gate | up]``.
 
     Same semantics as ``paddle.incubate.nn.functional.swiglu``.
     x, y: [..., I] (or x: [..., 2I]) in float32/float16/bfloat16/float64 -> fp32 math -> same dtype.
     Gradients flow to both halves (or both inputs).
+    reuse_input_memory (two inputs only): the backward writes x's and y's gradients over x and y.
+    Only for tensors nothing else reads after this op (the unfused MLP's projection outputs); never
+    for a tensor the caller keeps.
     """
     _check_swiglu_inputs(x, y)
     if not _checks.kernel_supports_place(x):
@@ -49,8 +52,11 @@ def swiglu(x: paddle.Tensor, y: paddle.Tensor | None = None) -> paddle.Tensor:
         return swiglu_ref(x, y)
     x = _checks.contiguous(x)
     if y is None:
+        if reuse_input_memory:
+            raise ValueError(f"{OP}: reuse_input_memory applies to two inputs (x and y); the packed "
+                             f"[gate | up] form reuses its memory through swiglu_down_proj")
         return _SwiGLUPacked.apply(x)
-    return _SwiGLU.apply(x, _checks.contiguous(y))
+    return _SwiGLU.apply(x, _checks.contiguous(y), bool(reuse_input_memory))
 
 
 def swiglu_down_proj(gate_up: paddle.Tensor, weight: paddle.Tensor,

@@ -18,10 +18,14 @@ def _expected_kernels(cell: pm.Cell) -> set:
     kernels = {"fastffn_rms_norm_fwd", "fastffn_rms_norm_bwd", "fastffn_rotary"}
     if not cell.fp8:
         kernels.add("fastffn_swiglu_fwd")
-        default_mlp = (not cell.lora and not cell.patch_after and cell.fast.get("fast_ffn_swiglu_recompute", True)
-                       and cell.fast.get("fast_ffn_fuse_projections", True))
-        # The default MLP: fused gate_up + swiglu_down_proj, SwiGLU recomputed in place in backward.
-        kernels.add("fastffn_swiglu_bwd_inplace" if default_mlp else "fastffn_swiglu_bwd")
+        unfused = cell.lora or cell.patch_after or not cell.fast.get("fast_ffn_fuse_projections", True)
+        if unfused:  # gate_proj and up_proj: the two-input SwiGLU, its gradients written over its inputs
+            kernels.add("fastffn_swiglu_pair_bwd_inplace")
+        elif cell.fast.get("fast_ffn_swiglu_recompute", True):
+            # The default MLP: fused gate_up + swiglu_down_proj, SwiGLU recomputed in place in backward.
+            kernels.add("fastffn_swiglu_bwd_inplace")
+        else:
+            kernels.add("fastffn_swiglu_bwd")
     if cell.fast.get("fast_ffn_fused_cross_entropy", True):
         kernels.add("fastffn_cross_entropy")
     if cell.fast.get("fast_ffn_fused_optimizer", True):

@@ -34,6 +34,32 @@ def test_swiglu_matches_reference_forward_and_backward(shape, dtype, packed, ker
     assert kernel_calls() == {"fastffn_swiglu_fwd": 1, "fastffn_swiglu_bwd": 1}
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_swiglu_reusing_its_inputs_memory_gives_the_reference_gradients_in_place(dtype, kernel_calls):
+    """reuse_input_memory (the unfused MLP's gate_proj/up_proj outputs): the two-input backward
+    writes d_x over x and d_y over y, and the gradients are the reference's."""
+    leaves = [random_tensor((7, 131), dtype, scale=2.0), random_tensor((7, 131), dtype)]
+    x, y = (t * 1 for t in leaves)  # the MLP's intermediates: memory only this op reads afterwards
+    out = ops.swiglu(x, y, reuse_input_memory=True)
+    ref_inputs = [as_float64_leaf(t) for t in leaves]
+    ref = ops.swiglu_ref(*ref_inputs)
+    assert_close(out, ref, dtype, "swiglu output")
+    upstream = random_tensor((7, 131), dtype, requires_grad=False)
+    d_x, d_y = paddle.grad([out], [x, y], [upstream])
+    ref_grads = grads_of([ref], [upstream.astype(paddle.float64)], ref_inputs)
+    for name, g, rg in zip(["d_x", "d_y"], (d_x, d_y), ref_grads):
+        assert_close(g, rg, dtype, f"swiglu {name}")
+    # x and y now hold their gradients: no [tokens, 2I] was allocated for them.
+    np.testing.assert_array_equal(x.astype("float32").numpy(), d_x.astype("float32").numpy())
+    np.testing.assert_array_equal(y.astype("float32").numpy(), d_y.astype("float32").numpy())
+    assert kernel_calls() == {"fastffn_swiglu_fwd": 1, "fastffn_swiglu_pair_bwd_inplace": 1}
+
+
+def test_swiglu_reuse_input_memory_needs_two_inputs():
+    with pytest.raises(ValueError, match="reuse_input_memory applies to two inputs"):
+        ops.swiglu(random_tensor((2, 8), paddle.float32), reuse_input_memory=True)
+
+
 def test_swiglu_saturates_without_nan():
     x = paddle.to_tensor([[-1e4, -100.0, -88.0, 0.0, 88.0, 100.0, 1e4, 3.0]], dtype="float32")
     x.stop_gradient = False
