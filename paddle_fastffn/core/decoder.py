@@ -36,7 +36,8 @@ MLP sub-layer (mlp); variant from decoder_steps.MLP_VARIANTS:
     swiglu_down(gate_up) -> y                swiglu_down_proj: SwiGLU output recomputed in backward,
                                              gate_up's memory reused for its gradient
     gate(x), up(x) -> [b, s, I]              gate_proj / up_proj (the unfused variant)
-    swiglu(gate_up) / swiglu(gate, up) -> h  swiglu: stored for down's backward
+    swiglu(gate_up) / swiglu(gate, up) -> h  swiglu: stored for down's backward (two inputs: gate's and
+                                             up's memory then holds their gradients)
     down(h) -> y                             down_proj
     fp8_ffn(x) -> y                          fp8_ffn: the whole MLP as one FP8 FFN
 
