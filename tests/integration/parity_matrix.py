@@ -16,6 +16,7 @@ tests/integration/test_parity_matrix.py asserts them against tests/tolerances.py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -53,6 +54,10 @@ class Cell:
     grad_accum: int = 1
     # LM head tied to the input embedding, [V, H] used transposed (tie_weights() after loading)
     tied: bool = False
+    # False: rows without attention_mask or position_ids (PaddleNLP's llm collator for unpacked SFT;
+    # the right padding is ignored through the labels): the fast path implies the causal mask and
+    # the positions instead of building them (integration/llama.py CAUSAL_MASK, IMPLICIT_POSITIONS)
+    attention_mask: bool = True
 
     @property
     def fp8(self) -> bool:
@@ -82,6 +87,12 @@ CELLS = [
     Cell("fused_cross_entropy_off", fast=dict(fast_ffn_fused_cross_entropy=False)),
     Cell("fast_adamw_off", fast=dict(fast_ffn_fused_optimizer=False)),
     Cell("swiglu_recompute_off", fast=dict(fast_ffn_swiglu_recompute=False)),
+    Cell("no_mask", attention_mask=False),
+    Cell("no_mask_recompute_full_reentrant", attention_mask=False, config=dict(FULL_RECOMPUTE, recompute_use_reentrant=True),
+         recompute=True),
+    Cell("no_mask_recompute_core_attn", attention_mask=False,
+         config=dict(FULL_RECOMPUTE, recompute_granularity="core_attn"), recompute=True),
+    Cell("no_mask_lora_recompute", attention_mask=False, lora=True, config=FULL_RECOMPUTE, recompute=True),
     Cell("fp8_delayed", model=FP8_ALIGNED, fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="delayed")),
     Cell("fp8_current", model=FP8_ALIGNED, fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="current")),
     Cell("fp8_delayed_recompute", model=FP8_ALIGNED, config=FULL_RECOMPUTE, recompute=True,
@@ -160,7 +171,10 @@ def rows_for(cell: Cell, fast: bool = False) -> list[dict]:
     examples = _examples(cell.model["vocab_size"])
     if cell.packed:
         return _packed_rows(examples, segments=fast and cell.packed == "segments")
-    return [_padded_row(p, a) for p, a in examples]
+    rows = [_padded_row(p, a) for p, a in examples]
+    if not cell.attention_mask:
+        rows = [{k: v for k, v in row.items() if k != "attention_mask"} for row in rows]
+    return rows
 
 
 def collate(features):
@@ -383,12 +397,13 @@ def measure(cell: Cell) -> dict:
             with paddle.utils.unique_name.guard():
                 calls_before = dict(_loader.CALL_COUNTS)
                 args, model = build(cell, side == "fast", os.path.join(tmp, side))
-                loss, grads, trainable = one_step_gradients(cell, model, rows)
-                losses, optimizer = trainer_losses(args, model, rows)
+                with _counting_causal_mask_checks(side == "fast") as mask_checks:
+                    loss, grads, trainable = one_step_gradients(cell, model, rows)
+                    losses, optimizer = trainer_losses(args, model, rows)
                 calls = {k: v - calls_before.get(k, 0) for k, v in _loader.CALL_COUNTS.items()
                          if v - calls_before.get(k, 0)}
                 result[side] = dict(loss=loss, grads=grads, trainable=set(trainable), losses=losses,
-                                    optimizer=optimizer, kernel_calls=calls)
+                                    optimizer=optimizer, kernel_calls=calls, mask_checks=mask_checks[0])
         paddle_fastffn.revert_fast_ffn()
     stock, fast = result["stock"], result["fast"]
     errors = _relative_errors(fast["grads"], {k: v for k, v in stock["grads"].items() if k in fast["grads"]})
@@ -407,8 +422,32 @@ def measure(cell: Cell) -> dict:
         step_loss_rel=float(np.max(np.abs(np.array(fast["losses"]) - steps) / np.abs(steps))) if len(steps) else None,
         optimizer_stock=stock["optimizer"], optimizer_fast=fast["optimizer"],
         kernel_calls_fast=fast["kernel_calls"], kernel_calls_stock=stock["kernel_calls"],
+        causal_mask_checks_fast=fast["mask_checks"],
         fp8=cell.fp8,
     )
+
+
+@contextlib.contextmanager
+def _counting_causal_mask_checks(fast: bool):
+    """[count] of the fast side's calls to PaddleNLP's is_casual_mask (a reduction of the built
+    [b, 1, s, s] mask and a read to the host): none where the fast path implied the mask."""
+    count = [0]
+    if not fast:
+        yield count
+        return
+    from paddle_fastffn.integration import llama as fast_llama
+
+    original = fast_llama._ORIGINALS["is_casual_mask"]
+
+    def counted(mask):
+        count[0] += 1
+        return original(mask)
+
+    fast_llama._ORIGINALS["is_casual_mask"] = counted
+    try:
+        yield count
+    finally:
+        fast_llama._ORIGINALS["is_casual_mask"] = original
 
 
 LAUNCH_MODES = ("dp", "sharding1", "sharding2")

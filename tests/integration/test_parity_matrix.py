@@ -57,6 +57,12 @@ def test_fast_path_gradients_and_losses_match_stock(cell):
     missing = _expected_kernels(cell) - set(r["kernel_calls_fast"])
     assert not missing, f"compiled ops that never ran on the fast side: {sorted(missing)}"
     assert not r["kernel_calls_stock"], f"the stock side ran our ops: {r['kernel_calls_stock']}"
+    # Without a mask the fast path implies the causal one (no [b, 1, s, s] mask built and read to the
+    # host), and packed segments are no mask at all; a collator's dense mask is checked as stock does.
+    if cell.attention_mask and cell.packed != "segments":
+        assert r["causal_mask_checks_fast"] > 0, r["causal_mask_checks_fast"]
+    else:
+        assert r["causal_mask_checks_fast"] == 0, r["causal_mask_checks_fast"]
 
 
 def test_the_matrix_finds_a_missing_gradient(monkeypatch):
