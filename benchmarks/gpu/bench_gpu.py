@@ -385,20 +385,9 @@ def kernel_section(copy_bw, tokens, liger):
 
 
 def harness_pair(g, u):
-    return _PairSwiGLU.apply(g, u)
-
-
-class _PairSwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, g, u):
-        ctx.save_for_backward(g, u)
-        return harness.kernels().swiglu_fwd(g, u)
-
-    @staticmethod
-    def backward(ctx, d_out):
-        g, u = ctx.saved_tensors
-        (d_g, d_u), _ = harness.kernels().swiglu_bwd(g, d_out.contiguous(), up=u)
-        return d_g, d_u
+    """The product's two-input SwiGLU (core.swiglu.SwiGLU through the harness; the inputs kept, as
+    for a caller that still holds them)."""
+    return harness.SwiGLUPair.apply(g, u, False)
 
 
 def rms_sweep_section(copy_bw, tokens=8192):
