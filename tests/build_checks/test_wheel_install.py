@@ -51,9 +51,12 @@ def test_wheel_installs_and_works_outside_the_checkout(tmp_path):
     python = venv / "bin" / "python"
     new_site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (new_site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run([python, "-m", "pip", "install", "--no-deps", "-q", wheel])
+    # No PYTHONPATH for the install either: with the checkout on it (a developer's
+    # `PYTHONPATH=$PWD pytest`), pip sees the checkout's editable install as this version, skips
+    # the wheel, and the import below fails for a reason that is not the wheel's.
     env = dict(os.environ, PADDLE_FASTFFN_CACHE=str(tmp_path / "ops_cache"))
     env.pop("PYTHONPATH", None)
+    run([python, "-m", "pip", "install", "--no-deps", "-q", wheel], env=env)
     result = run([python, "-c", SMOKE], cwd=tmp_path, env=env)
     assert "WHEEL_OK" in result.stdout
     # the swiglu call, then each of the two layers' SwiGLU and rotary kernels
