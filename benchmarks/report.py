@@ -894,15 +894,21 @@ def _is_ours(name: str) -> bool:
     return name.startswith("ours")
 
 
-def like_for_like_kernels(out, run):
-    out.append("### bf16 kernels: ours against eager and Liger, each in its users' layout (CUDA graph replay)\n")
+KERNEL_TABLE_NOTE = ("ms = median (spread) of round-robin repeats of graph replays after an L2 flush; of copy = "
+                     "bytes (each input read once, each output written once) / time, against the copy bandwidth.")
+
+
+def like_for_like_kernels(out, run, key="kernels",
+                          title="bf16 kernels: ours against eager and Liger, each in its users' layout (CUDA graph replay)",
+                          note="Rotary: Hugging Face's rope and Liger's get q/k as HF hands them, transposed views of "
+                               "[b, s, h, d] (upstream gradients likewise); ours reads [b, s, h, d]."):
+    """bench_gpu's kernel rows (record_kernel_rows) under run[key]: one table, each of ours against
+    the fastest peer of its (op, widths, pass)."""
+    out.append(f"### {title}\n")
     out.append(_run_line(run))
-    out.append("Rotary: Hugging Face's rope and Liger's get q/k as HF hands them, transposed views of [b, s, h, d] "
-               "(upstream gradients likewise); ours reads [b, s, h, d]. ms = median (spread) of round-robin repeats "
-               "of graph replays after an L2 flush; of copy = bytes (each input read once, each output written "
-               "once) / time, against the copy bandwidth.\n")
+    out.append(f"{note} {KERNEL_TABLE_NOTE}\n")
     rows = []
-    for (op, model, pass_name), d in _rows_by(run["kernels"], ("op", "model", "pass")).items():
+    for (op, model, pass_name), d in _rows_by(run[key], ("op", "model", "pass")).items():
         peers = [n for n in d if not _is_ours(n)]
         for name, r in d.items():
             rows.append([op, model, pass_name, name, _median(r),
@@ -1121,6 +1127,11 @@ def like_for_like_sections(out, run):
                f"names the fastest peer of that table by measurement. {TIE_RULE}\n")
     if bench and "kernels" in bench:
         like_for_like_kernels(out, bench)
+    if bench and "rope_sweep" in bench:
+        like_for_like_kernels(
+            out, bench, "rope_sweep", "Rotary sweep: ours per FASTFFN_ROTARY_HEADS_PER_THREAD build against Liger's",
+            "`ours` is the default build (1 head per thread), `ours_heads_per_thread_N` the build with N; every "
+            "build and Liger's rope in one round-robin table, layouts and bytes as in the kernels table.")
     if bench and "decoder_layer" in bench:
         like_for_like_decoder(out, bench)
     if step and "step" in step:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import gc
 import itertools
 import json
@@ -247,34 +248,86 @@ def fwd_only(fn, inputs):
     return run
 
 
+def record_kernel_rows(rows, copy_bw, op, model, pass_name, nbytes, impls):
+    """The kernel tables' measurement: every impl captured in a CUDA graph, then eager launches and
+    graph replays each timed round-robin across the impls (graph replay is the kernel's time,
+    eager adds launches); a row per impl appended to rows (an error row where it fails)."""
+    replays = {}
+    for name, fn in impls.items():
+        try:
+            fn()  # first-call work (torch.compile, Triton JIT) on the default stream, before capture
+            replays[name] = graphed(fn)
+        except Exception as error:  # noqa: BLE001
+            rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
+                         "error": repr(error)})
+    eager = round_robin({name: impls[name] for name in replays})
+    graph = round_robin(replays)
+    for name, t in graph.items():
+        gbps = nbytes / (t["p50_ms"] * 1e-3)
+        rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
+                     "eager_launch": eager[name], **t, "timing": "cuda_graph_round_robin",
+                     "GB_per_s": gbps / 1e9, "fraction_of_copy": gbps / copy_bw})
+
+
+def add_compiled(impls_fwd, impls_fb, eager_fn, inputs, upstream):
+    """torch.compile of the eager function (default mode, static shapes) as one more peer: the
+    tables name it where it is the fastest."""
+    compiled = torch.compile(eager_fn, dynamic=False)
+    impls_fwd["torch_compile"] = fwd_only(compiled, inputs)
+    impls_fb["torch_compile"] = fwd_bwd(compiled, inputs, upstream)
+
+
+def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True):
+    """Rotary on q and k (grouped-query for 70B), each impl in its users' layout: ours reads the
+    [b, s, h, d] projection output; Hugging Face's rope (eager, and Liger's, which replaces it)
+    gets what HF hands it, q/k of [b, h, s, d] shape as transposed views of [b, s, h, d]
+    (LlamaAttention's view(...).transpose(1, 2)), and upstream gradients in that layout (SDPA's
+    backward returns them so). Liger 0.8.5 (ops/rope.py) transposes back to [b, s, h, d], which is
+    then contiguous, and rotates in place (no copy; the leaves here change each call, rotated,
+    which the timing does not notice); fed contiguous [b, h, s, d] (runs up to 14) it copied q
+    and k, and the gradients in backward, before rotating. eager: also HF's eager rope and its
+    torch.compile. Returns ({impl: fwd}, {impl: fwd+bwd}, fwd bytes, fwd+bwd bytes): q and k read
+    and written once per pass."""
+    e = 2  # bf16 bytes
+    batch, seq, d = tokens // 2048, 2048, hidden // heads
+    q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    emb = torch.cat([torch.outer(torch.arange(seq, device="cuda").float(), inv)] * 2, -1)
+    cos32, sin32 = emb.cos().contiguous(), emb.sin().contiguous()
+    cos_hf, sin_hf = cos32.to(DT)[None], sin32.to(DT)[None]
+    du_q, du_k = torch.randn_like(q_bshd), torch.randn_like(k_bshd)
+
+    def hf_layout(fn):
+        """fn(q, k) on HF's [b, h, s, d] views of the [b, s, h, d] leaves."""
+        return lambda q, k: fn(q.transpose(1, 2), k.transpose(1, 2))
+
+    def eager_rope(q, k):
+        c, s = cos_hf.unsqueeze(1), sin_hf.unsqueeze(1)
+        rot = lambda x: torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)  # noqa: E731
+        return q * c + rot(q) * s, k * c + rot(k) * s
+
+    hf_upstream = [du_q.transpose(1, 2), du_k.transpose(1, 2)]
+    ours_rope = lambda q, k: harness.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
+    impls_fwd, impls_fb = {}, {}
+    if eager:
+        impls_fwd["eager"] = fwd_only(hf_layout(eager_rope), [q_bshd, k_bshd])
+        impls_fb["eager"] = fwd_bwd(hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream)
+    impls_fwd["ours"] = fwd_only(ours_rope, [q_bshd, k_bshd])
+    impls_fb["ours"] = fwd_bwd(ours_rope, [q_bshd, k_bshd], [du_q, du_k])
+    if eager:
+        add_compiled(impls_fwd, impls_fb, hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream)
+    if liger:
+        from liger_kernel.ops.rope import LigerRopeFunction
+        lig_rope = hf_layout(lambda q, k: LigerRopeFunction.apply(q, k, cos_hf, sin_hf))
+        impls_fwd["liger"] = fwd_only(lig_rope, [q_bshd, k_bshd])
+        impls_fb["liger"] = fwd_bwd(lig_rope, [q_bshd, k_bshd], hf_upstream)
+    qk_bytes = (q_bshd.numel() + k_bshd.numel()) * e
+    return impls_fwd, impls_fb, 2 * qk_bytes, 4 * qk_bytes
+
+
 def kernel_section(copy_bw, tokens, liger):
     rows = []
-
-    def record(op, model, pass_name, nbytes, impls):
-        """Every impl captured in a CUDA graph, then eager launches and graph replays each timed
-        round-robin across the impls (graph replay is the kernel's time, eager adds launches)."""
-        replays = {}
-        for name, fn in impls.items():
-            try:
-                fn()  # first-call work (torch.compile, Triton JIT) on the default stream, before capture
-                replays[name] = graphed(fn)
-            except Exception as error:  # noqa: BLE001
-                rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
-                             "error": repr(error)})
-        eager = round_robin({name: impls[name] for name in replays})
-        graph = round_robin(replays)
-        for name, t in graph.items():
-            gbps = nbytes / (t["p50_ms"] * 1e-3)
-            rows.append({"op": op, "model": model, "pass": pass_name, "impl": name, "bytes": nbytes,
-                         "eager_launch": eager[name], **t, "timing": "cuda_graph_round_robin",
-                         "GB_per_s": gbps / 1e9, "fraction_of_copy": gbps / copy_bw})
-
-    def add_compiled(impls_fwd, impls_fb, eager_fn, inputs, upstream):
-        """torch.compile of the eager function (default mode, static shapes) as one more peer: the
-        tables name it where it is the fastest."""
-        compiled = torch.compile(eager_fn, dynamic=False)
-        impls_fwd["torch_compile"] = fwd_only(compiled, inputs)
-        impls_fb["torch_compile"] = fwd_bwd(compiled, inputs, upstream)
+    record = functools.partial(record_kernel_rows, rows, copy_bw)
 
     for model, (hidden, inter, heads, kv_heads) in MODELS.items():
         e = 2  # bf16 bytes
@@ -339,47 +392,10 @@ def kernel_section(copy_bw, tokens, liger):
         record("fused_add_rms_norm", model, "fwd+bwd", 8 * tokens * hidden * e, impls_fb)
         del x, r, w, dy, ds
 
-        # Rotary on q and k (grouped-query for 70B), each impl in its users' layout: ours reads the
-        # [b, s, h, d] projection output; Hugging Face's rope (eager, and Liger's, which replaces it)
-        # gets what HF hands it, q/k of [b, h, s, d] shape as transposed views of [b, s, h, d]
-        # (LlamaAttention's view(...).transpose(1, 2)), and upstream gradients in that layout (SDPA's
-        # backward returns them so). Liger 0.8.5 (ops/rope.py) transposes back to [b, s, h, d], which is
-        # then contiguous, and rotates in place (no copy; the leaves here change each call, rotated,
-        # which the timing does not notice); fed contiguous [b, h, s, d] (runs up to 14) it copied q
-        # and k, and the gradients in backward, before rotating.
-        batch, seq, d = tokens // 2048, 2048, hidden // heads
-        q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
-        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-        emb = torch.cat([torch.outer(torch.arange(seq, device="cuda").float(), inv)] * 2, -1)
-        cos32, sin32 = emb.cos().contiguous(), emb.sin().contiguous()
-        cos_hf, sin_hf = cos32.to(DT)[None], sin32.to(DT)[None]
-        du_q, du_k = torch.randn_like(q_bshd), torch.randn_like(k_bshd)
-
-        def hf_layout(fn):
-            """fn(q, k) on HF's [b, h, s, d] views of the [b, s, h, d] leaves."""
-            return lambda q, k: fn(q.transpose(1, 2), k.transpose(1, 2))
-
-        def eager_rope(q, k):
-            c, s = cos_hf.unsqueeze(1), sin_hf.unsqueeze(1)
-            rot = lambda x: torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)  # noqa: E731
-            return q * c + rot(q) * s, k * c + rot(k) * s
-
-        hf_upstream = [du_q.transpose(1, 2), du_k.transpose(1, 2)]
-        ours_rope = lambda q, k: harness.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
-        impls_fwd = {"eager": fwd_only(hf_layout(eager_rope), [q_bshd, k_bshd]),
-                     "ours": fwd_only(ours_rope, [q_bshd, k_bshd])}
-        impls_fb = {"eager": fwd_bwd(hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream),
-                    "ours": fwd_bwd(ours_rope, [q_bshd, k_bshd], [du_q, du_k])}
-        add_compiled(impls_fwd, impls_fb, hf_layout(eager_rope), [q_bshd, k_bshd], hf_upstream)
-        if liger:
-            from liger_kernel.ops.rope import LigerRopeFunction
-            lig_rope = hf_layout(lambda q, k: LigerRopeFunction.apply(q, k, cos_hf, sin_hf))
-            impls_fwd["liger"] = fwd_only(lig_rope, [q_bshd, k_bshd])
-            impls_fb["liger"] = fwd_bwd(lig_rope, [q_bshd, k_bshd], hf_upstream)
-        qk_bytes = (q_bshd.numel() + k_bshd.numel()) * e
-        record("rotary", model, "fwd", 2 * qk_bytes, impls_fwd)
-        record("rotary", model, "fwd+bwd", 4 * qk_bytes, impls_fb)
-        del q_bshd, k_bshd, du_q, du_k, hf_upstream
+        impls_fwd, impls_fb, fwd_bytes, fwd_bwd_bytes = rotary_contenders(tokens, hidden, heads, kv_heads, liger)
+        record("rotary", model, "fwd", fwd_bytes, impls_fwd)
+        record("rotary", model, "fwd+bwd", fwd_bwd_bytes, impls_fb)
+        del impls_fwd, impls_fb
         torch.cuda.empty_cache()
     return rows
 
@@ -421,6 +437,45 @@ def rms_sweep_section(copy_bw, tokens=8192):
                 t = timeit(graphed(fn))
                 rows.append({"op": op, "model": model, "impl": "liger", **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+    return rows
+
+
+def rope_sweep_section(copy_bw, liger, tokens=8192):
+    """Our rotary at each FASTFFN_ROTARY_HEADS_PER_THREAD value (build_definition's
+    ROTARY_HEADS_PER_THREAD; `ours` is the default build, 1 head per thread) against Liger's, forward
+    and forward+backward at the kernels section's widths, layouts and byte counts
+    (rotary_contenders), timed as that section times them (record_kernel_rows): the builds' libraries
+    are loaded side by side and each contender switches the harness to its own before it runs, so its
+    CUDA graph holds that build's kernel and every build shares one round-robin table with Liger."""
+    default = harness.kernels()
+    builds = {("ours" if h == 1 else f"ours_heads_per_thread_{h}"): (h, kernels)
+              for h, kernels in harness.rotary_heads_per_thread_kernels().items()}
+
+    def on_build(kernels, fn):
+        def run():
+            harness._KERNELS = kernels
+            fn()
+        return run
+
+    rows = []
+    try:
+        for model, (hidden, _, heads, kv_heads) in MODELS.items():
+            impls_fwd, impls_fb, fwd_bytes, fwd_bwd_bytes = rotary_contenders(tokens, hidden, heads, kv_heads, liger,
+                                                                              eager=False)
+            for pass_name, impls, nbytes in (("fwd", impls_fwd, fwd_bytes), ("fwd+bwd", impls_fb, fwd_bwd_bytes)):
+                ours = impls.pop("ours")
+                impls = {**{name: on_build(kernels, ours) for name, (_, kernels) in builds.items()}, **impls}
+                record_kernel_rows(rows, copy_bw, "rotary", model, pass_name, nbytes, impls)
+            del impls_fwd, impls_fb
+            torch.cuda.empty_cache()
+            print(f"rope_sweep {model}: " + ", ".join(
+                f"{r['pass']} {r['impl']} {r['fraction_of_copy'] * 100:.0f}%" for r in rows
+                if r["model"] == model and "fraction_of_copy" in r), flush=True)
+    finally:
+        harness._KERNELS = default
+    for row in rows:
+        if row["impl"] in builds:
+            row["heads_per_thread"] = builds[row["impl"]][0]
     return rows
 
 
@@ -805,6 +860,10 @@ def main():
     if "rms_sweep" in sections:
         report["rms_norm_sweep"] = rms_sweep_section(report["ceilings"]["copy_bytes_per_s"])
         save()
+    if "rope_sweep" in sections:
+        report["rope_sweep"] = rope_sweep_section(report["ceilings"]["copy_bytes_per_s"], liger)
+        save()
+        print(f"rope_sweep done at {time.time() - started:.0f}s", flush=True)
     if "ffn" in sections:
         tokens = [8192] if args.quick else [2048, 8192, 16384]
         report["ffn"] = ffn_section(tokens, liger, compile_tokens=8192)

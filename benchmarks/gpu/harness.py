@@ -288,6 +288,18 @@ def kernels() -> Kernels:
     return _KERNELS
 
 
+def rotary_heads_per_thread_kernels() -> dict[int, Kernels]:
+    """{heads per thread: its library} for each value of rotary.cu's tuning knob
+    (build_definition's ROTARY_HEADS_PER_THREAD): 1 is the default build (kernels()), the others
+    are built with -DFASTFFN_ROTARY_HEADS_PER_THREAD, in parallel (each is a full build). Loaded
+    side by side; a caller points _KERNELS at one to run its kernels (bench_gpu's rope_sweep,
+    tests/gpu/test_rotary_heads_per_thread.py)."""
+    values = [h for h in definition.ROTARY_HEADS_PER_THREAD if h != 1]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(values)) as pool:
+        libraries = list(pool.map(lambda h: build(defines=(f"FASTFFN_ROTARY_HEADS_PER_THREAD={h}",)), values))
+    return {1: kernels(), **{h: Kernels(library) for h, library in zip(values, libraries)}}
+
+
 def device_limits(device: int = 0) -> DeviceLimits:
     limits = DeviceLimits()
     kernels()._check(kernels().lib.fastffn_device_limits_cuda(device, ctypes.byref(limits)), "device_limits")

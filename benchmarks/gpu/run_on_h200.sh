@@ -8,6 +8,12 @@
 #   decoder      decoder layer bf16/FP8 vs HF eager/compile/Liger -> gpu_bench.json/.log
 #   kernels      bf16 kernels vs eager, torch.compile and Liger (bench_gpu) -> gpu_bench.json/.log (with decoder)
 #   projections  fused vs split projection GEMMs, torch vs our provider (bench_gpu) -> gpu_bench.json/.log
+#   rms_sweep    RMSNorm forward per FASTFFN_RMS_NORM_VECS_PER_THREAD build (1, 2, 4, 8), Liger's beside them
+#                (bench_gpu) -> gpu_bench.json/.log
+#   rope_sweep   rotary fwd and fwd+bwd per FASTFFN_ROTARY_HEADS_PER_THREAD build (1 = default, 2, 4, 8) and
+#                Liger's rope in one round-robin table per width (bench_gpu) -> gpu_bench.json/.log; run `tests`
+#                in the same call first: it checks those builds (tests/gpu/test_rotary_heads_per_thread.py)
+#                and leaves them built for the sweep
 #   fp8          the FP8 FFN (bench_fp8_ffn, FASTFFN_FP8_ARGS, default "--sections ffn") -> fp8_ffn.json/.log
 #   profile      kernel timeline of the whole step, ours vs peers (profile_step, FASTFFN_PROFILE_ARGS)
 #                -> profile_step.json/.log
@@ -42,11 +48,15 @@ RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
 FULL_DEPTH_WORKLOADS=${FASTFFN_FULL_DEPTH_WORKLOADS:-lora,full}
 IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
+# tests: run 16's 135 s, plus three full builds for the rotary sweep's variants (run 10's build: 48 s each, in
+# parallel; the rope_sweep section then finds them built). rms_sweep: four full builds one after another (~50 s
+# each), the timing a few seconds. rope_sweep: the three variant builds in parallel when `tests` has not built
+# them (~120 s), Liger's Triton compilation and 3 widths x 2 passes of 5 contenders (~30 s). Not yet measured.
 # full_depth: per workload 3 contenders x 3 rounds of (7B init ~3 s, 2 + 5 + 1 steps of ~0.25-0.45 s, free),
 # plus Liger's Triton compilation in the first round and room for one OOM-and-recompute rebuild: ~150 s (not
 # yet measured: first run).
-declare -A SECONDS_ESTIMATE=([tests]=70 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
-                            [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
+declare -A SECONDS_ESTIMATE=([tests]=240 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
+                            [rms_sweep]=220 [rope_sweep]=150 [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
                             [full_depth]=$(( 150 * ${#full_depth_workloads[@]} )))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -87,7 +97,7 @@ run_section() {
     optimizer) python3 -m benchmarks.gpu.bench_optimizer --out "$OUT/optimizer.json" ${FASTFFN_OPTIMIZER_ARGS:-} 2>&1 \
                  | tee "$OUT/optimizer.log" | tail -20 ;;
     # bench_gpu's sections share one JSON: collected here, run once after the loop
-    kernels|projections|decoder) bench_gpu_sections+=("$1") ;;
+    kernels|projections|decoder|rms_sweep|rope_sweep) bench_gpu_sections+=("$1") ;;
     fp8) python3 -m benchmarks.gpu.bench_fp8_ffn --out "$OUT/fp8_ffn.json" ${FASTFFN_FP8_ARGS:---sections ffn} 2>&1 \
            | tee "$OUT/fp8_ffn.log" | tail -60 ;;
     profile) python3 -m benchmarks.gpu.profile_step --out "$OUT/profile_step.json" ${FASTFFN_PROFILE_ARGS:-} 2>&1 \
@@ -123,7 +133,7 @@ for section in "${sections[@]}"; do
     skipped+=("$section"); continue
   fi
   planned=$(( planned + estimate ))
-  [[ $section == kernels || $section == projections || $section == decoder ]] || echo "== $section at $(( $(date +%s) - start )) s"
+  [[ $section =~ ^(kernels|projections|decoder|rms_sweep|rope_sweep)$ ]] || echo "== $section at $(( $(date +%s) - start )) s"
   run_section "$section"
 done
 if (( ${#bench_gpu_sections[@]} )); then

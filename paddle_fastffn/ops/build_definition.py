@@ -50,6 +50,10 @@ CXX_FLAGS = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fno-trapping-math", "-fno
              "-Wno-unused-function"] + host_simd_flags()
 LD_FLAGS = ["-fopenmp"]  # the harness's link (libgomp); the Paddle build links paddle_openmp_link_flags()
 CUDA_FLAGS = ["-O3", "-std=c++17", "--use_fast_math", *gencode_flags()]
+# Tuning knob of csrc/kernels/cuda/rotary.cu (-DFASTFFN_ROTARY_HEADS_PER_THREAD=N; the default build
+# sets none, which is 1): the values offered, each compiled without spills by CI
+# (tests/build_checks), checked by tests/gpu and timed by bench_gpu.py's rope_sweep section.
+ROTARY_HEADS_PER_THREAD = (1, 2, 4, 8)
 # Libraries the CUDA kernels link against, beyond the CUDA runtime.
 CUDA_LIBRARIES: list[str] = ["-ldl"]  # gemm.cu dlopens cuBLASLt (in libc itself from glibc 2.34)
 

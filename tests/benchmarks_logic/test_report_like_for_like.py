@@ -124,3 +124,29 @@ def test_packed_sft_table_reports_each_layouts_work_and_the_targets(tmp_path, mo
     assert "error: OutOfMemoryError()" in table_line(out, "| gsm8k | hf_liger_padded |")
     verdict = table_line(out, "| gsm8k | hf_liger_padding_free |", "x (")
     assert "1.133x (faster)" in verdict and "1.15x" in verdict and "not met" in verdict
+
+
+def test_rope_sweep_table_compares_each_build_with_liger(tmp_path, monkeypatch):
+    """bench_gpu's rope_sweep rows (the kernels table's layout, one impl per build) render as a table
+    of their own, every build of ours against Liger's rope of the same widths and pass."""
+    def row(model, pass_name, impl, samples, **fields):
+        return {"op": "rotary", "model": model, "pass": pass_name, "impl": impl, "bytes": 1,
+                **timing(samples), "fraction_of_copy": 0.9, **fields}
+
+    sweep = [row("7B", "fwd+bwd", "ours", [0.153, 0.153, 0.153], heads_per_thread=1),
+             row("7B", "fwd+bwd", "ours_heads_per_thread_4", [0.138, 0.138, 0.138], heads_per_thread=4),
+             row("7B", "fwd+bwd", "liger", [0.141, 0.141, 0.141]),
+             {"op": "rotary", "model": "7B", "pass": "fwd+bwd", "impl": "ours_heads_per_thread_8", "bytes": 1,
+              "error": "RuntimeError('launch')"}]
+    bench = {"environment": {**ENVIRONMENT, "driver": "570"}, "command": "python3 -m benchmarks.gpu.bench_gpu",
+             "ceilings": {"copy_bytes_per_s": 4.09e12, "bf16_gemm_tflops": 749.0}, "rope_sweep": sweep}
+    run = tmp_path / "run17"
+    run.mkdir()
+    (run / "gpu_bench.json").write_text(json.dumps(bench))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = []
+    report.like_for_like_sections(out, "run17")
+    assert any("Rotary sweep" in chunk for chunk in out)
+    assert "liger: 0.922x, slower" in table_line(out, "| rotary | 7B | fwd+bwd | ours |")  # 0.141 / 0.153
+    assert "liger: 1.022x, faster" in table_line(out, "| rotary | 7B | fwd+bwd | ours_heads_per_thread_4 |")
+    assert "error: RuntimeError('launch')" in table_line(out, "| rotary | 7B | fwd+bwd | ours_heads_per_thread_8 |")
