@@ -25,7 +25,7 @@
 #                .sft_lengths/` and carry [".whl", ".sft_lengths"] (FASTFFN_SFT_LENGTHS_DIR overrides).
 #   full_depth   LLaMA-2-7B at full depth (32 layers, 4096-token rows) on one GPU, LoRA and full fine-tune
 #                (bench_full_depth, issue 23 item 4) -> full_depth.json/.log. FASTFFN_FULL_DEPTH_WORKLOADS=lora
-#                or =full runs one workload (default lora,full; ~150 s each); FASTFFN_FULL_DEPTH_ARGS adds
+#                or =full runs one workload (default lora,full; ~30 s each in run 16); FASTFFN_FULL_DEPTH_ARGS adds
 #                arguments. The HF LoRA peer needs peft and what it imports that the machine lacks: their wheels
 #                in .whl/full_depth/ (peft==0.21.2, accelerate==1.15.0, psutil==7.2.2, downloaded as shared/gpu.md
 #                says), installed for this section only; bench_full_depth names what is missing and stops
@@ -48,16 +48,16 @@ RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
 FULL_DEPTH_WORKLOADS=${FASTFFN_FULL_DEPTH_WORKLOADS:-lora,full}
 IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
-# tests: run 16's 135 s, plus three full builds for the rotary sweep's variants (run 10's build: 48 s each, in
-# parallel; the rope_sweep section then finds them built). rms_sweep: four full builds one after another (~50 s
-# each), the timing a few seconds. rope_sweep: the three variant builds in parallel when `tests` has not built
-# them (~120 s), Liger's Triton compilation and 3 widths x 2 passes of 5 contenders (~30 s). Not yet measured.
-# full_depth: per workload 3 contenders x 3 rounds of (7B init ~3 s, 2 + 5 + 1 steps of ~0.25-0.45 s, free),
-# plus Liger's Triton compilation in the first round and room for one OOM-and-recompute rebuild: ~150 s (not
-# yet measured: first run).
-declare -A SECONDS_ESTIMATE=([tests]=240 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
+# tests: run 16 call 3 ran the GPU tests in 236 s (767 tests on the shared layer), plus three full builds for the
+# rotary sweep's variants (run 10's build: 48 s each, in parallel; the rope_sweep section then finds them built).
+# rms_sweep: four full builds one after another (~50 s each), the timing a few seconds. rope_sweep: the three variant
+# builds in parallel when `tests` has not built them (~120 s), Liger's Triton compilation and 3 widths x 2 passes of
+# 5 contenders (~30 s); neither sweep measured yet.
+# full_depth: run 16 call 1 took 58 s for both workloads (3 contenders x 3 rounds each, nothing rebuilt for
+# recompute); 45 s per workload leaves room for Liger's first Triton compilation and one OOM-and-recompute rebuild.
+declare -A SECONDS_ESTIMATE=([tests]=300 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
                             [rms_sweep]=220 [rope_sweep]=150 [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
-                            [full_depth]=$(( 150 * ${#full_depth_workloads[@]} )))
+                            [full_depth]=$(( 45 * ${#full_depth_workloads[@]} )))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # Outside the working tree, so that a warm machine keeps the build across calls.
