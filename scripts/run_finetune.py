@@ -161,8 +161,9 @@ def main(argv=None):
     packing = data_args.zero_padding or data_args.greedy_zero_padding
     if packing:
         # Rows of up to max_length (PaddleNLP's zero_padding rule, or the greedy one). The fast path
-        # takes each batch's example boundaries (no [seq, seq] mask); stock PaddleNLP the dense 4-D
-        # block-causal mask of its InTokens datasets.
+        # takes each batch's example boundaries (no [seq, seq] mask), its rows flattened to one row
+        # by PackedCollator (no padding to the batch's longest row); stock PaddleNLP the dense 4-D
+        # block-causal mask of its InTokens datasets, a row each.
         form = "segments" if training_args.use_fast_ffn else "dense_mask"
         train_rows = PackedDataset(train_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
                                    form=form)
