@@ -373,8 +373,9 @@ def test_fast_packed_batch_under_recompute(examples, granularity):
 
 
 def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
-    """scripts/run_finetune.py with zero_padding: stock (PaddleNLP's dense 4-D mask) and fast
-    (segments, each batch's rows flattened to one) train the same per-step losses; greedy_zero_padding packs at least as tightly; each
+    """scripts/run_finetune.py with zero_padding: stock (PaddleNLP's dense 4-D mask), fast
+    (segments, each batch's rows flattened to one) and fast with fast_ffn_attention off (segments
+    a row each, as they become PaddleNLP's dense mask) train the same per-step losses; greedy_zero_padding packs at least as tightly; each
     summary reports the padding waste, lower than the padded run's."""
     from test_run_finetune import demo as build_demo, losses, run
 
@@ -383,6 +384,9 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
     stock = run(demo, tmp_path / "stock", *rows, "--zero_padding", "true", "--use_fast_ffn", "false", steps=4)
     fast = run(demo, tmp_path / "fast", *rows, "--zero_padding", "true", steps=4)
     greedy = run(demo, tmp_path / "greedy", *rows, "--greedy_zero_padding", "true", steps=4)
+    # fast_ffn_attention off: PaddleNLP's attention on the segments' dense mask, so a row each
+    attention_off = run(demo, tmp_path / "attention_off", *rows, "--zero_padding", "true",
+                        "--fast_ffn_attention", "false", steps=4)
     padded = run(demo, tmp_path / "padded", steps=4)
     assert (stock["packing"], fast["packing"], greedy["packing"], padded["packing"]) == (
         "zero_padding", "zero_padding", "greedy_zero_padding", None)
@@ -393,6 +397,8 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
     same = ("real_tokens", "labelled_tokens")
     assert {k: fast["padding"][k] for k in same} == {k: stock["padding"][k] for k in same}
     assert fast["padding"]["slot_tokens"] == fast["padding"]["real_tokens"] < stock["padding"]["slot_tokens"]
+    np.testing.assert_allclose(losses(attention_off), losses(stock), rtol=1e-4)
+    assert attention_off["padding"] == stock["padding"]
     for summary in (stock, fast, greedy, padded):
         count = summary["padding"]
         assert 0 < count["labelled_tokens"] <= count["real_tokens"] <= count["slot_tokens"]
