@@ -9,10 +9,12 @@ token ids and the same labels (PaddleNLP's shifted labels: labels[i] is the toke
 input_ids[i], IGNORE_INDEX on the prompt), so each step carries the same labelled tokens and the
 loss is the mean over them for everyone. The layouts:
 
-- packed (ours, Paddle's zero_padding): rows of examples concatenated in the rule's order, each
-  row right-padded to the batch's longest row (PackedCollator), position ids restarting per
-  example (the padding counts its own positions), the segments' cu_seqlens from PackedSegments
-  (the padding at a row's end is a segment of its own, as flash_attn_unpadded sees it);
+- packed (ours, Paddle's zero_padding): the rows as the product's collator gives them to the fast
+  path (packing.collate_packed_rows, PackedCollator's default): the step's rows flattened to one
+  row [1, tokens] in the rule's order, no padding, position ids restarting per example, the
+  examples' cu_seqlens from PackedSegments; the same token work as the padding-free peer.
+  packed_layout(flatten=False) gives the per-row layout (each row right-padded to the longest, the
+  padding a segment of its own with its own positions, as flash_attn_unpadded sees it);
 - flattened (Hugging Face padding-free, DataCollatorWithFlattening): all the step's examples
   concatenated in one row [1, tokens], no padding, position ids restarting per example (Hugging
   Face finds the examples' boundaries from them). DataCollatorWithFlattening's own labels are
@@ -24,8 +26,9 @@ loss is the mean over them for everyone. The layouts:
   Hugging Face's num_items_in_batch does).
 
 paddle_fastffn's packing.py and varlen_attention.py import Paddle at the top (for their collator
-and attention), but their packing rule and PackedSegments are plain Python and numpy: they are
-taken from the files' own source (load_pure), so the benchmark runs the product's code.
+and attention), but their packing rule, row builder and collation (segments_row,
+collate_packed_rows) and PackedSegments are plain Python and numpy: they are taken from the files'
+own source (load_pure), so the benchmark runs the product's code.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 4096
 
 
-def load_pure(path: Path, names: tuple[str, ...]) -> dict:
+def load_pure(path: Path, names: tuple[str, ...], given: dict | None = None) -> dict:
     """The top-level functions, classes and constant assignments called `names` in the Python file
-    at `path`, executed with numpy as np (and nothing else of the file: its imports are skipped).
-    For pure parts of modules whose other parts need a framework this machine lacks."""
+    at `path`, executed with numpy as np and the names in `given` (what those parts take from the
+    file's imports, which are skipped with the rest of the file). For pure parts of modules whose
+    other parts need a framework this machine lacks."""
     tree = ast.parse(Path(path).read_text(), filename=str(path))
     wanted = set(names)
     kept = []
@@ -57,15 +61,20 @@ def load_pure(path: Path, names: tuple[str, ...]) -> dict:
     found = {n.name if not isinstance(n, ast.Assign) else n.targets[0].id for n in kept}
     if found != wanted:
         raise ImportError(f"{path}: {sorted(wanted - found)} not found at the top level of the file")
-    namespace = {"np": np, "__name__": f"pure_{Path(path).stem}"}
+    namespace = {**(given or {}), "np": np, "__name__": f"pure_{Path(path).stem}"}
     exec(compile(ast.Module(body=kept, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
     return {name: namespace[name] for name in names}
 
 
-_PACKING = load_pure(REPO / "paddle_fastffn" / "finetune" / "packing.py",
-                     ("GREEDY_WINDOW", "_check_lengths", "sequential_rows", "greedy_rows"))
+_FINETUNE = REPO / "paddle_fastffn" / "finetune"
+# packing.py takes IGNORE_INDEX from data.py (-100, as sft_lengths').
+_PACKING = load_pure(_FINETUNE / "packing.py",
+                     ("GREEDY_WINDOW", "_check_lengths", "sequential_rows", "greedy_rows", "segments_row",
+                      "_check_flatten", "collate_packed_rows"),
+                     given=load_pure(_FINETUNE / "data.py", ("IGNORE_INDEX",)))
 _SEGMENTS = load_pure(REPO / "paddle_fastffn" / "ops" / "varlen_attention.py", ("OP", "PackedSegments"))
-sequential_rows = _PACKING["sequential_rows"]
+sequential_rows, segments_row, collate_packed_rows = (
+    _PACKING[name] for name in ("sequential_rows", "segments_row", "collate_packed_rows"))
 PackedSegments = _SEGMENTS["PackedSegments"]
 
 
@@ -75,7 +84,7 @@ class StepBatches:
     profile: str
     examples: list[dict]
     rows: list[list[int]]          # example indices (into `examples`) of each packed row
-    packed: dict                   # input_ids, labels, position_ids [rows, seq]; cu_seqlens int32; segment_lengths
+    packed: dict                   # input_ids, labels, position_ids [1, tokens]; cu_seqlens int32; segment_lengths
     flattened: dict                # input_ids, labels, position_ids [1, tokens]
     padded: list[dict]             # micro-batches: input_ids, labels, attention_mask [n, longest]
     settings: dict = field(default_factory=dict)
@@ -126,25 +135,15 @@ def step_examples(profile: sft_lengths.LengthProfile, rows_per_step: int, row_to
     return examples, rows
 
 
-def packed_layout(examples: list[dict], rows: list[list[int]], pad_id: int = 0) -> dict:
-    """PackedCollator's segments form in numpy: rows padded to the longest row, position ids
-    restarting per example (padding: its own 0..), and the segments' cu_seqlens."""
-    seq = max(sum(len(examples[i]["input_ids"]) for i in row) for row in rows)
-    shape = (len(rows), seq)
-    out = {"input_ids": np.full(shape, pad_id, np.int64), "labels": np.full(shape, sft_lengths.IGNORE_INDEX, np.int64),
-           "position_ids": np.zeros(shape, np.int64)}
-    row_lengths = []
-    for r, row in enumerate(rows):
-        start = 0
-        for i in row:
-            n = len(examples[i]["input_ids"])
-            out["input_ids"][r, start:start + n] = examples[i]["input_ids"]
-            out["labels"][r, start:start + n] = examples[i]["labels"]
-            out["position_ids"][r, start:start + n] = np.arange(n)
-            start += n
-        out["position_ids"][r, start:] = np.arange(seq - start)
-        row_lengths.append([len(examples[i]["input_ids"]) for i in row])
-    segments = PackedSegments.from_row_lengths(row_lengths, seq)
+def packed_layout(examples: list[dict], rows: list[list[int]], pad_id: int = 0, flatten: bool = True) -> dict:
+    """The product's collation of the packed rows (PackedDataset's segments rows through
+    packing.collate_packed_rows): flattened to one row [1, tokens] by default, as PackedCollator
+    gives the fast path; flatten=False: a row each, right-padded to the longest (the padding its
+    own segment, positions 0..). With the segments' cu_seqlens and lengths (PackedSegments)."""
+    out, row_lengths = collate_packed_rows(
+        [segments_row([(examples[i]["input_ids"], examples[i]["labels"]) for i in row]) for row in rows],
+        pad_id, flatten=flatten, ignore_index=sft_lengths.IGNORE_INDEX)
+    segments = PackedSegments.from_row_lengths(row_lengths, out["input_ids"].shape[1])
     out["cu_seqlens"] = segments.cu_seqlens()
     out["segment_lengths"] = list(segments.lengths)
     return out

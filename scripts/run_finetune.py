@@ -161,8 +161,9 @@ def main(argv=None):
     packing = data_args.zero_padding or data_args.greedy_zero_padding
     if packing:
         # Rows of up to max_length (PaddleNLP's zero_padding rule, or the greedy one). The fast path
-        # takes each batch's example boundaries (no [seq, seq] mask); stock PaddleNLP the dense 4-D
-        # block-causal mask of its InTokens datasets.
+        # takes each batch's example boundaries (no [seq, seq] mask), its rows flattened to one row
+        # by PackedCollator (no padding to the batch's longest row); stock PaddleNLP the dense 4-D
+        # block-causal mask of its InTokens datasets, a row each.
         form = "segments" if training_args.use_fast_ffn else "dense_mask"
         train_rows = PackedDataset(train_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
                                    form=form)
@@ -173,7 +174,12 @@ def main(argv=None):
                                      label_pad_token_id=-100, return_tensors="pd",
                                      pad_to_multiple_of=data_args.pad_to_multiple_of)
     if packing:  # packed rows; with eval_with_do_generation the evaluation's prompts stay plain
-        plain, packed = collate, PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of)
+        # The fast path's attention is per segment, so a batch's rows flatten into one row without
+        # their padding (PackedCollator's default). With fast_ffn_attention off the segments become
+        # PaddleNLP's dense mask: [tokens, tokens] for a flattened batch against a [seq, seq] per
+        # row, so rows stay a row each.
+        flatten = False if training_args.use_fast_ffn and not training_args.fast_ffn_attention else None
+        plain, packed = collate, PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of, flatten=flatten)
         collate = lambda rows: packed(rows) if is_packed_row(rows[0]) else plain(rows)  # noqa: E731
     collator = TokenCountingCollator(collate)
     throughput = ThroughputCallback(collator)

@@ -4,15 +4,20 @@ lengths, PaddleNLP's truncation, labels on response tokens), one contender after
 each repeat (the first alternates between repeats), on 1 and 2 threads.
 
     python -m benchmarks.cpu.bench_lengths [--profiles gsm8k oasst1_zh] [--threads 1 2]
-        [--examples 24 12] [--repeats 5] [--results-dir DIR]
+        [--examples 24 12] [--repeats 5] [--packed-rows 1] [--contenders ...] [--results-dir DIR]
+        [--results-name cpu_lengths]
 
 A contender is a way to build batches plus a model setting (stock PaddleNLP or use_fast_ffn), so
-packed rows (PaddleNLP zero_padding, the fast packed path) are two more entries of CONTENDERS.
+packed rows (PaddleNLP zero_padding) are more entries of CONTENDERS: stock_zero_padding (PaddleNLP's
+dense mask, a row each), fast_packed (segments, the batch's rows flattened to one row: the fast
+path's collator default) and fast_packed_rows (segments, a row each padded to the batch's longest:
+what flattening saves). Packed contenders take --packed-rows rows a step (PaddleNLP's clients set
+per_device_train_batch_size 4), padded ones --batch-size examples.
 Each thread count runs in its own process with OMP_NUM_THREADS set, as a user would launch it;
 within it every repeat rebuilds each contender's model from the same seed and trains it on the
 same batches. Effective tokens/s counts labelled tokens only (padding and prompt tokens do not
-count). Writes DIR/cpu_lengths.json (default benchmarks/results) with the load average at start
-and end (the machine is shared).
+count). Writes DIR/NAME.json (default benchmarks/results/cpu_lengths.json) with the load average
+at start and end (the machine is shared).
 """
 
 from __future__ import annotations
@@ -47,23 +52,24 @@ MODEL_SEED = 7
 class Contender:
     """One row of the benchmark: how its batches are built from the examples, and the model."""
     name: str
-    build_batches: Callable[[list, int], list]  # (examples, batch_size) -> list of numpy batches
+    build_batches: Callable[[list, argparse.Namespace], list]  # (examples, args) -> batches (numpy or paddle)
     use_fast_ffn: bool
     fast_ffn_options: dict = field(default_factory=dict)  # apply_fast_ffn_to_llama keywords
 
 
-def padded(examples, batch_size):
-    return sft_lengths.padded_batches(examples, batch_size, pad_id=DEMO_MODEL["pad_token_id"])
+def padded(examples, args):
+    return sft_lengths.padded_batches(examples, args.batch_size, pad_id=DEMO_MODEL["pad_token_id"])
 
 
-def packed(form: str):
-    """Rows of up to MAX_LENGTH tokens, PaddleNLP zero_padding's sequential rule, one row a step
-    (paddle_fastffn.finetune.packing: "dense_mask" for stock, "segments" for the fast path)."""
-    def build(examples, batch_size):
+def packed(form: str, flatten: bool | None = None):
+    """Rows of up to MAX_LENGTH tokens, PaddleNLP zero_padding's sequential rule, --packed-rows rows
+    a step (paddle_fastffn.finetune.packing: "dense_mask" for stock, "segments" for the fast path;
+    flatten as PackedCollator's, None being the form's default)."""
+    def build(examples, args):
         from paddle_fastffn.finetune import packing
 
-        return packing.packed_batches(examples, MAX_LENGTH, batch_size=1, form=form,
-                                      pad_token_id=DEMO_MODEL["pad_token_id"])[0]
+        return packing.packed_batches(examples, MAX_LENGTH, batch_size=args.packed_rows, form=form,
+                                      pad_token_id=DEMO_MODEL["pad_token_id"], flatten=flatten)[0]
     return build
 
 
@@ -74,6 +80,8 @@ CONTENDERS = {
 if importlib.util.find_spec("paddle_fastffn.finetune.packing") is not None:  # the packing work (issue 22)
     CONTENDERS["stock_zero_padding"] = Contender("stock_zero_padding", packed("dense_mask"), use_fast_ffn=False)
     CONTENDERS["fast_packed"] = Contender("fast_packed", packed("segments"), use_fast_ffn=True)
+    CONTENDERS["fast_packed_rows"] = Contender("fast_packed_rows", packed("segments", flatten=False),
+                                               use_fast_ffn=True)
 
 
 def build_model_and_optimizer(contender: Contender):
@@ -126,7 +134,7 @@ def worker(args) -> dict:
     order = sft_lengths.example_order(len(profile.prompt), seed=args.seed, limit=args.examples[0])
     examples = sft_lengths.make_examples(profile, order, DEMO_MODEL["vocab_size"], seed=args.seed)
     contenders = [CONTENDERS[name] for name in args.contenders]
-    batches = {c.name: c.build_batches(examples, args.batch_size) for c in contenders}
+    batches = {c.name: c.build_batches(examples, args) for c in contenders}
     for c in contenders:
         train(*build_model_and_optimizer(c), batches[c.name][:1])
     runs = {c.name: [] for c in contenders}
@@ -157,10 +165,25 @@ def worker(args) -> dict:
 def run_worker(args, profile: str, examples: int, threads: int) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.cpu.bench_lengths", "--worker", "--profile", profile,
            "--examples", str(examples), "--repeats", str(args.repeats), "--batch-size",
-           str(args.batch_size), "--seed", str(args.seed), "--contenders", *args.contenders]
+           str(args.batch_size), "--packed-rows", str(args.packed_rows), "--seed", str(args.seed),
+           "--contenders", *args.contenders]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     out = subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def flattening(results) -> list[dict]:
+    """fast_packed (flattened) against fast_packed_rows (the same rows, a row each) where both ran:
+    token slots saved and the speedup in effective tokens/s (ratio of median seconds)."""
+    out = []
+    for result in results:
+        flat, rows = (result["rows"].get(name) for name in ("fast_packed", "fast_packed_rows"))
+        if flat and rows:
+            out.append({"profile": result["profile"], "threads": result["threads"],
+                        "token_slots": {"flattened": flat["token_slots"], "rows": rows["token_slots"]},
+                        "speedup": rows["seconds_median"] / flat["seconds_median"],
+                        "spread": {"flattened": flat["spread"], "rows": rows["spread"]}})
+    return out
 
 
 def main():
@@ -170,13 +193,19 @@ def main():
     parser.add_argument("--examples", nargs="+", type=int, default=[24, 12],
                         help="examples of each profile, in --profiles order (the first N after a seeded shuffle)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=4, help="examples per step of the padded contenders")
+    parser.add_argument("--packed-rows", type=int, default=1,
+                        help="packed rows (of up to 2048 tokens) per step of the packed contenders")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS))
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--results-name", default="cpu_lengths", help="the results file's name, without .json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("batch_size", "packed_rows"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.worker:
         print(json.dumps(worker(args)))
         return
@@ -197,7 +226,7 @@ def main():
     import paddle
     import paddlenlp
 
-    path = write_results("cpu_lengths", {
+    path = write_results(args.results_name, {
         "device": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "versions": {"paddle": paddle.__version__, "paddlenlp": paddlenlp.__version__},
         "what": ("demo-size LLaMA-2-architecture model (hidden 256, 4 layers, GQA 8/4 heads, SwiGLU 704, "
@@ -205,7 +234,8 @@ def main():
                  "(random ids, PaddleNLP truncation src 1024 / max 2048); seconds for all batches of "
                  "one repeat; effective tokens/s = labelled tokens / median seconds"),
         "load_average": {"start": load_start, "end": load_end},
-        "batch_size": args.batch_size, "examples_per_profile": dict(zip(args.profiles, args.examples)), "repeats": args.repeats,
+        "batch_size": args.batch_size, "packed_rows_per_step": args.packed_rows,
+        "flattening": flattening(results), "examples_per_profile": dict(zip(args.profiles, args.examples)), "repeats": args.repeats,
         "results": results}, results_dir=args.results_dir)
     print(f"wrote {path}")
 

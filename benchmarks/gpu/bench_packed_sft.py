@@ -12,7 +12,10 @@ these examples with the same ids and labels, so each step carries the same label
 its loss is the mean over them:
 
 - ours_packed: llama_model.FastLlama (the Paddle fast path's composition) on the zero_padding rows
-  [rows, longest row]: rotary at per-token position ids (restarting per example), attention per
+  as the product's collator gives them (PackedCollator's default): flattened to one row
+  [1, tokens], no padding, so the same token work as the padding-free peer (the per-row layout,
+  each row padded to the longest, is sft_packed_steps.packed_layout(flatten=False)); rotary at
+  per-token position ids (restarting per example; the rope table spans the row), attention per
   segment over PackedSegments' cu_seqlens through FlexAttention with a document mask (the stand-in
   for Paddle's flash_attn_unpadded: no flash-attn varlen build exists for this torch, and it is
   the kernel the padding-free peer runs too, so attention is like for like), the fused loss on

@@ -2,7 +2,8 @@
 (benchmarks/gpu/bench_packed_sft.py), checked on CPU with a tiny fp32 Hugging Face LLaMA: the
 padding-free row (sdpa and FlexAttention, restarting position ids) and the padded micro-batches
 with num_items_in_batch give the loss of running every example on its own; and ours' document
-mask over PackedSegments' cu_seqlens is PaddleNLP's block-causal mask. Skipped where torch or
+mask over PackedSegments' cu_seqlens is PaddleNLP's block-causal mask, on the flattened row the
+benchmark trains and on per-row packing (padding segments included). Skipped where torch or
 transformers is missing (the CPU CI; the GPU machine runs it). FlexAttention has no backward on
 CPU: losses only here, the gradients are tests/gpu/test_packed_sft.py's."""
 
@@ -33,7 +34,9 @@ def step():
     rows = [[0, 1], [2, 3, 4]]
     tensor = lambda d: {k: torch.as_tensor(v) for k, v in d.items() if isinstance(v, np.ndarray)}  # noqa: E731
     return {"examples": [tensor(e) for e in examples],
-            "packed": sft_packed_steps.packed_layout(examples, rows),
+            # ours' layouts: the flattened row the product's collator gives and the per-row one
+            "packed": {flatten: sft_packed_steps.packed_layout(examples, rows, flatten=flatten)
+                       for flatten in (True, False)},
             "flat": tensor(sft_packed_steps.flattened_layout(examples)),
             "padded": [tensor(pad_to_longest(examples[i:i + 2])) for i in range(0, len(examples), 2)],
             "labelled": sum(int((e["labels"] != -100).sum()) for e in examples)}
@@ -91,15 +94,18 @@ def test_padded_gradient_accumulation_is_the_per_example_step(step):
         torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5 * p.grad.abs().max().item(), msg=name)
 
 
-def test_document_mask_is_the_block_causal_mask_of_the_segments(step):
+@pytest.mark.parametrize("flatten", [True, False], ids=["flattened", "rows"])
+def test_document_mask_is_the_block_causal_mask_of_the_segments(step, flatten):
     from torch.nn.attention.flex_attention import create_mask
 
     from benchmarks.gpu.llama_model import document_mask_mod
 
-    rows, seq = step["packed"]["input_ids"].shape
-    segments = sft_packed_steps.PackedSegments(step["packed"]["segment_lengths"], rows, seq)
-    mask = create_mask(document_mask_mod(step["packed"]["cu_seqlens"], rows, seq, device="cpu"), rows, None, seq,
+    packed = step["packed"][flatten]
+    rows, seq = packed["input_ids"].shape
+    assert rows == (1 if flatten else 2)
+    segments = sft_packed_steps.PackedSegments(packed["segment_lengths"], rows, seq)
+    mask = create_mask(document_mask_mod(packed["cu_seqlens"], rows, seq, device="cpu"), rows, None, seq,
                        seq, device="cpu")
     np.testing.assert_array_equal(mask.numpy(), segments.dense_mask())
     with pytest.raises(ValueError, match="cu_seqlens"):
-        document_mask_mod(step["packed"]["cu_seqlens"][:-1], rows, seq, device="cpu")
+        document_mask_mod(packed["cu_seqlens"][:-1], rows, seq, device="cpu")

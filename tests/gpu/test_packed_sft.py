@@ -1,6 +1,7 @@
 """Ours on packed rows (llama_model.FastLlama with position ids and cu_seqlens: rotary at restarting
-positions, FlexAttention with the document mask, the fused loss on labelled rows only) computes the
-loss and gradients of Hugging Face's LlamaForCausalLM run on every example on its own, in fp32.
+positions, FlexAttention with the document mask, the fused loss on labelled rows only), flattened to
+one row as the benchmark trains them or a row each with padding, computes the loss and gradients of
+Hugging Face's LlamaForCausalLM run on every example on its own, in fp32.
 (The peers' layouts are checked on CPU in tests/benchmarks_logic/test_packed_sft_contenders.py; the
 benchmark records every contender's first bf16 loss and their relative differences.)"""
 
@@ -22,22 +23,28 @@ def _tiny_hf(dtype):
     return _hf_model(_tiny_config(num_hidden_layers=2), dtype)
 
 
-def _packed_step():
-    """Seven examples of awkward lengths in two zero_padding rows of 64 (the second padded)."""
+def _packed_step(flatten=True):
+    """Seven examples of awkward lengths in two zero_padding rows of 64: flattened to one row (the
+    benchmark's layout), or a row each (the second padded)."""
     rng = np.random.default_rng(3)
     examples = [make_example(n, p, rng, 1000) for n, p in ((13, 4), (29, 7), (21, 2), (5, 3), (17, 9), (9, 1), (11, 6))]
     rows = sft_packed_steps.sequential_rows([len(e["input_ids"]) for e in examples], 64)
-    return examples, rows, sft_packed_steps.packed_layout(examples, rows)
+    return examples, rows, sft_packed_steps.packed_layout(examples, rows, flatten=flatten)
 
 
-def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32():
+@pytest.mark.parametrize("flatten", [True, False], ids=["flattened", "rows"])
+def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32(flatten):
     from benchmarks.gpu.llama_model import FastLlama
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    examples, rows, packed = _packed_step()
+    examples, rows, packed = _packed_step(flatten)
     real = sum(len(e["input_ids"]) for e in examples)
-    assert len(rows) == 2 and real < packed["input_ids"].size  # the second row ends in a padding segment
+    assert len(rows) == 2
+    if flatten:  # one row of the examples, no padding
+        assert packed["input_ids"].shape == (1, real)
+    else:  # the second row ends in a padding segment
+        assert packed["input_ids"].shape[0] == 2 and real < packed["input_ids"].size
     hf = _tiny_hf(torch.float32)
     ours = FastLlama(hf)
     labelled = sum(int((e["labels"] != -100).sum()) for e in examples)

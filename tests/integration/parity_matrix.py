@@ -129,8 +129,10 @@ def _packed_rows(examples, segments: bool = False):
     """PaddleNLP's zero_padding rows (InTokensMapDataset + its collator): examples concatenated into
     rows of up to SEQ tokens, position ids restarting per example, a [1, SEQ, SEQ] block-causal mask
     that keeps examples apart (padding attends to nothing but itself). segments: the examples'
-    boundaries instead of the mask (`attn_mask_startend_row_indices`, what our script hands the
-    fast path; the padding at a row's end is one more segment)."""
+    boundaries instead of the mask (`attn_mask_startend_row_indices`; the padding at a row's end is
+    one more segment): the per-row layout, PackedCollator(flatten=False). Our script's collator
+    flattens a batch's rows into one row by default; that layout's loss and every gradient against
+    stock's dense rows are tests/integration/test_packing.py's."""
     from paddle_fastffn.ops import PackedSegments
 
     rows, current = [], []

@@ -2,9 +2,10 @@
 
 The packing rules against PaddleNLP 2.8.1's InTokensMapDataset and the shared data set's waste
 figures; a packed batch against the same examples run one by one (per-example losses, the loss
-and every gradient), stock (PaddleNLP's dense 4-D mask) and fast (segments, no mask); and the fast
-packed batch against PaddleNLP's own zero_padding pipeline (InTokensMapDataset +
-DataCollatorForSeq2Seq, same examples, same weights)."""
+and every gradient), stock (PaddleNLP's dense 4-D mask) and fast (segments, no mask, the batch's
+rows flattened to one row or a row each); the flattened collation itself and its padding count;
+and the fast packed batch (flattened, per row) against stock PaddleNLP's dense form and its own
+zero_padding pipeline (InTokensMapDataset + DataCollatorForSeq2Seq, same examples, same weights)."""
 
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from tolerances import assert_close
 
 import paddle_fastffn
 from paddle_fastffn import ops
+from paddle_fastffn.finetune.data import TokenCountingCollator
 from paddle_fastffn.finetune.packing import (PackedCollator, PackedDataset, greedy_rows, packed_batches,
                                              sequential_rows)
 
@@ -144,12 +146,15 @@ def one_by_one(model, examples):
     return losses, mean_loss, mean_grads
 
 
-def check_packed_against_one_by_one(model, examples, form, batch_size):
-    batches, count = packed_batches(examples, MAX_LENGTH, batch_size=batch_size, form=form)
+def check_packed_against_one_by_one(model, examples, form, batch_size, flatten=None):
+    batches, count = packed_batches(examples, MAX_LENGTH, batch_size=batch_size, form=form, flatten=flatten)
     assert len(batches) == 1, "the test wants every example in one batch"
     batch = batches[0]
     dataset = PackedDataset(examples, MAX_LENGTH)
     row_lengths = [dataset[i]["seq_lens"] for i in range(len(dataset))]
+    if form == "segments" and flatten is not False:  # the collator's default: the rows in one row
+        row_lengths = [[n for row in row_lengths for n in row]]
+    assert list(batch["input_ids"].shape)[0] == len(row_lengths)
     order = [i for row in dataset.rows for i in row]
     alone, mean_loss, mean_grads = one_by_one(model, examples)
     packed = per_example_losses(model, batch, row_lengths)
@@ -177,14 +182,109 @@ def test_stock_packed_batch_gives_the_examples_losses_and_gradients(examples):
     check_packed_against_one_by_one(tiny_model(), examples, "dense_mask", batch_size=8)
 
 
+@pytest.mark.parametrize("flatten", [None, False], ids=["flattened", "rows"])
 @pytest.mark.parametrize("fused_loss", [True, False], ids=["fused_loss", "stock_loss"])
-def test_fast_packed_batch_gives_the_examples_losses_and_gradients(examples, fused_loss, kernel_calls):
+def test_fast_packed_batch_gives_the_examples_losses_and_gradients(examples, fused_loss, flatten, kernel_calls):
     paddle_fastffn.apply_fast_ffn_to_llama(fused_cross_entropy=fused_loss)
     model = tiny_model()
     paddle_fastffn.apply_fast_ffn_to_llama(model, fused_cross_entropy=fused_loss)
-    check_packed_against_one_by_one(model, examples, "segments", batch_size=8)
+    check_packed_against_one_by_one(model, examples, "segments", batch_size=8, flatten=flatten)
     calls = kernel_calls()
     assert calls["fastffn_rotary"] > 0 and (calls["fastffn_cross_entropy"] > 0) == fused_loss
+
+
+def test_flattened_collator_gives_one_row_of_the_examples(examples):
+    """PackedCollator's default for segments rows: one row of every example in packing order, no
+    padding, positions restarting, each example a segment of its own; pad_to_multiple_of adds one
+    padding segment at the end; flatten=False keeps a row each, padded to the longest."""
+    dataset = PackedDataset(examples, MAX_LENGTH)
+    rows = [dataset[i] for i in range(len(dataset))]
+    assert [row["seq_lens"] for row in rows] == [[17, 9], [29, 1], [12, 23], [6]]
+    order = [i for row in dataset.rows for i in row]
+    lengths = [len(examples[i][0]) for i in order]
+    total = sum(lengths)
+    batch = PackedCollator(0, return_tensors="np")(rows)
+    assert batch.keys() == {"input_ids", "labels", "position_ids", "attn_mask_startend_row_indices"}
+    np.testing.assert_array_equal(batch["input_ids"], [[t for i in order for t in examples[i][0]]])
+    np.testing.assert_array_equal(batch["labels"], [[t for i in order for t in examples[i][1]]])
+    np.testing.assert_array_equal(batch["position_ids"], [np.concatenate([np.arange(n) for n in lengths])])
+    ends = np.cumsum(lengths)
+    expected_ends = np.repeat(ends, lengths).astype(np.int32)
+    assert batch["attn_mask_startend_row_indices"].dtype == np.int32
+    np.testing.assert_array_equal(batch["attn_mask_startend_row_indices"], expected_ends.reshape(1, 1, total, 1))
+
+    padded = PackedCollator(5, pad_to_multiple_of=16, return_tensors="np")(rows)
+    seq = -(-total // 16) * 16
+    assert seq > total and padded["input_ids"].shape == (1, seq)
+    np.testing.assert_array_equal(padded["input_ids"][0, :total], batch["input_ids"][0])
+    assert (padded["input_ids"][0, total:] == 5).all() and (padded["labels"][0, total:] == IGNORE).all()
+    np.testing.assert_array_equal(padded["position_ids"][0, total:], np.arange(seq - total))
+    np.testing.assert_array_equal(padded["attn_mask_startend_row_indices"].reshape(-1),
+                                  np.concatenate([expected_ends, np.full(seq - total, seq, np.int32)]))
+
+    per_row = PackedCollator(0, return_tensors="np", flatten=False)(rows)
+    longest = max(len(row["input_ids"]) for row in rows)
+    assert per_row["input_ids"].shape == (4, longest) and longest < total
+
+
+def test_flatten_argument_errors(examples):
+    dense = PackedDataset(examples, MAX_LENGTH, form="dense_mask")
+    PackedCollator(0, return_tensors="np")([dense[0], dense[1]])  # the dense form's default: a row each
+    with pytest.raises(ValueError, match="`flatten=True` needs the segments form"):
+        PackedCollator(0, flatten=True)([dense[0], dense[1]])
+    with pytest.raises(ValueError, match="`flatten=True` needs the segments form"):
+        packed_batches(examples, MAX_LENGTH, batch_size=2, form="dense_mask", flatten=True)
+    with pytest.raises(ValueError, match="`flatten` must be True, False or None"):
+        PackedCollator(0, flatten="rows")
+
+
+def test_token_counting_reports_no_padding_for_a_flattened_batch(examples):
+    dataset = PackedDataset(examples, MAX_LENGTH)
+    rows = [dataset[i] for i in range(len(dataset))]
+    labelled = sum(label != IGNORE for _, labels in examples for label in labels)
+    flat, per_row = (TokenCountingCollator(PackedCollator(0, flatten=flatten)) for flatten in (None, False))
+    flat(rows)
+    per_row(rows)
+    assert (flat.padding.slots, flat.padding.real, flat.padding.labelled) == (sum(LENGTHS), sum(LENGTHS), labelled)
+    assert flat.padding.waste() == 0.0 and flat.tokens == sum(LENGTHS)
+    # a row each: the shorter row is padded to the longer
+    assert per_row.padding.real == sum(LENGTHS) < per_row.padding.slots and per_row.padding.waste() > 0
+
+
+def test_flattened_training_equals_per_row_and_stock(examples, kernel_calls):
+    """One training batch of the same packed rows three ways: stock PaddleNLP on the dense_mask
+    form, and the fast path (its defaults, fused projections included) on the segments form
+    flattened (the default) and a row each: the same loss and every parameter's gradient (fp32:
+    summation order only; stock's gradients in the fused layout by PaddleNLP's own mappings)."""
+    from test_default_fast_path import fuse_like
+
+    dense_batch = packed_batches(examples, MAX_LENGTH, batch_size=8, form="dense_mask")[0][0]
+    rows = len(PackedDataset(examples, MAX_LENGTH))
+    assert dense_batch["input_ids"].shape[0] == rows > 1
+    stock_loss, stock_grads = losses_and_grads(tiny_model(), dense_batch)
+    paddle_fastffn.apply_fast_ffn_to_llama()
+    model = tiny_model()  # the same seed: the stock model's weights, fused (test_default_fast_path)
+    paddle_fastffn.apply_fast_ffn_to_llama(model)
+    stock_grads = fuse_like(model, stock_grads)
+    results = {}
+    for flatten in (None, False):
+        batch = packed_batches(examples, MAX_LENGTH, batch_size=8, flatten=flatten)[0][0]
+        assert batch["input_ids"].shape[0] == (1 if flatten is None else rows)
+        results["flattened" if flatten is None else "rows"] = losses_and_grads(model, batch)
+    assert stock_grads
+    for name, (loss, grads) in results.items():
+        assert_close(loss, stock_loss, paddle.float32, f"{name}: loss against stock")
+        assert grads.keys() == stock_grads.keys(), name
+        for param, grad in stock_grads.items():
+            assert_close(grads[param], grad, paddle.float32, f"{name}: d {param} against stock",
+                         reduced_rows=sum(LENGTHS))
+    flat_loss, flat_grads = results["flattened"]
+    assert_close(flat_loss, results["rows"][0], paddle.float32, "loss: flattened against rows")
+    for param, grad in results["rows"][1].items():
+        assert_close(flat_grads[param], grad, paddle.float32, f"d {param}: flattened against rows",
+                     reduced_rows=sum(LENGTHS))
+    calls = kernel_calls()
+    assert calls["fastffn_rotary"] > 0 and calls["fastffn_cross_entropy"] > 0  # the fast path ran
 
 
 def test_fast_packed_dense_mask_reaches_attention(examples):
@@ -273,8 +373,9 @@ def test_fast_packed_batch_under_recompute(examples, granularity):
 
 
 def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
-    """scripts/run_finetune.py with zero_padding: stock (PaddleNLP's dense 4-D mask) and fast
-    (segments) train the same per-step losses; greedy_zero_padding packs at least as tightly; each
+    """scripts/run_finetune.py with zero_padding: stock (PaddleNLP's dense 4-D mask), fast
+    (segments, each batch's rows flattened to one) and fast with fast_ffn_attention off (segments
+    a row each, as they become PaddleNLP's dense mask) train the same per-step losses; greedy_zero_padding packs at least as tightly; each
     summary reports the padding waste, lower than the padded run's."""
     from test_run_finetune import demo as build_demo, losses, run
 
@@ -283,12 +384,21 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
     stock = run(demo, tmp_path / "stock", *rows, "--zero_padding", "true", "--use_fast_ffn", "false", steps=4)
     fast = run(demo, tmp_path / "fast", *rows, "--zero_padding", "true", steps=4)
     greedy = run(demo, tmp_path / "greedy", *rows, "--greedy_zero_padding", "true", steps=4)
+    # fast_ffn_attention off: PaddleNLP's attention on the segments' dense mask, so a row each
+    attention_off = run(demo, tmp_path / "attention_off", *rows, "--zero_padding", "true",
+                        "--fast_ffn_attention", "false", steps=4)
     padded = run(demo, tmp_path / "padded", steps=4)
     assert (stock["packing"], fast["packing"], greedy["packing"], padded["packing"]) == (
         "zero_padding", "zero_padding", "greedy_zero_padding", None)
     # fp32 on CPU both ways; see test_checkpoints_and_convergence for the tolerance's reasoning.
     np.testing.assert_allclose(losses(fast), losses(stock), rtol=1e-4)
-    assert fast["padding"] == stock["padding"]
+    # The same tokens; the fast batches are flattened (PackedCollator's default), so no padding
+    # slots, while stock pads each batch's rows to its longest.
+    same = ("real_tokens", "labelled_tokens")
+    assert {k: fast["padding"][k] for k in same} == {k: stock["padding"][k] for k in same}
+    assert fast["padding"]["slot_tokens"] == fast["padding"]["real_tokens"] < stock["padding"]["slot_tokens"]
+    np.testing.assert_allclose(losses(attention_off), losses(stock), rtol=1e-4)
+    assert attention_off["padding"] == stock["padding"]
     for summary in (stock, fast, greedy, padded):
         count = summary["padding"]
         assert 0 < count["labelled_tokens"] <= count["real_tokens"] <= count["slot_tokens"]
