@@ -128,12 +128,11 @@ def _padded_row(prompt, answer):
 def _packed_rows(examples, segments: bool = False):
     """PaddleNLP's zero_padding rows (InTokensMapDataset + its collator): examples concatenated into
     rows of up to SEQ tokens, position ids restarting per example, a [1, SEQ, SEQ] block-causal mask
-    that keeps examples apart (padding attends to nothing but itself). segments: the examples'
-    boundaries instead of the mask (`attn_mask_startend_row_indices`; the padding at a row's end is
-    one more segment): the per-row layout, PackedCollator(flatten=False). Our script's collator
-    flattens a batch's rows into one row by default; that layout's loss and every gradient against
-    stock's dense rows are tests/integration/test_packing.py's."""
-    from paddle_fastffn.ops import PackedSegments
+    that keeps examples apart (padding attends to nothing but itself). segments: the fast side's
+    rows as our script's PackedDataset gives them (packing.segments_row: the examples' boundaries,
+    no padding, no mask), collated by the product's PackedCollator (collator_for): a batch's rows
+    flattened into one row, the layout `use_fast_ffn` trains packed SFT on."""
+    from paddle_fastffn.finetune.packing import segments_row
 
     rows, current = [], []
     for prompt, answer in examples:
@@ -144,28 +143,29 @@ def _packed_rows(examples, segments: bool = False):
     rows.append(current)
     out = []
     for row in rows:
-        ids, labels, positions, lengths = [], [], [], []
-        mask = np.zeros((SEQ, SEQ), dtype="bool")
+        members = []
         for prompt, answer in row:
             example = _padded_row(prompt, answer)
             n = int(example["attention_mask"].sum())
-            lengths.append(n)
-            start = len(ids)
+            members.append((example["input_ids"][:n].tolist(), example["labels"][:n].tolist()))
+        if segments:
+            out.append(segments_row(members))
+            continue
+        ids, labels, positions = [], [], []
+        mask = np.zeros((SEQ, SEQ), dtype="bool")
+        for member_ids, member_labels in members:
+            n, start = len(member_ids), len(ids)
             mask[start:start + n, start:start + n] = np.tril(np.ones((n, n), dtype="bool"))
-            ids += example["input_ids"][:n].tolist()
-            labels += example["labels"][:n].tolist()
+            ids += member_ids
+            labels += member_labels
             positions += list(range(n))
         for i in range(len(ids), SEQ):
             mask[i, i] = True
         pad = SEQ - len(ids)
-        packed = {"input_ids": np.array(ids + [0] * pad, dtype="int64"),
-                  "labels": np.array(labels + [-100] * pad, dtype="int64"),
-                  "position_ids": np.array(positions + list(range(pad)), dtype="int64")}
-        if segments:
-            packed["attn_mask_startend_row_indices"] = PackedSegments.from_row_lengths([lengths], SEQ).startend_row_indices()[0]
-        else:
-            packed["attention_mask"] = mask[None]
-        out.append(packed)
+        out.append({"input_ids": np.array(ids + [0] * pad, dtype="int64"),
+                    "labels": np.array(labels + [-100] * pad, dtype="int64"),
+                    "position_ids": np.array(positions + list(range(pad)), dtype="int64"),
+                    "attention_mask": mask[None]})
     return out
 
 
@@ -181,6 +181,16 @@ def rows_for(cell: Cell, fast: bool = False) -> list[dict]:
 
 def collate(features):
     return {key: paddle.to_tensor(np.stack([f[key] for f in features])) for key in features[0]}
+
+
+def collator_for(cell: Cell, fast: bool):
+    """The fast side of a segments cell: the product's PackedCollator with its defaults (the batch's
+    rows flattened into one row, as scripts/run_finetune.py collates packed SFT); else stacking."""
+    if fast and cell.packed == "segments":
+        from paddle_fastffn.finetune.packing import PackedCollator
+
+        return PackedCollator(pad_token_id=0)
+    return collate
 
 
 # --- models ----------------------------------------------------------------------------------------
@@ -298,11 +308,11 @@ def _stock_named(model, grads: dict) -> dict:
     return {prefix + k: v for k, v in split.items()}
 
 
-def one_step_gradients(cell: Cell, model, rows) -> tuple[float, dict]:
+def one_step_gradients(cell: Cell, model, rows, collator=collate) -> tuple[float, dict]:
     model.train()
     if cell.recompute:
         _enable_recompute_as_the_trainer_does(model)
-    batch = collate(rows[: cell.batch_size * cell.grad_accum])
+    batch = collator(rows[: cell.batch_size * cell.grad_accum])
     out = model(**batch)
     loss = out[0] if isinstance(out, tuple) else out.loss
     loss.backward()
@@ -313,10 +323,10 @@ def one_step_gradients(cell: Cell, model, rows) -> tuple[float, dict]:
     return float(loss), _stock_named(model, grads), _stock_named(model, trainable).keys()
 
 
-def trainer_losses(args, model, rows) -> list[float]:
+def trainer_losses(args, model, rows, collator=collate) -> list[float]:
     from paddlenlp.trainer import Trainer
 
-    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collate)
+    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], type(trainer.optimizer).__name__
 
@@ -400,8 +410,9 @@ def measure(cell: Cell) -> dict:
                 calls_before = dict(_loader.CALL_COUNTS)
                 args, model = build(cell, side == "fast", os.path.join(tmp, side))
                 with _counting_causal_mask_checks(side == "fast") as mask_checks:
-                    loss, grads, trainable = one_step_gradients(cell, model, rows)
-                    losses, optimizer = trainer_losses(args, model, rows)
+                    collator = collator_for(cell, side == "fast")
+                    loss, grads, trainable = one_step_gradients(cell, model, rows, collator)
+                    losses, optimizer = trainer_losses(args, model, rows, collator)
                 calls = {k: v - calls_before.get(k, 0) for k, v in _loader.CALL_COUNTS.items()
                          if v - calls_before.get(k, 0)}
                 result[side] = dict(loss=loss, grads=grads, trainable=set(trainable), losses=losses,
