@@ -65,6 +65,23 @@ class ThroughputCallback(TrainerCallback):
         self.history.append({"step": state.global_step, **logs})
 
 
+def flatten_packed_batches(training_args, config, neftune) -> bool:
+    """Whether the fast path's packed training batches flatten into one row (PackedCollator's
+    default, no padding work; attention is per segment, so training is the same), or stay a row
+    each where the layout changes what stock computes:
+    - fast_ffn_attention off: the segments become PaddleNLP's dense mask, [tokens, tokens] for a
+      flattened batch against a [seq, seq] per row;
+    - NEFTune: its noise scale is alpha / sqrt(batch x sequence) of the tensor it sees, so one row
+      of the batch's real tokens would get other noise than stock's rows;
+    - dynamic NTK rope (rope_scaling_type="dynamic_ntk"): the rotary table is rescaled when the row
+      is longer than max_position_embeddings, which a flattened row can be where no packed row is."""
+    if not training_args.use_fast_ffn:
+        return False  # stock's dense-mask rows
+    if not training_args.fast_ffn_attention or neftune is not None:
+        return False
+    return getattr(config, "rope_scaling_type", None) != "dynamic_ntk"
+
+
 def peak_memory_mb() -> float:
     if paddle.is_compiled_with_cuda() and "gpu" in paddle.device.get_device():
         return paddle.device.cuda.max_memory_allocated() / 2**20
@@ -142,6 +159,7 @@ def main(argv=None):
         layers = apply_to_model(model, training_args.fast_ffn_options())
         logger.info(f"paddle_fastffn: {layers} decoder layers on the fast path")
 
+    config = model.config  # the base model's (before a LoRA wrapper)
     neftune = llm_flow.add_neftune(model, model_args.neftune_noise_alpha) if (
         training_args.do_train and model_args.neftune) else None
     if model_args.lora:
@@ -173,14 +191,15 @@ def main(argv=None):
     collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True, max_length=data_args.max_length,
                                      label_pad_token_id=-100, return_tensors="pd",
                                      pad_to_multiple_of=data_args.pad_to_multiple_of)
+    eval_collate = collate
     if packing:  # packed rows; with eval_with_do_generation the evaluation's prompts stay plain
-        # The fast path's attention is per segment, so a batch's rows flatten into one row without
-        # their padding (PackedCollator's default). With fast_ffn_attention off the segments become
-        # PaddleNLP's dense mask: [tokens, tokens] for a flattened batch against a [seq, seq] per
-        # row, so rows stay a row each.
-        flatten = False if training_args.use_fast_ffn and not training_args.fast_ffn_attention else None
-        plain, packed = collate, PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of, flatten=flatten)
+        plain = collate
+        packed = PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of,
+                                flatten=None if flatten_packed_batches(training_args, config, neftune) else False)
+        per_row = PackedCollator(tokenizer.pad_token_id, data_args.pad_to_multiple_of, flatten=False)
         collate = lambda rows: packed(rows) if is_packed_row(rows[0]) else plain(rows)  # noqa: E731
+        # Evaluation a row each: llm_flow.with_eval_collator says why.
+        eval_collate = lambda rows: per_row(rows) if is_packed_row(rows[0]) else plain(rows)  # noqa: E731
     collator = TokenCountingCollator(collate)
     throughput = ThroughputCallback(collator)
     if "visualdl" in training_args.report_to:
@@ -194,7 +213,9 @@ def main(argv=None):
             **common, gen_args=gen_args, max_length=data_args.max_length,
             compute_metrics=llm_flow.generation_metrics(tokenizer, output_file))
     else:
-        trainer = Trainer(**common, compute_metrics=token_accuracy, preprocess_logits_for_metrics=argmax_logits)
+        trainer = llm_flow.with_eval_collator(Trainer)(**common, eval_data_collator=eval_collate,
+                                                       compute_metrics=token_accuracy,
+                                                       preprocess_logits_for_metrics=argmax_logits)
 
     summary = {"use_fast_ffn": training_args.use_fast_ffn, "device": training_args.device,
                "model": model_args.model_name_or_path, "lora": model_args.lora}

@@ -65,6 +65,37 @@ def prompt_and_answer_ids(tokenizer, row: dict, max_length: int, src_length: int
     return {**prompt, "labels": answer}
 
 
+def with_eval_collator(trainer_class):
+    """`trainer_class` whose evaluation and prediction dataloaders collate with the keyword
+    `eval_data_collator` (training keeps `data_collator`). For packed SFT: training batches flatten
+    into one row, but PaddleNLP's evaluation_loop weights each batch's loss by its batch size
+    (find_batch_size: rows) and trims the distributed sampler's repeated rows by count, so a
+    flattened evaluation batch would change eval_loss against stock; evaluation collates a row each."""
+
+    class EvalCollatorTrainer(trainer_class):
+        def __init__(self, *args, eval_data_collator=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.eval_data_collator = eval_data_collator
+
+        def _with_eval_collator(self, make_dataloader):
+            if self.eval_data_collator is None:
+                return make_dataloader()
+            # The dataloaders take collate_fn=self.data_collator when built: swap it for the build.
+            training, self.data_collator = self.data_collator, self.eval_data_collator
+            try:
+                return make_dataloader()
+            finally:
+                self.data_collator = training
+
+        def get_eval_dataloader(self, eval_dataset=None):
+            return self._with_eval_collator(lambda: super(EvalCollatorTrainer, self).get_eval_dataloader(eval_dataset))
+
+        def get_test_dataloader(self, test_dataset):
+            return self._with_eval_collator(lambda: super(EvalCollatorTrainer, self).get_test_dataloader(test_dataset))
+
+    return EvalCollatorTrainer
+
+
 def generation_trainer_class():
     """PaddleNLP's Trainer whose evaluation generates each prompt's answer (eval_with_do_generation:
     model.generate with the generate arguments top_k / top_p, sampling; top_k 1 is greedy), as the

@@ -208,7 +208,10 @@ class PackedCollator:
     """Collates PackedDataset rows of one form into paddle tensors (collate_packed_rows; numpy
     arrays with return_tensors="np"). flatten (None: the form's default): segments rows become one
     flattened row [1, tokens] unless flatten=False; dense_mask rows stay a row each and reject
-    flatten=True."""
+    flatten=True. Keep a row each (flatten=False) where the batch's shape changes what the model
+    computes: NEFTune's noise scale, dynamic NTK rope past max_position_embeddings, and evaluation
+    (PaddleNLP weights each batch's loss by its rows); scripts/run_finetune.py's
+    flatten_packed_batches and llm_flow.with_eval_collator."""
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, return_tensors: str = "pd",
                  flatten: bool | None = None):

@@ -380,7 +380,10 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
     from test_run_finetune import demo as build_demo, losses, run
 
     demo = build_demo.__wrapped__(tmp_path_factory)
-    rows = ("--per_device_train_batch_size", "2", "--max_length", "128")
+    # Evaluation in batches of 2 rows (the demo dev set packs into 3: a short last batch): PaddleNLP
+    # weights each batch's loss by its rows, so eval_loss matches stock only if evaluation collates a
+    # row each (llm_flow.with_eval_collator; a flattened evaluation differs by 1.2e-3 here).
+    rows = ("--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2", "--max_length", "128")
     stock = run(demo, tmp_path / "stock", *rows, "--zero_padding", "true", "--use_fast_ffn", "false", steps=4)
     fast = run(demo, tmp_path / "fast", *rows, "--zero_padding", "true", steps=4)
     greedy = run(demo, tmp_path / "greedy", *rows, "--greedy_zero_padding", "true", steps=4)
@@ -392,6 +395,7 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
         "zero_padding", "zero_padding", "greedy_zero_padding", None)
     # fp32 on CPU both ways; see test_checkpoints_and_convergence for the tolerance's reasoning.
     np.testing.assert_allclose(losses(fast), losses(stock), rtol=1e-4)
+    np.testing.assert_allclose([fast["eval_loss"], attention_off["eval_loss"]], stock["eval_loss"], rtol=1e-4)
     # The same tokens; the fast batches are flattened (PackedCollator's default), so no padding
     # slots, while stock pads each batch's rows to its longest.
     same = ("real_tokens", "labelled_tokens")
@@ -404,3 +408,26 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
         assert 0 < count["labelled_tokens"] <= count["real_tokens"] <= count["slot_tokens"]
         assert count["padding_waste"] == pytest.approx(1 - count["real_tokens"] / count["slot_tokens"], abs=1e-4)
     assert fast["padding"]["padding_waste"] < padded["padding"]["padding_waste"]
+
+
+def test_training_flattens_and_evaluation_collates_a_row_each(examples):
+    """llm_flow.with_eval_collator on PaddleNLP's Trainer, as scripts/run_finetune.py builds it for
+    packed SFT: the training dataloader gives one flattened row, the evaluation and prediction
+    dataloaders a row each (PaddleNLP weights each evaluation batch's loss by its rows), and the
+    Trainer keeps its training collator afterwards."""
+    from paddlenlp.trainer import Trainer, TrainingArguments
+
+    from paddle_fastffn.finetune.llm_flow import with_eval_collator
+
+    dataset = PackedDataset(examples, MAX_LENGTH)
+    rows = len(dataset)
+    assert rows > 1
+    flattened, per_row = PackedCollator(0), PackedCollator(0, flatten=False)
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                             report_to="none", device="cpu")
+    trainer = with_eval_collator(Trainer)(model=tiny_model(), args=args, train_dataset=dataset, eval_dataset=dataset,
+                                          data_collator=flattened, eval_data_collator=per_row)
+    assert next(iter(trainer.get_train_dataloader()))["input_ids"].shape[0] == 1
+    assert next(iter(trainer.get_eval_dataloader()))["input_ids"].shape[0] == rows
+    assert next(iter(trainer.get_test_dataloader(dataset)))["input_ids"].shape[0] == rows
+    assert trainer.data_collator is flattened
