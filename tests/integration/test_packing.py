@@ -382,7 +382,7 @@ def test_run_finetune_zero_padding_stock_and_fast(tmp_path_factory, tmp_path):
     demo = build_demo.__wrapped__(tmp_path_factory)
     # Evaluation in batches of 2 rows (the demo dev set packs into 3: a short last batch): PaddleNLP
     # weights each batch's loss by its rows, so eval_loss matches stock only if evaluation collates a
-    # row each (llm_flow.with_eval_collator; a flattened evaluation differs by 1.2e-3 here).
+    # row each (llm_flow.with_eval_collator; with a flattened evaluation this assertion fails).
     rows = ("--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2", "--max_length", "128")
     stock = run(demo, tmp_path / "stock", *rows, "--zero_padding", "true", "--use_fast_ffn", "false", steps=4)
     fast = run(demo, tmp_path / "fast", *rows, "--zero_padding", "true", steps=4)
