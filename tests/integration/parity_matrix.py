@@ -472,16 +472,12 @@ def launch(mode: str, work_dir: str) -> dict:
     """Runs parity_launch.py on two CPU ranks (paddle.distributed.launch, gloo). Returns
     {"ranks": [each rank's stock and fast runs]} or {"unsupported": why, "log": ...} when Paddle
     refuses the mode on this device, or {"error": ...}."""
-    import subprocess
+    from tests.integration.distributed_launch import run_launch
 
     save_stock_checkpoint(AWKWARD, os.path.join(work_dir, "checkpoint"))
-    log_dir = os.path.join(work_dir, "log")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parity_launch.py")
-    run = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--log_dir", log_dir,
-                          "--nproc_per_node", "2", script, mode, work_dir],
-                         cwd=work_dir, capture_output=True, text=True, timeout=600)
-    logs = "".join(open(os.path.join(log_dir, name)).read() for name in sorted(os.listdir(log_dir))
-                   if name.startswith("workerlog"))
+    run, worker_logs = run_launch([script, mode, work_dir], os.path.join(work_dir, "log"), cwd=work_dir)
+    logs = "".join(worker_logs.values())
     if run.returncode != 0:
         if CPU_UNSUPPORTED in logs:
             return {"unsupported": f"Paddle's CPU build refuses it: {CPU_UNSUPPORTED!r}"}

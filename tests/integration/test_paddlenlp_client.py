@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import pytest
 
+from tests.integration.distributed_launch import run_launch
 from tolerances import FP32_TRAINING_LOSS_RTOL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,15 +72,17 @@ def run_client(config: Path, plugin: bool, launch: bool = False) -> dict:
     losses, the fast path's report (plugin runs) and the log."""
     out = Path(json.loads(config.read_text())["output_dir"])
     target = ["finetune_generation.py", str(config)]
-    if launch:
-        target = ["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(out) + "_logs", *target]
-    cmd = [sys.executable, *(["-m", "paddle_fastffn"] if plugin else []), *target]
     report = out.parent / f"{out.name}_report.{{rank}}.json"
     env = dict(os.environ, PYTHONPATH=str(REPO), PADDLE_FASTFFN_REPORT=str(report), OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=CLIENT, capture_output=True, text=True, env=env, timeout=600)
-    logs = result.stdout + result.stderr
     if launch:
-        logs += "".join(p.read_text() for p in sorted(Path(str(out) + "_logs").glob("workerlog.*")))
+        reports = [str(report).format(rank=rank) for rank in range(2)]
+        result, worker_logs = run_launch(target, Path(str(out) + "_logs"), reset=(out, *reports), cwd=CLIENT, env=env,
+                                         via=["-m", "paddle_fastffn"] if plugin else [])
+        logs = result.stdout + result.stderr + "".join(worker_logs.values())
+    else:
+        cmd = [sys.executable, *(["-m", "paddle_fastffn"] if plugin else []), *target]
+        result = subprocess.run(cmd, cwd=CLIENT, capture_output=True, text=True, env=env, timeout=600)
+        logs = result.stdout + result.stderr
     assert result.returncode == 0, logs[-6000:]
     state = json.loads((out / "trainer_state.json").read_text())
     reports = [json.loads(p.read_text()) for p in sorted(out.parent.glob(f"{out.name}_report.*.json"))]

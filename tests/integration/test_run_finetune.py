@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.integration.distributed_launch import run_launch
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,15 +29,14 @@ def run(demo, out, *extra, launch=False, steps=6):
                   disable_tqdm=True, sample_prompts=1, eval_steps=1000)
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
-    cmd = [sys.executable, str(REPO / "scripts" / "run_finetune.py"), str(path), *extra]
-    if launch:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
-               "--log_dir", str(out.parent / f"{out.name}_logs"), *cmd[1:]]
+    script = [str(REPO / "scripts" / "run_finetune.py"), str(path), *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     logs = ""
     if launch:
-        logs = "\n".join(p.read_text()[-3000:] for p in sorted((out.parent / f"{out.name}_logs").glob("*")) if p.is_file())
+        result, worker_logs = run_launch(script, out.parent / f"{out.name}_logs", reset=(out,), env=env)
+        logs = "\n".join(text[-3000:] for text in worker_logs.values())
+    else:
+        result = subprocess.run([sys.executable, *script], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + logs
     return json.loads((out / "run_summary.json").read_text())
 
