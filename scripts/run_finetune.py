@@ -73,13 +73,13 @@ def flatten_packed_batches(training_args, config, neftune) -> bool:
       flattened batch against a [seq, seq] per row;
     - NEFTune: its noise scale is alpha / sqrt(batch x sequence) of the tensor it sees, so one row
       of the batch's real tokens would get other noise than stock's rows;
-    - dynamic NTK rope (rope_scaling_type="dynamic_ntk"): the rotary table is rescaled when the row
-      is longer than max_position_embeddings, which a flattened row can be where no packed row is."""
-    if not training_args.use_fast_ffn:
-        return False  # stock's dense-mask rows
-    if not training_args.fast_ffn_attention or neftune is not None:
-        return False
-    return getattr(config, "rope_scaling_type", None) != "dynamic_ntk"
+    - dynamic NTK rope (rope_scaling_type="dynamic_ntk", or use_long_sequence_strategies, whose
+      strategies include it and which stock's attention serves): the rotary table is rescaled when the
+      row is longer than max_position_embeddings, which a flattened row can be where no packed row is."""
+    if not training_args.use_fast_ffn or not training_args.fast_ffn_attention or neftune is not None:
+        return False  # stock's dense-mask rows; the dense mask; NEFTune
+    return (getattr(config, "rope_scaling_type", None) != "dynamic_ntk"
+            and not getattr(config, "use_long_sequence_strategies", False))
 
 
 def peak_memory_mb() -> float:

@@ -178,7 +178,7 @@ def collate_packed_rows(rows, pad_token_id: int, pad_to_multiple_of: int | None 
                          "(pass flatten=None or False)")
     if not dense and flatten is not False:
         # One row of every example, in order: the per-row layout below with a single row.
-        rows = [{key: [v for row in rows for v in np.asarray(row[key]).reshape(-1).tolist()]
+        rows = [{key: np.concatenate([np.asarray(row[key]).reshape(-1) for row in rows])
                  for key in ("input_ids", "labels", "position_ids", "seq_lens")}]
     seq = max(len(row["input_ids"]) for row in rows)
     if pad_to_multiple_of:

@@ -54,3 +54,4 @@ def test_the_signature_is_rank_0_sigabrt_without_a_live_error():
     assert not is_store_teardown_abort(failed.format(1, -6), {0: "", 1: ""})
     assert not is_store_teardown_abort(failed.format(0, 1), {0: "", 1: ""})
     assert not is_store_teardown_abort(failed.format(0, -6), {0: "Error Message Summary:\nFatalError", 1: ""})
+    assert not is_store_teardown_abort(failed.format(0, -6), {0: "", 1: "Traceback (most recent call last):"})

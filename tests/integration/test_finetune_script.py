@@ -184,13 +184,15 @@ def test_resume_from_a_missing_or_foreign_checkpoint_names_the_path_and_what_is_
     (dict(fast_ffn_attention=False), False),  # the segments become PaddleNLP's dense mask
     (dict(neftune=True), False),  # NEFTune's noise scale depends on the batch's shape
     (dict(rope_scaling_type="dynamic_ntk"), False),  # the rope table rescales past max_position_embeddings
+    (dict(use_long_sequence_strategies=True), False),  # PaddleNLP's strategies (dynamic NTK among them)
     (dict(rope_scaling_type="linear"), True),  # position-only scalings see no row length
-], ids=["fast", "stock", "attention_off", "neftune", "dynamic_ntk", "linear_rope"])
+], ids=["fast", "stock", "attention_off", "neftune", "dynamic_ntk", "long_sequence_strategies", "linear_rope"])
 def test_packed_batches_flatten_only_where_the_layout_cannot_change_training(case, expected):
     from types import SimpleNamespace
 
     args = SimpleNamespace(use_fast_ffn=case.get("use_fast_ffn", True),
                            fast_ffn_attention=case.get("fast_ffn_attention", True))
-    config = SimpleNamespace(rope_scaling_type=case.get("rope_scaling_type"))
+    config = SimpleNamespace(rope_scaling_type=case.get("rope_scaling_type"),
+                             use_long_sequence_strategies=case.get("use_long_sequence_strategies", False))
     neftune = object() if case.get("neftune") else None
     assert script.flatten_packed_batches(args, config, neftune) is expected

@@ -75,8 +75,8 @@ def run_client(config: Path, plugin: bool, launch: bool = False) -> dict:
     report = out.parent / f"{out.name}_report.{{rank}}.json"
     env = dict(os.environ, PYTHONPATH=str(REPO), PADDLE_FASTFFN_REPORT=str(report), OMP_NUM_THREADS="1")
     if launch:
-        reports = [str(report).format(rank=rank) for rank in range(2)]
-        result, worker_logs = run_launch(target, Path(str(out) + "_logs"), reset=(out, *reports), cwd=CLIENT, env=env,
+        report_paths = [str(report).format(rank=rank) for rank in range(2)]
+        result, worker_logs = run_launch(target, Path(str(out) + "_logs"), reset=(out, *report_paths), cwd=CLIENT, env=env,
                                          via=["-m", "paddle_fastffn"] if plugin else [])
         logs = result.stdout + result.stderr + "".join(worker_logs.values())
     else:
