@@ -1,9 +1,9 @@
 """The full-depth benchmark's plan, without torch (benchmarks/gpu/bench_full_depth.py runs it on the
-H200; tests/benchmarks_logic/test_full_depth.py checks it on CPU): the model, the two workloads and
-their contenders, the FLOP counts, the memory the persistent state needs, and how an out-of-memory
-configuration is reported.
+GPU; tests/benchmarks_logic/test_full_depth.py checks it on CPU): the models, the two workloads and
+their contenders per data layout, the FLOP counts, the memory the persistent state needs, whether
+it fits a device, and how an out-of-memory configuration is reported.
 
-LLaMA-2-7B at full depth (32 layers), one row of 4096 tokens per step:
+LLaMA-2-7B (or Llama-3-8B) at full depth, rows of 4096 tokens:
   lora  LoRA rank 8, alpha 16, on q/k/v/o/gate/up/down; every base weight frozen in bf16.
   full  full fine-tune: bf16 weights and gradients, fp32 master weights and moments.
 Every contender steps the same one-pass master-weight AdamW (llama_model.FusedMasterAdamW) over its
@@ -15,25 +15,49 @@ from __future__ import annotations
 import re
 
 LLAMA2_7B = dict(batch=1, seq=4096, hidden=4096, inter=11008, heads=32, kv_heads=32, layers=32, vocab=32000)
+LLAMA3_8B = dict(batch=1, seq=4096, hidden=4096, inter=14336, heads=32, kv_heads=8, layers=32, vocab=128256,
+                 rope_theta=500000.0)
+MODELS = {"llama2_7b": LLAMA2_7B, "llama3_8b": LLAMA3_8B}
+# --data: the real SFT length profiles (benchmarks/sft_lengths.py), packed; or uniform random rows.
+PACKED_DATA = ("gsm8k", "oasst1_zh")
+DATA = PACKED_DATA + ("uniform",)
 LORA_RANK, LORA_ALPHA = 8, 16.0
 # PEFT's names of the adapted projections (PaddleNLP's, after unfuse_for_lora, are the same)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # Contenders per workload. ours*: FastLlama (the Paddle fast path's composition; under LoRA the
-# unfused list, LLAMA_DECODER_LAYER_UNFUSED); FP8: the delayed recipe, FP8 on the base GEMMs of every
-# projection under LoRA (Paddle's attach_fp8 gives each LoRALinear an Fp8Linear), the FP8 linears
-# and FP8 FFN in the full fine-tune. hf_liger*: Hugging Face's LlamaForCausalLM (sdpa) patched by
+# unfused list, LLAMA_DECODER_LAYER_UNFUSED); FP8 (delayed and current scaling): FP8 on the base GEMMs
+# of every projection under LoRA (Paddle's attach_fp8 gives each LoRALinear an Fp8Linear), the FP8
+# linears and FP8 FFN in the full fine-tune. hf_liger*: Hugging Face's LlamaForCausalLM patched by
 # Liger (rope, RMSNorm, SwiGLU, fused linear cross-entropy); under LoRA wrapped by PEFT's
-# get_peft_model (the real package: no stand-in when it cannot be imported).
-WORKLOADS = {
-    "lora": ("ours", "ours_fp8_delayed", "hf_liger_peft"),
-    "full": ("ours", "ours_fp8_delayed", "hf_liger"),
-}
+# get_peft_model (the real package: no stand-in when it cannot be imported). On packed data each peer
+# runs in its users' two layouts: _padding_free (one flattened row, flash-attention varlen through
+# the collator's cu_seq_lens) and _padded (micro-batches padded to their longest, sdpa).
+OURS = ("ours", "ours_fp8_delayed", "ours_fp8_current")
+PEER = {"lora": "hf_liger_peft", "full": "hf_liger"}
+WORKLOADS = {workload: OURS + (peer,) for workload, peer in PEER.items()}  # uniform rows
+PACKED_LAYOUTS = ("padding_free", "padded")
 # Imported at startup: a missing one is named, and the run stops unless told to go on without it.
 PEER_PACKAGES = {"hf_liger": ("transformers", "liger_kernel"),
                  # peft 0.21's requirements beyond torch (Requires-Dist of its wheel), accelerate's too
                  "hf_liger_peft": ("transformers", "liger_kernel", "peft", "accelerate", "psutil", "yaml", "tqdm",
                                    "safetensors", "huggingface_hub", "packaging", "numpy")}
+
+
+def contenders(workload: str, packed: bool) -> tuple[str, ...]:
+    """The contenders of `workload` on packed SFT data (the peer in both its layouts) or uniform rows."""
+    if not packed:
+        return WORKLOADS[workload]
+    return OURS + tuple(f"{PEER[workload]}_{layout}" for layout in PACKED_LAYOUTS)
+
+
+def data_from(text: str) -> list[str]:
+    """'gsm8k,oasst1_zh' -> ['gsm8k', 'oasst1_zh'] (the order given), each one of DATA."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DATA]
+    if not names or unknown:
+        raise ValueError(f"data must be a comma-separated subset of {list(DATA)}, got {text!r}")
+    return names
 
 
 def workloads_from(text: str) -> list[str]:
@@ -52,6 +76,8 @@ def missing_packages(workloads, importable) -> dict[str, list[str]]:
     for workload in workloads:
         for contender in WORKLOADS[workload]:
             absent = [name for name in PEER_PACKAGES.get(contender, ()) if not importable(name)]
+            for layout in PACKED_LAYOUTS if absent else ():
+                missing[f"{contender}_{layout}"] = absent
             if absent:
                 missing[contender] = absent
     return missing
@@ -89,6 +115,24 @@ def model_flops(batch, seq, hidden, vocab, layers, **shape) -> float:
     tokens = batch * seq
     gemm_weights = layers * sum(o * i for o, i in projection_shapes(hidden=hidden, **shape).values()) + hidden * vocab
     return 6 * gemm_weights * tokens + 6 * layers * batch * seq * seq * hidden
+
+
+def packed_model_flops(segment_lengths, hidden, vocab, layers, **shape) -> float:
+    """model_flops over a packed step: the GEMMs over every real token (the padding segments of a
+    per-row layout are not counted) and causal attention within each example, 6 x layers x sum(n^2)
+    x hidden (each example attends only to itself)."""
+    lengths = [int(n) for n in segment_lengths]
+    tokens = sum(lengths)
+    gemm_weights = layers * sum(o * i for o, i in projection_shapes(hidden=hidden, **shape).values()) + hidden * vocab
+    return 6 * gemm_weights * tokens + 6 * layers * sum(n * n for n in lengths) * hidden
+
+
+def fits(workload: str, device_bytes: int, **shape) -> dict:
+    """Whether the persistent state (persistent_state_bytes) fits `device_bytes` at all, before any
+    activation: {"fits", "persistent_state_bytes", "device_bytes", "short_by_bytes"}."""
+    need = persistent_state_bytes(workload, **shape)["total"]
+    return {"fits": need <= device_bytes, "persistent_state_bytes": need, "device_bytes": int(device_bytes),
+            "short_by_bytes": max(0, need - int(device_bytes))}
 
 
 def lora_executed_flops(batch, seq, hidden, vocab, layers, rank=LORA_RANK, targets=LORA_TARGETS, **shape) -> float:

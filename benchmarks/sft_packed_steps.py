@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import sft_lengths
+from paddle_fastffn.core.packed_attention import cu_seqlens_of
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 4096
@@ -72,7 +73,8 @@ _PACKING = load_pure(_FINETUNE / "packing.py",
                      ("GREEDY_WINDOW", "_check_lengths", "sequential_rows", "greedy_rows", "segments_row",
                       "_check_flatten", "collate_packed_rows"),
                      given=load_pure(_FINETUNE / "data.py", ("IGNORE_INDEX",)))
-_SEGMENTS = load_pure(REPO / "paddle_fastffn" / "ops" / "varlen_attention.py", ("OP", "PackedSegments"))
+_SEGMENTS = load_pure(REPO / "paddle_fastffn" / "ops" / "varlen_attention.py", ("OP", "PackedSegments"),
+                      given={"cu_seqlens_of": cu_seqlens_of})
 sequential_rows, segments_row, collate_packed_rows = (
     _PACKING[name] for name in ("sequential_rows", "segments_row", "collate_packed_rows"))
 PackedSegments = _SEGMENTS["PackedSegments"]

@@ -1,36 +1,54 @@
-"""A full-depth LLaMA-2-7B (32 layers, vocab 32000) training step on one H200, 4096-token rows
-(batch 1 x seq 4096), two workloads (benchmarks/full_depth.py holds the plan, the FLOP counts and
-the out-of-memory report, tested without torch):
+"""The user's fine-tuning job on one GPU: LLaMA-2-7B (or Llama-3-8B) at full depth, on real SFT lengths
+packed as the product's collator packs them, LoRA and full fine-tune, every contender in the same run
+(benchmarks/full_depth.py holds the plan, the FLOP counts and the out-of-memory report, tested
+without torch):
 
     python3 -m benchmarks.gpu.bench_full_depth --out full_depth.json [--workloads lora,full]
+        [--data gsm8k,oasst1_zh,uniform] [--model llama2_7b|llama3_8b] [--rows-per-step 1]
 
+Data (--data):
+  gsm8k, oasst1_zh  a step is the examples of the first --rows-per-step rows of 4096 tokens that
+      PaddleNLP's zero_padding rule fills from the real length profile (benchmarks/sft_packed_steps.py:
+      random ids at the real lengths, labels on the responses). ours* train them as the product's
+      collator gives them (collate_packed_rows, flattened to one row, cu_seqlens, restarting
+      positions; attention one varlen flash call, llama_model.packed_attention). The Hugging Face
+      peers as their users run them: *_padding_free on one flattened row with restarting positions
+      and the collator's cu_seq_lens (DataCollatorWithFlattening, Hugging Face's flash-attention
+      padding-free path over the same varlen kernel: hf_varlen_attention), *_padded on micro-batches of
+      --padded-batch-size examples padded to their longest (sdpa, gradient accumulation, the step's
+      labelled tokens as num_items_in_batch). Every contender trains the same examples, ids and
+      labels, so labelled tokens/s compare step times.
+  uniform  one row of 4096 random tokens (labels the ids shifted), the Hugging Face peer on sdpa.
+
+Workloads:
 lora  LoRA rank 8, alpha 16, on q/k/v/o/gate/up/down, every base weight frozen in bf16.
       ours: FastLlama(lora=) running LLAMA_DECODER_LAYER_UNFUSED, what the Paddle path runs under
       PaddleNLP's LoRAModel (unfuse_for_lora: unfused q/k/v and gate/up, each a LoRALinear, the
-      two-input SwiGLU, a LoRA down_proj); ours_fp8_delayed: the same with each projection's frozen
-      base GEMM in FP8 (delayed scaling; Paddle's attach_fp8 gives each LoRALinear an Fp8Linear),
-      adapters in bf16. hf_liger_peft: Hugging Face's LlamaForCausalLM patched by Liger, adapters
-      placed by PEFT's get_peft_model (LoraConfig r=8, lora_alpha=16, no dropout; adapters kept in
-      bf16, autocast_adapter_dtype=False, as ours are).
-full  full fine-tune: ours and ours_fp8_delayed (FastLlama, the fused list and the FP8 list) against
-      hf_liger.
+      two-input SwiGLU, a LoRA down_proj); ours_fp8_delayed / ours_fp8_current: the same with each
+      projection's frozen base GEMM in FP8 (Paddle's attach_fp8 gives each LoRALinear an Fp8Linear;
+      the recipe's delayed or current scaling), adapters in bf16. hf_liger_peft*: Hugging Face's
+      LlamaForCausalLM patched by Liger, adapters placed by PEFT's get_peft_model (LoraConfig r=8,
+      lora_alpha=16, no dropout; adapters kept in bf16, autocast_adapter_dtype=False, as ours are).
+full  full fine-tune: ours, ours_fp8_delayed and ours_fp8_current (FastLlama, the fused list and the
+      FP8 list) against hf_liger*.
 Every contender steps the one-pass master-weight AdamW kernel (llama_model.FusedMasterAdamW: fp32
 masters and moments of the trainable parameters), lr 1e-5, weight decay 0.01, no clipping.
 
 Weights: random, Hugging Face's initialisation (LlamaForCausalLM(config) after torch.manual_seed(0),
-the same weights for every contender; ours copies them). Tokens: random ids, labels = the ids
-shifted (Hugging Face shifts inside its loss; ours gets them shifted, as PaddleNLP's pipeline
-hands them), so the first step's loss must agree across contenders (reported).
+the same weights for every contender; ours copies them), so the first step's loss must agree across
+contenders (reported).
 
-Two 7B contenders with optimizer state do not fit side by side, so the step is timed round-robin
-over rebuilt contenders (bench_gpu.round_robin_rebuilt): each round builds, warms up (2 steps),
-times (5 steps, CUDA events) and frees every contender once, in an order rotated by one per round,
-3 rounds; each figure is the median over rounds of each round's median (spread over rounds). Peak
-memory: torch.cuda.max_memory_allocated over one more step after reset_peak_memory_stats (weights,
-optimizer state, gradients and activations). A configuration that runs out of memory reports what
-it asked for against what was free; where memory needs it, a contender is rebuilt with full
-recompute per decoder layer (Hugging Face's gradient checkpointing; FastLlama(layer_recompute=True)
-for ours in bf16) and the row says so and why.
+Whole models with optimizer state do not fit side by side, so the step is timed round-robin over
+rebuilt contenders (bench_gpu.round_robin_rebuilt): each round builds, warms up (2 steps), times (5
+steps, CUDA events) and frees every contender once, in an order rotated by one per round, 3 rounds;
+each figure is the median over rounds of each round's median (spread over rounds). Peak memory:
+torch.cuda.max_memory_allocated over one more step after reset_peak_memory_stats (weights, optimizer
+state, gradients and activations). A workload whose persistent state (weights, gradients, masters,
+moments: full_depth.persistent_state_bytes) exceeds the GPU's memory is not built: its rows say by
+how much. A configuration that runs out of memory reports what it asked for against what was free;
+where memory needs it, a contender is rebuilt with full recompute per decoder layer (Hugging Face's
+gradient checkpointing; FastLlama(layer_recompute=True) for ours in bf16) and the row says so and
+why.
 """
 
 from __future__ import annotations
@@ -48,7 +66,7 @@ import traceback
 import torch
 
 from benchmarks import full_depth as plan
-from benchmarks.common import MIN_REPEATS
+from benchmarks.common import MIN_REPEATS, compare
 from benchmarks.gpu.bench_gpu import environment, liger_patched, round_robin_rebuilt
 from benchmarks.gpu.bench_step import fused_master_adamw, hf_config, measure_training, new_hf_model
 
@@ -69,33 +87,78 @@ def random_batch(shape, device="cuda"):
     return ids, shift_labels(ids)
 
 
+class StepData:
+    """One step's work in every layout a contender trains: `uniform` (ids, labels [batch, seq]) or a
+    packed SFT step (sft_packed_steps.StepBatches: the product's flattened packed row with its
+    cu_seqlens and positions, the flattened row with the collator's flash kwargs, the padded
+    micro-batches), with the tokens each step computes and the labelled tokens its loss averages."""
+
+    def __init__(self, name, shape, args, device="cuda"):
+        self.name = name
+        if name == "uniform":
+            self.ids, self.labels = random_batch(shape, device)
+            self.tokens = self.labelled_tokens = shape["batch"] * shape["seq"]
+            self.summary = {"layout": f"{shape['batch']} x {shape['seq']} random tokens"}
+            return
+        from benchmarks.gpu import hf_varlen_attention
+        from benchmarks.gpu.bench_packed_sft import on_device
+        from benchmarks.sft_packed_steps import build_step
+
+        step = build_step(name, rows_per_step=args.rows_per_step, row_tokens=shape["seq"],
+                          padded_batch_size=args.padded_batch_size, vocab_size=shape["vocab"], seed=args.seed)
+        self.summary = step.summary()
+        self.packed, self.flat = on_device(step.packed, device), on_device(step.flattened, device)
+        self.flat.update(hf_varlen_attention.collator_kwargs(self.flat["position_ids"]))
+        self.padded = [on_device(b, device) for b in step.padded]
+        self.tokens, self.labelled_tokens = step.real_tokens, step.labelled_tokens
+        self.segment_lengths = list(step.packed["segment_lengths"])
+
+    @property
+    def packed_data(self) -> bool:
+        return self.name != "uniform"
+
+
 def seeded_hf_model(config):
     """Hugging Face's LlamaForCausalLM with its own initialisation, the same weights every call."""
     torch.manual_seed(0)
     return new_hf_model(config)
 
 
-def builders(workload, shape, ids, labels):
-    """{contender: build(recompute) -> (model, forward() -> loss, context manager factory)}; the
+def builders(workload, shape, data: StepData, model_name: str):
+    """{contender: (build(recompute) -> (model, forward() -> loss), context manager factory)}; the
     model's trainable parameters are what the optimizer steps."""
+    from benchmarks.gpu import hf_varlen_attention
+    from benchmarks.gpu.bench_packed_sft import accumulating_forward, hf_padding_free_loss
     from benchmarks.gpu.fp8_ffn import Fp8Recipe
     from benchmarks.gpu.llama_model import FastLlama, LoraSettings
 
-    config = hf_config(shape)
     lora = LoraSettings(rank=plan.LORA_RANK, alpha=plan.LORA_ALPHA) if workload == "lora" else None
 
-    def ours(fp8_kind=None):
+    def config_with(attn_implementation):
+        config = hf_config(shape)
+        if model_name == "llama3_8b":
+            config.rope_theta = 500000.0
+        config._attn_implementation = attn_implementation
+        return config
+
+    def ours(scaling=None):
         def build(recompute):
-            hf = seeded_hf_model(config)
-            recipe = None if fp8_kind is None else Fp8Recipe(kind=fp8_kind)
+            hf = seeded_hf_model(config_with("sdpa"))
+            recipe = None if scaling is None else Fp8Recipe(scaling=scaling)
             model = FastLlama(hf, fp8_recipe=recipe, lora=lora, layer_recompute=recompute)
             del hf  # ours holds its own copies
-            return model, lambda: model(ids, labels)
+            if data.packed_data:
+                p = data.packed
+                return model, lambda: model(p["input_ids"], p["labels"], p["position_ids"], p["cu_seqlens"])
+            return model, lambda: model(data.ids, data.labels)
         return build, contextlib.nullcontext
 
-    def hf_liger(build_peft):
+    def hf_liger(build_peft, layout):
+        if layout == "padding_free":
+            hf_varlen_attention.register()
+
         def build(recompute):
-            model = seeded_hf_model(config)
+            model = seeded_hf_model(config_with(hf_varlen_attention.NAME if layout == "padding_free" else "sdpa"))
             if recompute:
                 model.config.use_cache = False
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -105,12 +168,19 @@ def builders(workload, shape, ids, labels):
                 peft_config = LoraConfig(r=plan.LORA_RANK, lora_alpha=plan.LORA_ALPHA, lora_dropout=0.0,
                                          target_modules=list(plan.LORA_TARGETS), bias="none", task_type="CAUSAL_LM")
                 model = get_peft_model(model, peft_config, autocast_adapter_dtype=False)
-            return model, lambda: model(input_ids=ids, labels=ids).loss
+            if layout == "padding_free":
+                return model, lambda: hf_padding_free_loss(model, data.flat)
+            if layout == "padded":
+                return model, accumulating_forward(model, data.padded, data.labelled_tokens)
+            return model, lambda: model(input_ids=data.ids, labels=data.ids).loss
         return build, lambda: liger_patched(fused_linear_cross_entropy=True)
 
-    table = {"ours": ours(), "ours_fp8_delayed": ours("delayed"), "hf_liger": hf_liger(False),
-             "hf_liger_peft": hf_liger(True)}
-    return {name: table[name] for name in plan.WORKLOADS[workload]}
+    table = {"ours": ours(), "ours_fp8_delayed": ours("delayed"), "ours_fp8_current": ours("current")}
+    for name in plan.contenders(workload, data.packed_data):
+        if name.startswith("hf_liger"):
+            layout = next((l for l in ("padding_free", "padded") if name.endswith(l)), "uniform")
+            table[name] = hf_liger(name.startswith("hf_liger_peft"), layout)
+    return {name: table[name] for name in plan.contenders(workload, data.packed_data)}
 
 
 def can_recompute(contender: str) -> bool:
@@ -141,14 +211,24 @@ def run_once(build, context, recompute, steps, warmup):
     return plan.oom_report(message, phase, allocated, peak)
 
 
-def measure_workload(workload, shape, ids, labels, rounds, steps, warmup, save, stop_at, log, not_run=None):
-    """round_robin_rebuilt over the workload's contenders but those in not_run ({contender: why},
-    whose rows say why). Each contender first runs without layer recompute; an OOM there is
-    recorded and, where the contender can, it is rebuilt with full recompute per layer for this and
-    every later round. A contender that does not fit at all keeps its OOM row (not rebuilt in later
-    rounds)."""
-    not_run = not_run or {}
-    contenders = {n: b for n, b in builders(workload, shape, ids, labels).items() if n not in not_run}
+def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None):
+    """round_robin_rebuilt over the workload's contenders on `data` (a StepData) but those in not_run
+    ({contender: why}, whose rows say why). A workload whose persistent state exceeds the device's
+    memory is not built (every row says by how much). Each contender first runs without layer
+    recompute; an OOM there is recorded and, where the contender can, it is rebuilt with full
+    recompute per layer for this and every later round. A contender that does not fit at all keeps
+    its OOM row (not rebuilt in later rounds)."""
+    not_run = dict(not_run or {})
+    names = plan.contenders(workload, data.packed_data)
+    fit = plan.fits(workload, torch.cuda.get_device_properties(0).total_memory, **shape)
+    if not fit["fits"]:
+        why = (f"does not fit: persistent state {plan.gib(fit['persistent_state_bytes'])} (weights, gradients, fp32 "
+               f"masters and moments) > the device's {plan.gib(fit['device_bytes'])}, short by "
+               f"{plan.gib(fit['short_by_bytes'])} before any activation")
+        log(f"{workload} {data.name}: {why}")
+        return {"contenders": {name: {"does_not_fit": True, **fit, "error": why} for name in names},
+                "data": data.summary}
+    contenders = {n: b for n, b in builders(workload, shape, data, model_name).items() if n not in not_run}
     decided = {}  # contender -> {"recompute": bool, "oom_without_recompute": row} or {"oom": row}
     progress = []
 
@@ -177,51 +257,81 @@ def measure_workload(workload, shape, ids, labels, rounds, steps, warmup, save, 
         summary = (plan.describe_oom(row) if row.get("oom") else row.get("error") or
                    f"step {row.get('step_ms', 0):.1f} ms (fwd+bwd {row.get('forward_backward_ms', 0):.1f}, optimizer "
                    f"{row.get('optimizer_ms', 0):.1f}), peak {plan.gib(row.get('peak_bytes'))}")
-        log(f"{workload} {name} round {index}: {summary}")
+        log(f"{workload} {data.name} {name} round {index}: {summary}")
         progress.append({"contender": name, "round": index, **{k: v for k, v in row.items() if k != "trace"}})
         save(progress)
 
     started = time.time()
     runs = {name: measured(name, build, context) for name, (build, context) in contenders.items()}
     results = round_robin_rebuilt(runs, rounds, on_round)
-    tokens = shape["batch"] * shape["seq"]
-    flops = plan.model_flops(**shape)
-    executed = plan.lora_executed_flops(**shape) if workload == "lora" else flops
-    results.update({name: {"error": why} for name, why in not_run.items() if name in plan.WORKLOADS[workload]})
+    tokens = data.tokens
+    if data.packed_data:
+        flops = plan.packed_model_flops(data.segment_lengths, **shape)
+        executed = None
+    else:
+        flops = plan.model_flops(**shape)
+        executed = plan.lora_executed_flops(**shape) if workload == "lora" else flops
+    results.update({name: {"error": why} for name, why in not_run.items() if name in names})
     for row in results.values():
         if isinstance(row.get("step"), dict):
             row.update({k: row["step"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")})
             seconds = row["p50_ms"] * 1e-3
-            row.update(tokens_per_s=tokens / seconds, model_tflops=flops / seconds / 1e12,
-                       executed_tflops=executed / seconds / 1e12)
+            row.update(tokens_per_s=tokens / seconds, labelled_tokens_per_s=data.labelled_tokens / seconds,
+                       model_tflops=flops / seconds / 1e12,
+                       executed_tflops=None if executed is None else executed / seconds / 1e12)
     first = {n: r["first_losses"][0] for n, r in results.items() if r.get("first_losses")}
-    return {"contenders": results, "first_step_losses": first,
+    return {"contenders": results, "data": data.summary, "comparison": compare_to_peers(results, workload),
+            "first_step_losses": first,
             "first_step_loss_max_relative_difference":
                 (max(first.values()) - min(first.values())) / abs(min(first.values())) if len(first) > 1 else None,
             "model_flops_per_step": flops, "executed_flops_per_step": executed}
+
+
+def compare_to_peers(results: dict, workload: str) -> dict:
+    """Each of ours against each peer row: the peer's step time / ours (= the labelled tokens/s
+    ratio, the work being equal), the tie rule's verdict, and peak memory of both."""
+    out = {}
+    for ours in plan.OURS:
+        for peer in (n for n in results if n.startswith(plan.PEER[workload])):
+            a, b = results.get(ours, {}), results[peer]
+            if "p50_ms" in a and "p50_ms" in b:
+                out[f"{ours} vs {peer}"] = {**compare(a, b), "peak_gib": [a["peak_bytes"] / 2**30,
+                                                                          b["peak_bytes"] / 2**30]}
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--workloads", default="lora,full", help="comma-separated: lora, full")
+    parser.add_argument("--data", default=",".join(plan.PACKED_DATA),
+                        help=f"comma-separated, each a step's data: {', '.join(plan.DATA)}")
+    parser.add_argument("--model", default="llama2_7b", choices=sorted(plan.MODELS))
+    parser.add_argument("--rows-per-step", type=int, default=1, help="packed rows of --row-tokens per step")
+    parser.add_argument("--padded-batch-size", type=int, default=8, help="examples per padded micro-batch")
+    parser.add_argument("--seed", type=int, default=0, help="the examples' order and token ids")
     parser.add_argument("--rounds", type=int, default=MIN_REPEATS, help="round-robin rounds (at least 3)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--layers", type=int, default=plan.LLAMA2_7B["layers"],
-                        help="decoder layers (32: LLaMA-2-7B; fewer only to try the script)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's; fewer "
+                                                                 "only to try the script)")
     parser.add_argument("--stop-after-s", type=float, default=None,
                         help="start no contender round after this many seconds (device-time budget)")
     parser.add_argument("--allow-missing-peers", action="store_true",
                         help="run without a peer whose packages are missing (its rows say so) instead of stopping")
     args = parser.parse_args()
-    workloads = plan.workloads_from(args.workloads)
+    try:
+        workloads, datasets = plan.workloads_from(args.workloads), plan.data_from(args.data)
+    except ValueError as error:
+        parser.error(str(error))
     if args.steps < 3 or args.warmup < 1:
         parser.error("--steps must be at least 3 and --warmup at least 1")
+    model = plan.MODELS[args.model]
+    shape = {**model, "layers": args.layers or model["layers"]}
 
     missing = plan.missing_packages(workloads, importable)
     for contender, names in missing.items():
-        print(f"MISSING for {contender}: {', '.join(names)} (carry their wheels in .whl: see run_on_h200.sh)")
+        print(f"MISSING for {contender}: {', '.join(names)} (carry their wheels in .whl: see run_on_gpu.sh)")
     not_run = {contender: f"not run: cannot be imported here (missing {', '.join(names)})"
                for contender, names in missing.items()}
     if "lora" in workloads and "hf_liger_peft" not in not_run:
@@ -229,8 +339,10 @@ def main():
             import peft
             print(f"peft {peft.__version__} imports")
         except Exception as error:  # noqa: BLE001
-            not_run["hf_liger_peft"] = f"not run: import peft failed here: {error!r}"[:400]
-            print(not_run["hf_liger_peft"])
+            why = f"not run: import peft failed here: {error!r}"[:400]
+            not_run.update({name: why for name in ("hf_liger_peft", "hf_liger_peft_padding_free",
+                                                   "hf_liger_peft_padded")})
+            print(why)
     if not_run and not args.allow_missing_peers:
         print("stopping: a peer cannot be imported (--allow-missing-peers runs without it, its rows saying so)")
         sys.exit(2)
@@ -238,9 +350,9 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     started = time.time()
     stop_at = started + args.stop_after_s if args.stop_after_s else float("inf")
-    shape = {**plan.LLAMA2_7B, "layers": args.layers}
     report = {"environment": environment(),
               "command": "python3 -m benchmarks.gpu.bench_full_depth " + " ".join(sys.argv[1:]),
+              "model": args.model,
               "shape": {**shape, "tokens": shape["batch"] * shape["seq"], "parameters": plan.parameter_count(**shape),
                         "lora_parameters": plan.lora_parameter_count(**shape), "lora_rank": plan.LORA_RANK,
                         "lora_alpha": plan.LORA_ALPHA, "lora_targets": list(plan.LORA_TARGETS)},
@@ -249,11 +361,12 @@ def main():
               "persistent_state_bytes": {w: plan.persistent_state_bytes(w, **shape) for w in workloads},
               "packages": {name: importable(name) for name in ("peft", "accelerate", "liger_kernel")},
               "conventions": {
-                  "model_tflops": "bench_step's model FLOPs (6 x GEMM weights incl. LM head x tokens + causal "
-                                  "attention at half, 3x forward) for both workloads; LoRA rows quote the same "
-                                  "model FLOPs",
-                  "executed_tflops": "LoRA: the GEMM work a LoRA step does (frozen GEMMs forward + input gradient, "
-                                     "attention, adapters 3x); full fine-tune: equal to model_tflops",
+                  "model_tflops": "6 x GEMM weights incl. LM head x real tokens + causal attention within each "
+                                  "example (6 x layers x sum(n^2) x hidden; uniform rows: the row's length), the "
+                                  "same model FLOPs for LoRA rows",
+                  "executed_tflops": "uniform rows only: LoRA: the GEMM work a LoRA step does (frozen GEMMs forward "
+                                     "+ input gradient, attention, adapters 3x); full fine-tune: model_tflops",
+                  "labelled_tokens_per_s": "the step's labelled tokens (equal for every contender) / its median time",
                   "peak_bytes": "torch.cuda.max_memory_allocated over one step after reset_peak_memory_stats: weights, "
                                 "optimizer state, gradients, activations",
                   "optimizer": "llama_model.FusedMasterAdamW for every contender (fp32 masters and moments of the "
@@ -263,27 +376,35 @@ def main():
               "workloads": {}}
     report["not_run"] = not_run
 
-    def save(progress=None, workload=None):
+    def save(progress=None, key=None):
         if progress is not None:
-            report["workloads"].setdefault(workload, {})["rounds_so_far"] = progress
+            report["workloads"].setdefault(key, {})["rounds_so_far"] = progress
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2, default=str)
 
     def log(line):
         print(f"[{time.time() - started:4.0f}s] {line}", flush=True)
 
-    ids, labels = random_batch(shape)
-    for workload in workloads:
-        try:
-            result = measure_workload(workload, shape, ids, labels, args.rounds, args.steps, args.warmup,
-                                      lambda progress, w=workload: save(progress, w), stop_at, log, not_run)
-            report["workloads"][workload] = result
-        except Exception as error:  # noqa: BLE001
-            report["workloads"][workload] = {"error": repr(error), "trace": traceback.format_exc()[-2500:]}
-            log(f"{workload} failed: {error!r}")
-        save()
-        gc.collect()
-        torch.cuda.empty_cache()
+    from benchmarks.gpu import hf_varlen_attention
+
+    for name in datasets:
+        data = StepData(name, shape, args)
+        log(f"data {name}: {json.dumps(data.summary)[:300]}")
+        for workload in workloads:
+            key = f"{workload}:{name}"
+            try:
+                hf_varlen_attention.CALLS.clear()
+                result = measure_workload(workload, shape, data, args.model, args.rounds, args.steps, args.warmup,
+                                          lambda progress, k=key: save(progress, k), stop_at, log, not_run)
+                result["hf_varlen_attention_calls"] = dict(hf_varlen_attention.CALLS)
+                report["workloads"][key] = result
+            except Exception as error:  # noqa: BLE001
+                report["workloads"][key] = {"error": repr(error), "trace": traceback.format_exc()[-2500:]}
+                log(f"{key} failed: {error!r}")
+            save()
+            gc.collect()
+            torch.cuda.empty_cache()
+        del data
     log(f"wrote {args.out}")
 
 

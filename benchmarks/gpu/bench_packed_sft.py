@@ -16,14 +16,15 @@ its loss is the mean over them:
   [1, tokens], no padding, so the same token work as the padding-free peer (the per-row layout,
   each row padded to the longest, is sft_packed_steps.packed_layout(flatten=False)); rotary at
   per-token position ids (restarting per example; the rope table spans the row), attention per
-  segment over PackedSegments' cu_seqlens through FlexAttention with a document mask (the stand-in
-  for Paddle's flash_attn_unpadded: no flash-attn varlen build exists for this torch, and it is
-  the kernel the padding-free peer runs too, so attention is like for like), the fused loss on
-  the labelled rows only (harness.labelled_rows, as the Paddle op).
-- hf_liger_padding_free: Hugging Face's LlamaForCausalLM with attn_implementation="flex_attention",
-  patched by Liger (rope, RMSNorm, SwiGLU, fused linear cross-entropy), on one row of all the
-  examples concatenated with position ids restarting (DataCollatorWithFlattening); Hugging Face
-  builds its document mask from the position ids (masking_utils.find_packed_sequence_indices).
+  segment as one variable-length flash-attention call over PackedSegments' cu_seqlens (the Paddle
+  path's flash_attn_unpadded contract; torch's built-in varlen kernel, llama_model.packed_attention),
+  the fused loss on the labelled rows only (harness.labelled_rows, as the Paddle op).
+- hf_liger_padding_free: Hugging Face's LlamaForCausalLM on its flash-attention padding-free path
+  (hf_varlen_attention: Hugging Face's flash path with torch's varlen kernel in place of the
+  flash-attn package, so attention is the same kernel as ours), patched by Liger (rope, RMSNorm,
+  SwiGLU, fused linear cross-entropy), on one row of all the examples concatenated with position
+  ids restarting and the examples' cu_seq_lens as DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+  gives them.
 - hf_liger_padded: the same model with sdpa (Hugging Face's default) on micro-batches of
   `--padded-batch-size` examples padded to their longest (its default collator) with their
   attention_mask, gradient accumulation over the step (num_items_in_batch = the step's labelled
@@ -52,6 +53,7 @@ import time
 import torch
 
 from benchmarks.common import MIN_REPEATS, compare
+from benchmarks.gpu import hf_varlen_attention
 from benchmarks.gpu.bench_gpu import _liger_version, environment, liger_patched, round_robin_rebuilt
 from benchmarks.gpu.bench_step import fused_master_adamw, hf_config, measure_training, new_hf_model
 from benchmarks import sft_lengths
@@ -66,16 +68,18 @@ CONTENDERS = {"ours_packed": "packed", "hf_liger_padding_free": "flattened", "hf
 TARGETS = {"hf_liger_padded": 1.8, "hf_liger_padding_free": 1.15}
 
 
-def on_device(batch: dict) -> dict:
-    """numpy int64 arrays -> CUDA tensors (host-side entries such as cu_seqlens stay as they are)."""
-    return {k: torch.as_tensor(v, device="cuda") if k in ("input_ids", "labels", "position_ids", "attention_mask")
+def on_device(batch: dict, device="cuda") -> dict:
+    """numpy int64 arrays -> device tensors (host-side entries such as cu_seqlens stay as they are)."""
+    return {k: torch.as_tensor(v, device=device) if k in ("input_ids", "labels", "position_ids", "attention_mask")
             else v for k, v in batch.items()}
 
 
-def hf_model(attn_implementation: str, base):
+def hf_model(attn_implementation: str, base, model=MODEL):
     """A Hugging Face LlamaForCausalLM with `base`'s weights and the given attention (built inside
     liger_patched by the caller, so Liger's classes and forward are the ones it gets)."""
-    config = hf_config(MODEL)
+    if attn_implementation == hf_varlen_attention.NAME:
+        hf_varlen_attention.register()
+    config = hf_config(model)
     config._attn_implementation = attn_implementation
     model = new_hf_model(config)
     model.load_state_dict(base.state_dict())
@@ -84,11 +88,13 @@ def hf_model(attn_implementation: str, base):
 
 def hf_padding_free_loss(model, flat):
     """Hugging Face's padding-free forward: one row, position ids restarting per example, no
-    attention_mask. use_cache=False as in training: with a KV cache Hugging Face skips its
-    packed-sequence detection (masking_utils._preprocess_mask_arguments) and every example would
-    attend to the ones before it in the row."""
+    attention_mask, and the flash-attention kwargs of DataCollatorWithFlattening where the batch has
+    them (cu_seq_lens_q/k, max_length_q/k). use_cache=False as in training: with a KV cache Hugging
+    Face skips its packed-sequence detection (masking_utils._preprocess_mask_arguments) and every
+    example would attend to the ones before it in the row."""
+    flash = {k: flat[k] for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k") if k in flat}
     return model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], labels=flat["labels"],
-                 shift_labels=flat["labels"], use_cache=False).loss
+                 shift_labels=flat["labels"], use_cache=False, **flash).loss
 
 
 def hf_padded_loss(model, batch, labelled_tokens):
@@ -128,8 +134,10 @@ def contenders(base, step):
         return model, lambda: model(packed["input_ids"], packed["labels"], packed["position_ids"],
                                     packed["cu_seqlens"]), fused_master_adamw
 
+    flat.update(hf_varlen_attention.collator_kwargs(flat["position_ids"]))
+
     def hf_liger_padding_free():
-        model = hf_model("flex_attention", base)
+        model = hf_model(hf_varlen_attention.NAME, base)
         return model, lambda: hf_padding_free_loss(model, flat), fused_master_adamw
 
     def hf_liger_padded():
@@ -242,8 +250,9 @@ def main():
                   for k, v in vars(args).items()),
               "model": MODEL, "targets": TARGETS,
               "note": "Ours: the csrc/kernels CUDA sources through ctypes in the Paddle fast path's composition; "
-                      "torch's cuBLAS, embedding and FlexAttention (document mask over cu_seqlens) stand in for "
-                      "Paddle's GEMMs and flash_attn_unpadded; the padding-free peer runs the same FlexAttention. "
+                      "torch's cuBLAS, embedding and built-in flash-attention varlen kernel (over cu_seqlens) stand in "
+                      "for Paddle's GEMMs and flash_attn_unpadded; the padding-free peer runs Hugging Face's flash "
+                      "padding-free path over the same kernel. "
                       "Every contender steps the one-pass master-weight AdamW kernel.",
               "packed_sft": {}}
 

@@ -19,8 +19,9 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
   (PaddleNLP's LM head layout [H, V] and its criterion: mean over labelled tokens, labels already
   shifted by the data pipeline; only labelled rows reach the head), what the patched
   LlamaForCausalLM computes in a training step. Packed rows (zero_padding) add position ids for
-  rotary and the segments' cu_seqlens for attention: FlexAttention with a document mask stands in
-  for Paddle's flash_attn_unpadded (packed_attention).
+  rotary and the segments' cu_seqlens for attention: one variable-length flash-attention call over
+  them (packed_attention: core/packed_attention.py's composition, torch's built-in varlen kernel
+  where Paddle calls flash_attn_unpadded).
 - MasterWeightAdamW: AdamW over fp32 master copies of 16-bit parameters (PaddleNLP's AMP O2 with
   multi_precision): grads cast into fp32 buffers, torch's fused AdamW, parameters copied back.
 - FusedMasterAdamW: the same interface on our one-pass AdamW kernel, stepping the optimizer
@@ -46,6 +47,7 @@ from benchmarks.gpu.optimizer_backend import TorchOptimizerBackend, host_beta_po
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
 from paddle_fastffn.core import optimizer as core_optimizer
+from paddle_fastffn.core import packed_attention as core_packed_attention
 
 TORCH = harness.BACKEND
 
@@ -188,11 +190,10 @@ class FastDecoderLayer(torch.nn.Module):
 
     def attention(self, q, k, v):
         b, s = q.shape[:2]
+        if self._packed is not None:  # a packed batch: each example attends to itself
+            return packed_attention(q, k, v, self._packed).reshape(b, s, -1)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self._block_mask is not None:  # a packed batch: each example attends to itself
-            out = packed_attention(q, k, v, self._block_mask)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
         return out.transpose(1, 2).reshape(b, s, -1)
 
     def o_proj(self, a):
@@ -229,14 +230,14 @@ class FastDecoderLayer(torch.nn.Module):
     def residual_add(self, residual, y):
         return harness.ResidualAdd.apply(residual, y)
 
-    def forward(self, hidden, cos, sin, position_ids=None, block_mask=None):
+    def forward(self, hidden, cos, sin, position_ids=None, packed=None):
         """core.decoder.decoder_layer over this layer's parts; the rotary tables, positions and
-        packed mask are this call's (set here, read by the parts)."""
-        self._cos, self._sin, self._position_ids, self._block_mask = cos, sin, position_ids, block_mask
+        packed segments (a PackedBatch) are this call's (set here, read by the parts)."""
+        self._cos, self._sin, self._position_ids, self._packed = cos, sin, position_ids, packed
         try:
             return decoder.decoder_layer(self, hidden)
         finally:
-            self._cos = self._sin = self._position_ids = self._block_mask = None
+            self._cos = self._sin = self._position_ids = self._packed = None
 
 
 def rope_tables(hf_config, seq: int, device="cuda"):
@@ -250,46 +251,58 @@ def rope_tables(hf_config, seq: int, device="cuda"):
     return cos[0].float().contiguous(), sin[0].float().contiguous()
 
 
-_FLEX_ATTENTION = None
+class PackedBatch:
+    """The segments of a packed batch as the attention of every layer reads them: cu_seqlens (int32
+    [segments + 1] over the flattened batch, on the model's device: one host-to-device copy per
+    forward, as the Paddle path's to_tensor of PackedSegments.cu_seqlens) and the longest segment
+    (a host int, flash-attention's max_seqlen)."""
+
+    def __init__(self, cu_seqlens, tokens: int, device):
+        bounds = core_packed_attention.check_cu_seqlens(cu_seqlens, tokens)
+        self.longest = int(np.diff(bounds).max())
+        self.cu_seqlens = torch.as_tensor(bounds).to(device)
 
 
-def packed_attention(q, k, v, block_mask):
-    """Causal attention of each packed example with itself: torch's FlexAttention (compiled, as
-    Hugging Face's flex_attention integration runs it) with a document block mask, the stand-in
-    for Paddle's flash_attn_unpadded over cu_seqlens (no flash-attn varlen build exists for the
-    GPU machine's torch). q: [b, hq, s, d], k/v: [b, hk, s, d] -> [b, hq, s, d]."""
-    global _FLEX_ATTENTION
-    if _FLEX_ATTENTION is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _FLEX_ATTENTION = torch.compile(flex_attention)
-    return _FLEX_ATTENTION(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
-
-
-def document_mask_mod(cu_seqlens, batch: int, seq: int, device="cuda"):
-    """FlexAttention's mask_mod of a packed [batch, seq]: query i sees key j when both lie in the
-    same cu_seqlens interval (host ints over the flattened batch) and j <= i, what
-    flash_attn_unpadded computes with causal=True over those intervals."""
-    bounds = np.asarray(cu_seqlens)
-    if bounds.ndim != 1 or bounds[0] != 0 or bounds[-1] != batch * seq or (np.diff(bounds) <= 0).any():
-        raise ValueError(f"cu_seqlens must rise from 0 to batch * seq = {batch * seq} (a row's padding is a segment "
-                         f"of its own), got {bounds.tolist()[:8]}... of {bounds.size}")
-    cu = torch.as_tensor(bounds, dtype=torch.int32).to(device)  # one copy, as Paddle's to_tensor of cu_seqlens
-    tokens = torch.arange(batch * seq, dtype=torch.int32, device=cu.device)
-    document = torch.searchsorted(cu[1:], tokens, right=True).view(batch, seq)
-
-    def same_document_causal(b, h, q_idx, kv_idx):
-        return (document[b, q_idx] == document[b, kv_idx]) & (kv_idx <= q_idx)
-    return same_document_causal
+def varlen_flash(q, k, v, cu_seqlens, longest, scale):
+    """torch's built-in flash-attention varlen kernel (torch.nn.attention.varlen, torch >= 2.10), the
+    contract of Paddle's flash_attn_unpadded: [tokens, heads, d] q, k/v with kv_heads dividing heads
+    (native), causal top-left (window (-1, 0)), fp16/bf16 on the GPU, no compilation."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as error:
+        raise RuntimeError(f"packed attention needs torch >= 2.10 (torch.nn.attention.varlen); this is torch "
+                           f"{torch.__version__}") from error
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale, window_size=(-1, 0))
 
 
-def document_block_mask(cu_seqlens, batch: int, seq: int):
-    """document_mask_mod's BlockMask on the GPU, built compiled, as Hugging Face's
-    flex_attention_mask builds its packed-sequence mask."""
-    from torch.nn.attention.flex_attention import create_block_mask
+def varlen_reference(q, k, v, cu_seqlens, longest, scale):
+    """varlen_flash's contract in plain torch, for fp32 and CPU tensors (flash attention has neither):
+    each cu_seqlens interval attends causally to itself through SDPA with native grouped-query heads,
+    fp32 math (float64 for float64), the result in q's dtype. Reads the bounds to the host."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    bounds = cu_seqlens.tolist()
+    outputs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end - start > longest:
+            raise ValueError(f"packed_attention: a segment of {end - start} tokens exceeds longest={longest}")
+        q_s, k_s, v_s = (t[start:end].to(compute).transpose(0, 1) for t in (q, k, v))
+        outputs.append(F.scaled_dot_product_attention(q_s, k_s, v_s, is_causal=True, scale=scale,
+                                                      enable_gqa=q.shape[1] != k.shape[1]).transpose(0, 1))
+    return torch.cat(outputs).to(q.dtype)
 
-    return create_block_mask(document_mask_mod(cu_seqlens, batch, seq), B=batch, H=None, Q_LEN=seq, KV_LEN=seq,
-                             device="cuda", _compile=True)
+
+def packed_attention(q, k, v, packed: PackedBatch):
+    """Causal attention of each packed example with itself: core.packed_attention.varlen_attention,
+    the composition the Paddle path runs around flash_attn_unpadded, over varlen_flash on the GPU in
+    fp16/bf16 and varlen_reference otherwise (as the Paddle op falls back off the GPU).
+    q: [b, s, hq, d], k/v: [b, s, hk, d] -> [b, s, hq, d]."""
+    return core_packed_attention.varlen_attention(TORCH, varlen_kernel(q), q, k, v, packed.cu_seqlens,
+                                                  packed.longest)
+
+
+def varlen_kernel(q):
+    """varlen_flash for fp16/bf16 CUDA tensors, varlen_reference otherwise."""
+    return varlen_flash if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else varlen_reference
 
 
 class FastLlama(torch.nn.Module):
@@ -333,17 +346,17 @@ class FastLlama(torch.nn.Module):
         batch, PackedSegments' form, which the Paddle path reads to the host from the collator's
         row indices each forward; a row's padding is a segment of its own): rotary reads the
         positions, attention keeps
-        each segment to itself (packed_attention), as the Paddle path's ops.packed_attention does
-        with the collator's attn_mask_startend_row_indices."""
+        each segment to itself (packed_attention: one varlen call over cu_seqlens), as the Paddle
+        path's ops.packed_attention does with the collator's attn_mask_startend_row_indices."""
         seq = input_ids.shape[1]
         cos, sin = self._tables(seq, input_ids.device)
-        block_mask = None if cu_seqlens is None else document_block_mask(cu_seqlens, *input_ids.shape)
+        packed = None if cu_seqlens is None else PackedBatch(cu_seqlens, input_ids.numel(), input_ids.device)
         x = F.embedding(input_ids, self.embed)
         for layer in self.layers:
             if self.layer_recompute and x.requires_grad:
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, position_ids, block_mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, position_ids, packed, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, position_ids, block_mask)
+                x = layer(x, cos, sin, position_ids, packed)
         x = harness.RMSNorm.apply(x, self.w_norm, self.eps)
         return harness.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
 

@@ -32,6 +32,10 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ..core import packed_attention as core_packed_attention
+from ..core.packed_attention import cu_seqlens_of
+from ._backend import BACKEND
+
 OP = "paddle_fastffn.ops.packed_attention"
 
 
@@ -96,7 +100,7 @@ class PackedSegments:
         return ends.reshape(self.batch, 1, self.seq, 1)
 
     def cu_seqlens(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int32)
+        return cu_seqlens_of(self.lengths)
 
     def dense_mask(self) -> np.ndarray:
         """bool [batch, 1, seq, seq], True where a query may attend: the block-causal mask PaddleNLP's
@@ -189,18 +193,18 @@ def _packed_attention_grouped(q, k, v, segments: PackedSegments):
 
 
 def packed_attention_varlen(q, k, v, segments: PackedSegments, varlen_attention):
-    """The GPU composition: q/k/v as [tokens, heads, head_dim] views, one causal
-    ``varlen_attention`` call with flash_attn_unpadded's signature over cu_seqlens, back to
-    [batch, seq, heads, head_dim]. Kept apart so CPU tests run it with flash_attn_unpadded_ref."""
-    batch, seq, q_heads, head_dim = q.shape
-    tokens = batch * seq
+    """The GPU composition, core.packed_attention.varlen_attention (the torch harness runs the same
+    function): q/k/v as [tokens, heads, head_dim] views, one causal ``varlen_attention`` call with
+    flash_attn_unpadded's signature over the segments' cu_seqlens, back to [batch, seq, heads,
+    head_dim]. CPU tests pass flash_attn_unpadded_ref."""
     cu_seqlens = paddle.to_tensor(segments.cu_seqlens(), place=q.place)
-    longest = max(segments.lengths)
-    args = (q.reshape([tokens, q_heads, head_dim]), k.reshape([tokens, k.shape[2], head_dim]),
-            v.reshape([tokens, v.shape[2], head_dim]), cu_seqlens, cu_seqlens, longest, longest,
-            head_dim ** -0.5)
-    out, _ = varlen_attention(*args, dropout=0.0, causal=True, return_softmax=False, training=True)
-    return out.reshape([batch, seq, q_heads, head_dim])
+
+    def varlen(q_t, k_t, v_t, cu, longest, scale):
+        out, _ = varlen_attention(q_t, k_t, v_t, cu, cu, longest, longest, scale, dropout=0.0, causal=True,
+                                  return_softmax=False, training=True)
+        return out
+
+    return core_packed_attention.varlen_attention(BACKEND, varlen, q, k, v, cu_seqlens, max(segments.lengths))
 
 
 def flash_attn_unpadded_ref(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,

@@ -67,14 +67,38 @@ def test_workloads_and_their_contenders():
     for bad in ("", "lora,qlora", ","):
         with pytest.raises(ValueError, match="workloads"):
             plan.workloads_from(bad)
-    assert plan.WORKLOADS["lora"] == ("ours", "ours_fp8_delayed", "hf_liger_peft")
-    assert plan.WORKLOADS["full"] == ("ours", "ours_fp8_delayed", "hf_liger")
+    ours = ("ours", "ours_fp8_delayed", "ours_fp8_current")
+    assert plan.WORKLOADS["lora"] == ours + ("hf_liger_peft",)
+    assert plan.WORKLOADS["full"] == ours + ("hf_liger",)
+    assert plan.contenders("lora", packed=False) == plan.WORKLOADS["lora"]
+    assert plan.contenders("lora", packed=True) == ours + ("hf_liger_peft_padding_free", "hf_liger_peft_padded")
+    assert plan.contenders("full", packed=True) == ours + ("hf_liger_padding_free", "hf_liger_padded")
+    assert plan.data_from("gsm8k, uniform") == ["gsm8k", "uniform"]
+    for bad in ("", "alpaca", "gsm8k,,x"):
+        with pytest.raises(ValueError, match="data must be"):
+            plan.data_from(bad)
+
+
+def test_packed_model_flops_count_attention_within_each_example():
+    one_row = plan.model_flops(**SHAPE)
+    assert plan.packed_model_flops([SHAPE["seq"]], **SHAPE) == one_row  # one example filling the row
+    halves = plan.packed_model_flops([SHAPE["seq"] // 2] * 2, **SHAPE)
+    attention_saved = 6 * SHAPE["layers"] * (SHAPE["seq"] ** 2 // 2) * SHAPE["hidden"]
+    assert one_row - halves == attention_saved  # GEMM work unchanged, attention halved
+
+
+def test_a_workload_that_cannot_hold_its_state_does_not_fit():
+    h100, h200 = 79.19 * 2**30, 139.81 * 2**30
+    full = plan.fits("full", h100, **SHAPE)
+    assert not full["fits"] and full["short_by_bytes"] == full["persistent_state_bytes"] - int(h100)
+    assert plan.fits("full", h200, **SHAPE)["fits"] and plan.fits("lora", h100, **SHAPE)["fits"]
 
 
 def test_missing_peer_packages_are_named_per_contender():
     present = {"transformers", "liger_kernel", "yaml", "tqdm", "safetensors", "huggingface_hub", "packaging", "numpy"}
     missing = plan.missing_packages(["lora", "full"], present.__contains__)
-    assert missing == {"hf_liger_peft": ["peft", "accelerate", "psutil"]}
+    assert missing == {name: ["peft", "accelerate", "psutil"]
+                       for name in ("hf_liger_peft", "hf_liger_peft_padding_free", "hf_liger_peft_padded")}
     assert plan.missing_packages(["full"], present.__contains__) == {}
     assert plan.missing_packages(["lora"], lambda name: True) == {}
 

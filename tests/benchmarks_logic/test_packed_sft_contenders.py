@@ -1,11 +1,13 @@
 """The packed-SFT benchmark's contenders compute the same loss on the same work
 (benchmarks/gpu/bench_packed_sft.py), checked on CPU with a tiny fp32 Hugging Face LLaMA: the
-padding-free row (sdpa and FlexAttention, restarting position ids) and the padded micro-batches
-with num_items_in_batch give the loss of running every example on its own; and ours' document
-mask over PackedSegments' cu_seqlens is PaddleNLP's block-causal mask, on the flattened row the
-benchmark trains and on per-row packing (padding segments included). Skipped where torch or
-transformers is missing (the CPU CI; the GPU machine runs it). FlexAttention has no backward on
-CPU: losses only here, the gradients are tests/gpu/test_packed_sft.py's."""
+padding-free row (sdpa with Hugging Face's packed mask, and Hugging Face's flash padding-free path
+over the varlen kernel's contract, hf_varlen_attention, with the collator's cu_seq_lens or from
+the position ids) and the padded micro-batches with num_items_in_batch give the loss of running
+every example on its own; and ours' packed attention over PackedSegments' cu_seqlens
+(llama_model.packed_attention, the varlen reference on CPU) is attention under PaddleNLP's
+block-causal mask, on the flattened row the benchmark trains and on per-row packing (padding
+segments included). Skipped where torch or transformers is missing (the GPU machine and the torch
+CI environment run it); the bf16 kernel's gradients are tests/gpu/test_packed_sft.py's."""
 
 import importlib.util
 
@@ -68,10 +70,20 @@ def check_padding_free_and_padded_losses(step):
     sdpa = tiny_model("sdpa")
     per_example = sum(hf_padded_loss(sdpa, alone(e), step["labelled"]) for e in step["examples"])
     padded = sum(hf_padded_loss(sdpa, batch, step["labelled"]) for batch in step["padded"])
+    from benchmarks.gpu import hf_varlen_attention
+
     free_sdpa = hf_padding_free_loss(sdpa, step["flat"])
-    free_flex = hf_padding_free_loss(tiny_model("flex_attention"), step["flat"])
+    hf_varlen_attention.register()
+    varlen = tiny_model(hf_varlen_attention.NAME)
+    hf_varlen_attention.CALLS.clear()
+    free_varlen = hf_padding_free_loss(varlen, step["flat"])
+    assert hf_varlen_attention.CALLS == {"position_ids": 2}  # one call per layer, lengths from the positions
+    with_kwargs = {**step["flat"], **hf_varlen_attention.collator_kwargs(step["flat"]["position_ids"])}
+    free_varlen_kwargs = hf_padding_free_loss(varlen, with_kwargs)
+    assert hf_varlen_attention.CALLS["collator_kwargs"] == 2
     expected = per_example.item()
-    for name, loss in (("padded", padded), ("padding-free sdpa", free_sdpa), ("padding-free flex", free_flex)):
+    for name, loss in (("padded", padded), ("padding-free sdpa", free_sdpa), ("padding-free varlen", free_varlen),
+                       ("padding-free varlen, collator kwargs", free_varlen_kwargs)):
         assert loss.item() == pytest.approx(expected, rel=LOSS_RTOL), name
 
 
@@ -95,17 +107,20 @@ def test_padded_gradient_accumulation_is_the_per_example_step(step):
 
 
 @pytest.mark.parametrize("flatten", [True, False], ids=["flattened", "rows"])
-def test_document_mask_is_the_block_causal_mask_of_the_segments(step, flatten):
-    from torch.nn.attention.flex_attention import create_mask
-
-    from benchmarks.gpu.llama_model import document_mask_mod
+def test_packed_attention_is_attention_under_the_block_causal_mask(step, flatten):
+    from benchmarks.gpu.llama_model import PackedBatch, packed_attention
 
     packed = step["packed"][flatten]
     rows, seq = packed["input_ids"].shape
     assert rows == (1 if flatten else 2)
     segments = sft_packed_steps.PackedSegments(packed["segment_lengths"], rows, seq)
-    mask = create_mask(document_mask_mod(packed["cu_seqlens"], rows, seq, device="cpu"), rows, None, seq,
-                       seq, device="cpu")
-    np.testing.assert_array_equal(mask.numpy(), segments.dense_mask())
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, seq, 4, 8, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(rows, seq, 2, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    got = packed_attention(q, k, v, PackedBatch(packed["cu_seqlens"], rows * seq, "cpu"))
+    mask = torch.as_tensor(segments.dense_mask())  # [rows, 1, seq, seq], True where a query may attend
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        document_mask_mod(packed["cu_seqlens"][:-1], rows, seq, device="cpu")
+        PackedBatch(packed["cu_seqlens"][:-1], rows * seq, "cpu")

@@ -1,5 +1,5 @@
 """Ours on packed rows (llama_model.FastLlama with position ids and cu_seqlens: rotary at restarting
-positions, FlexAttention with the document mask, the fused loss on labelled rows only), flattened to
+positions, one varlen attention call over cu_seqlens, the fused loss on labelled rows only), flattened to
 one row as the benchmark trains them or a row each with padding, computes the loss and gradients of
 Hugging Face's LlamaForCausalLM run on every example on its own, in fp32.
 (The peers' layouts are checked on CPU in tests/benchmarks_logic/test_packed_sft_contenders.py; the
@@ -70,3 +70,29 @@ def test_fast_llama_packed_rejects_cu_seqlens_that_do_not_tile_the_batch():
     device = {k: torch.as_tensor(packed[k], device="cuda") for k in ("input_ids", "labels", "position_ids")}
     with pytest.raises(ValueError, match="cu_seqlens"):
         ours(device["input_ids"], device["labels"], device["position_ids"], packed["cu_seqlens"][:-1])
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_varlen_flash_is_the_reference_forward_and_backward_in_bf16(kv_heads):
+    """The packed attention's GPU kernel (torch's flash varlen, GQA native) against varlen_reference
+    (per-segment SDPA in fp32) over awkward segment lengths: the output and every input gradient."""
+    from benchmarks.gpu.llama_model import PackedBatch, packed_attention, varlen_kernel, varlen_reference
+
+    lengths = [13, 1, 29, 64, 7, 30]
+    tokens = sum(lengths)
+    cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, tokens, 4, 64, device="cuda", generator=generator).bfloat16().requires_grad_()
+    k, v = (torch.randn(1, tokens, kv_heads, 64, device="cuda", generator=generator).bfloat16().requires_grad_()
+            for _ in range(2))
+    packed = PackedBatch(cu_seqlens, tokens, "cuda")
+    assert varlen_kernel(q).__name__ == "varlen_flash"
+    d_out = torch.randn(1, tokens, 4, 64, device="cuda", generator=generator).bfloat16()
+    got = packed_attention(q, k, v, packed)
+    got_grads = torch.autograd.grad(got, (q, k, v), d_out)
+    ref = varlen_reference(*(t.reshape(tokens, t.shape[2], 64) for t in (q, k, v)), packed.cu_seqlens,
+                           packed.longest, 64 ** -0.5).reshape(got.shape)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), d_out)
+    close(got, ref, torch.bfloat16, "out")
+    for g, r, name in zip(got_grads, ref_grads, ("d_q", "d_k", "d_v")):
+        close(g, r, torch.bfloat16, name, reduced_rows=max(lengths) * (4 // kv_heads))

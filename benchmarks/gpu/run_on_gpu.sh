@@ -18,17 +18,20 @@
 #   profile      kernel timeline of the whole step, ours vs peers (profile_step, FASTFFN_PROFILE_ARGS)
 #                -> profile_step.json/.log
 #   convergence  FP8 vs bf16 training of a ~100M LLaMA (FASTFFN_CONVERGENCE_ARGS) -> convergence.json/.log
-#   packed_sft   packed SFT step on the GSM8K and oasst1-zh length profiles: ours packed vs HF + Liger
-#                padding-free (FlexAttention) and padded (bench_packed_sft, FASTFFN_PACKED_SFT_ARGS)
+#   packed_sft   packed SFT step, 8 layers, on the GSM8K and oasst1-zh length profiles: ours packed vs HF +
+#                Liger padding-free (flash varlen) and padded (bench_packed_sft, FASTFFN_PACKED_SFT_ARGS)
 #                -> packed_sft.json/.log. Needs the length profiles in the tree (the device has no
 #                /work/shared): before the call, `mkdir -p .sft_lengths && cp /work/shared/data/sft_lengths_*.json
 #                .sft_lengths/` and carry [".whl", ".sft_lengths"] (FASTFFN_SFT_LENGTHS_DIR overrides).
-#   full_depth   LLaMA-2-7B at full depth (32 layers, 4096-token rows) on one GPU, LoRA and full fine-tune
-#                (bench_full_depth, issue 23 item 4) -> full_depth.json/.log. FASTFFN_FULL_DEPTH_WORKLOADS=lora
-#                or =full runs one workload (default lora,full; ~30 s each in run 16); FASTFFN_FULL_DEPTH_ARGS adds
-#                arguments. The HF LoRA peer needs peft and what it imports that the machine lacks: their wheels
-#                in .whl/full_depth/ (peft==0.21.2, accelerate==1.15.0, psutil==7.2.2, downloaded as shared/gpu.md
-#                says), installed for this section only; bench_full_depth names what is missing and stops
+#   full_depth   the user's job: LLaMA-2-7B at full depth (32 layers) on one GPU, the real length profiles
+#                packed (default; needs .sft_lengths as packed_sft does), LoRA and full fine-tune, ours bf16 and
+#                FP8 (delayed, current) against HF + Liger (+ PEFT) padding-free and padded (bench_full_depth)
+#                -> full_depth.json/.log. A workload whose state exceeds the card's memory is reported, not built.
+#                FASTFFN_FULL_DEPTH_WORKLOADS=lora or =full runs one workload (default lora,full);
+#                FASTFFN_FULL_DEPTH_ARGS adds arguments (--data uniform, --model llama3_8b, ...). The HF LoRA peer
+#                needs peft and what it imports where the machine lacks them: their wheels in .whl/full_depth/
+#                (peft==0.21.2, accelerate==1.15.0, psutil==7.2.2, downloaded as shared/gpu.md says), installed for
+#                this section only; bench_full_depth names what is missing and stops
 #                (FASTFFN_ALLOW_MISSING_PEERS=1: runs without it, its rows saying so).
 #   remeasure    = tests,step,optimizer,decoder,kernels,fp8: every table round-robin with median and spread
 #                (issue 20 item 6), the report's run-15 files.
@@ -40,7 +43,8 @@
 # download them); without them the comparison sections would silently lose their peers, so the run stops
 # unless FASTFFN_ALLOW_MISSING_PEERS=1.
 # Everything that must come back is written under $OUT; ptxas.txt holds the register/spill report.
-#   device run: bash benchmarks/gpu/run_on_h200.sh   (carry .whl), then FASTFFN_RUN=<skipped> in a second call
+# The same script on an H100 80 GB and an H200: nothing assumes the card (memory is queried).
+#   device run: bash benchmarks/gpu/run_on_gpu.sh   (carry .whl), then FASTFFN_RUN=<skipped> in a second call
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 RUN=${FASTFFN_RUN:-remeasure}
@@ -53,11 +57,12 @@ IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
 # rms_sweep: four full builds one after another (~50 s each), the timing a few seconds. rope_sweep: the three variant
 # builds in parallel when `tests` has not built them (~120 s), Liger's Triton compilation and 3 widths x 2 passes of
 # 5 contenders (~30 s); neither sweep measured yet.
-# full_depth: run 16 call 1 took 58 s for both workloads (3 contenders x 3 rounds each, nothing rebuilt for
-# recompute); 45 s per workload leaves room for Liger's first Triton compilation and one OOM-and-recompute rebuild.
+# full_depth: uniform rows took 58 s for both workloads at 3 contenders x 3 rounds on an H200; packed data has
+# 5 contenders per workload and two profiles: ~100 s per workload that fits (a full fine-tune on an 80 GB card is
+# reported without being built).
 declare -A SECONDS_ESTIMATE=([tests]=300 [step]=330 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
                             [rms_sweep]=220 [rope_sweep]=150 [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
-                            [full_depth]=$(( 45 * ${#full_depth_workloads[@]} )))
+                            [full_depth]=$(( 100 * ${#full_depth_workloads[@]} )))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # Outside the working tree, so that a warm machine keeps the build across calls.
@@ -112,7 +117,8 @@ run_section() {
           .whl/full_depth/*.whl && full_depth_path=/tmp/site_full_depth:$PYTHONPATH
       fi
       allow=(); [[ ${FASTFFN_ALLOW_MISSING_PEERS:-0} == 1 ]] && allow=(--allow-missing-peers)
-      PYTHONPATH=$full_depth_path PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+      FASTFFN_SFT_LENGTHS_DIR=${FASTFFN_SFT_LENGTHS_DIR:-$PWD/.sft_lengths} \
+        PYTHONPATH=$full_depth_path PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
         python3 -m benchmarks.gpu.bench_full_depth --out "$OUT/full_depth.json" --workloads "$FULL_DEPTH_WORKLOADS" \
           --stop-after-s $(( DEADLINE - ($(date +%s) - start) - 20 )) ${allow[@]+"${allow[@]}"} ${FASTFFN_FULL_DEPTH_ARGS:-} 2>&1 \
         | tee "$OUT/full_depth.log" | tail -40 ;;
