@@ -12,7 +12,8 @@ loss is the mean over them for everyone. The layouts:
 - packed (ours, Paddle's zero_padding): the rows as the product's collator gives them to the fast
   path (packing.collate_packed_rows, PackedCollator's default): the step's rows flattened to one
   row [1, tokens] in the rule's order, no padding, position ids restarting per example, the
-  examples' cu_seqlens from PackedSegments; the same token work as the padding-free peer.
+  collator's attn_mask_startend_row_indices (and, for tests, the cu_seqlens PackedSegments derives
+  from them); the same token work as the padding-free peer.
   packed_layout(flatten=False) gives the per-row layout (each row right-padded to the longest, the
   padding a segment of its own with its own positions, as flash_attn_unpadded sees it);
 - flattened (Hugging Face padding-free, DataCollatorWithFlattening): all the step's examples
@@ -40,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import sft_lengths
-from paddle_fastffn.core.packed_attention import cu_seqlens_of
+from paddle_fastffn.core.packed_attention import cu_seqlens_of, segment_lengths_from_row_ends
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_TOKENS = 4096
@@ -74,7 +75,8 @@ _PACKING = load_pure(_FINETUNE / "packing.py",
                       "_check_flatten", "collate_packed_rows"),
                      given=load_pure(_FINETUNE / "data.py", ("IGNORE_INDEX",)))
 _SEGMENTS = load_pure(REPO / "paddle_fastffn" / "ops" / "varlen_attention.py", ("OP", "PackedSegments"),
-                      given={"cu_seqlens_of": cu_seqlens_of})
+                      given={"cu_seqlens_of": cu_seqlens_of,
+                             "segment_lengths_from_row_ends": segment_lengths_from_row_ends})
 sequential_rows, segments_row, collate_packed_rows = (
     _PACKING[name] for name in ("sequential_rows", "segments_row", "collate_packed_rows"))
 PackedSegments = _SEGMENTS["PackedSegments"]
@@ -146,6 +148,7 @@ def packed_layout(examples: list[dict], rows: list[list[int]], pad_id: int = 0, 
         [segments_row([(examples[i]["input_ids"], examples[i]["labels"]) for i in row]) for row in rows],
         pad_id, flatten=flatten, ignore_index=sft_lengths.IGNORE_INDEX)
     segments = PackedSegments.from_row_lengths(row_lengths, out["input_ids"].shape[1])
+    out["attn_mask_startend_row_indices"] = segments.startend_row_indices()  # as PackedCollator adds it
     out["cu_seqlens"] = segments.cu_seqlens()
     out["segment_lengths"] = list(segments.lengths)
     return out

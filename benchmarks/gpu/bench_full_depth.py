@@ -149,7 +149,8 @@ def builders(workload, shape, data: StepData, model_name: str):
             del hf  # ours holds its own copies
             if data.packed_data:
                 p = data.packed
-                return model, lambda: model(p["input_ids"], p["labels"], p["position_ids"], p["cu_seqlens"])
+                return model, lambda: model(p["input_ids"], p["labels"], p["position_ids"],
+                                            row_ends=p["attn_mask_startend_row_indices"])
             return model, lambda: model(data.ids, data.labels)
         return build, contextlib.nullcontext
 

@@ -70,7 +70,8 @@ TARGETS = {"hf_liger_padded": 1.8, "hf_liger_padding_free": 1.15}
 
 def on_device(batch: dict, device="cuda") -> dict:
     """numpy int64 arrays -> device tensors (host-side entries such as cu_seqlens stay as they are)."""
-    return {k: torch.as_tensor(v, device=device) if k in ("input_ids", "labels", "position_ids", "attention_mask")
+    return {k: torch.as_tensor(v, device=device) if k in ("input_ids", "labels", "position_ids", "attention_mask",
+                                                              "attn_mask_startend_row_indices")
             else v for k, v in batch.items()}
 
 
@@ -132,7 +133,7 @@ def contenders(base, step):
     def ours_packed():
         model = FastLlama(base)
         return model, lambda: model(packed["input_ids"], packed["labels"], packed["position_ids"],
-                                    packed["cu_seqlens"]), fused_master_adamw
+                                    row_ends=packed["attn_mask_startend_row_indices"]), fused_master_adamw
 
     flat.update(hf_varlen_attention.collator_kwargs(flat["position_ids"]))
 

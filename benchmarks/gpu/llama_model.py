@@ -340,16 +340,23 @@ class FastLlama(torch.nn.Module):
         for layer in self.layers:
             layer.invalidate_fp8_weights()
 
-    def forward(self, input_ids, labels, position_ids=None, cu_seqlens=None):
+    def forward(self, input_ids, labels, position_ids=None, cu_seqlens=None, row_ends=None):
         """A packed batch (Paddle's zero_padding rows) also passes position_ids [B, S] (restarting
-        per example, on the device) and cu_seqlens (host int32 [segments + 1] over the flattened
-        batch, PackedSegments' form, which the Paddle path reads to the host from the collator's
-        row indices each forward; a row's padding is a segment of its own): rotary reads the
+        per example, on the device) and its segments: row_ends, the collator's
+        attn_mask_startend_row_indices on the device, read to the host and turned into cu_seqlens
+        each forward as the Paddle patch does (PackedSegments.from_startend_row_indices), or
+        cu_seqlens itself (host int32 [segments + 1] over the flattened batch; a row's padding is a
+        segment of its own): rotary reads the
         positions, attention keeps
         each segment to itself (packed_attention: one varlen call over cu_seqlens), as the Paddle
         path's ops.packed_attention does with the collator's attn_mask_startend_row_indices."""
         seq = input_ids.shape[1]
         cos, sin = self._tables(seq, input_ids.device)
+        if row_ends is not None:  # the collator's form, read to the host once as the Paddle patch reads it
+            if cu_seqlens is not None:
+                raise ValueError("FastLlama: pass cu_seqlens or row_ends, not both")
+            cu_seqlens = core_packed_attention.cu_seqlens_of(core_packed_attention.segment_lengths_from_row_ends(
+                row_ends.reshape(input_ids.shape).cpu().numpy()))
         packed = None if cu_seqlens is None else PackedBatch(cu_seqlens, input_ids.numel(), input_ids.device)
         x = F.embedding(input_ids, self.embed)
         for layer in self.layers:

@@ -22,6 +22,26 @@ def cu_seqlens_of(lengths) -> np.ndarray:
     return np.concatenate([[0], np.cumsum([int(n) for n in lengths])]).astype(np.int32)
 
 
+def segment_lengths_from_row_ends(ends, op: str = OP) -> list[int]:
+    """PaddleNLP's causal ``attn_mask_startend_row_indices`` read to the host as [batch, seq] ints (for
+    each key column, the row where its example ends) -> the segment lengths, rows one after another.
+    Columns of one example carry the same value; a new value starts a new example."""
+    ends = np.asarray(ends, dtype=np.int64)
+    batch, seq = ends.shape
+    lengths = []
+    for row in range(batch):
+        start = 0
+        while start < seq:
+            end = int(ends[row, start])
+            if not start < end <= seq or np.any(ends[row, start:end] != end):
+                raise ValueError(f"{op}: `attn_mask_startend_row_indices` row {row}: the example starting at "
+                                 f"column {start} must end within the row and all its columns must carry its "
+                                 f"end ({end}); got {ends[row, start:min(max(end, start + 1), seq)].tolist()}")
+            lengths.append(end - start)
+            start = end
+    return lengths
+
+
 def check_cu_seqlens(cu_seqlens, tokens: int) -> np.ndarray:
     """The host bounds as int32 numpy, or ValueError naming `cu_seqlens` and what was expected: a 1-D
     sequence rising strictly from 0 to the batch's tokens (batch * seq)."""

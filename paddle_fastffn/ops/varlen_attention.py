@@ -33,7 +33,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..core import packed_attention as core_packed_attention
-from ..core.packed_attention import cu_seqlens_of
+from ..core.packed_attention import cu_seqlens_of, segment_lengths_from_row_ends
 from ._backend import BACKEND
 
 OP = "paddle_fastffn.ops.packed_attention"
@@ -65,18 +65,7 @@ class PackedSegments:
             raise ValueError(f"{OP}: `attn_mask_startend_row_indices` must be int32 [batch, 1, seq, 1] (the causal "
                              f"FlashMask form, one shared head), got {indices.dtype} {shape}")
         batch, seq = shape[0], shape[2] if len(shape) == 4 else shape[1]
-        ends = indices.numpy().reshape(batch, seq).astype(np.int64)
-        lengths = []
-        for row in range(batch):
-            start = 0
-            while start < seq:
-                end = int(ends[row, start])
-                if not start < end <= seq or np.any(ends[row, start:end] != end):
-                    raise ValueError(f"{OP}: `attn_mask_startend_row_indices` row {row}: the example starting at "
-                                     f"column {start} must end within the row and all its columns must carry its "
-                                     f"end ({end}); got {ends[row, start:min(max(end, start + 1), seq)].tolist()}")
-                lengths.append(end - start)
-                start = end
+        lengths = segment_lengths_from_row_ends(indices.numpy().reshape(batch, seq), OP)
         return cls(lengths, batch, seq)
 
     @classmethod

@@ -54,8 +54,11 @@ def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32(flatten):
         ref = ref + hf(input_ids=ids, labels=labels, shift_labels=labels, num_items_in_batch=labelled,
                        use_cache=False).loss
     ref.backward()
-    device = {k: torch.as_tensor(packed[k], device="cuda") for k in ("input_ids", "labels", "position_ids")}
-    got = ours(device["input_ids"], device["labels"], device["position_ids"], packed["cu_seqlens"])
+    device = {k: torch.as_tensor(packed[k], device="cuda")
+              for k in ("input_ids", "labels", "position_ids", "attn_mask_startend_row_indices")}
+    # the collator's row indices, read to the host each forward as the Paddle patch reads them
+    got = ours(device["input_ids"], device["labels"], device["position_ids"],
+               row_ends=device["attn_mask_startend_row_indices"])
     got.backward()
     close(got, ref, torch.float32, "loss")
     for g, r, name in gradient_pairs(ours, hf):
