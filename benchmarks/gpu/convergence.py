@@ -73,13 +73,14 @@ def fp8_recipe_of(precision: str) -> Fp8Recipe:
     return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest else "fp8")
 
 
-def train(precision, initial_state, train_data, heldout, args):
+def train(precision, initial_state, train_data, heldout, args, model_config=None, device="cuda"):
+    """model_config: LlamaConfig's arguments (MODEL when None)."""
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
-    config = LlamaConfig(**MODEL)
+    config = LlamaConfig(**(MODEL if model_config is None else model_config))
     config._attn_implementation = "sdpa"
-    with torch.device("cuda"):
+    with torch.device(device):
         hf = modeling_llama.LlamaForCausalLM(config)
     hf.load_state_dict(initial_state)
     recipe = None if precision == "bf16" else fp8_recipe_of(precision)
@@ -88,7 +89,7 @@ def train(precision, initial_state, train_data, heldout, args):
     optimizer = MasterWeightAdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   max_grad_norm=1.0)
     stream = batches(train_data, args.batch, args.seq + 1, seed=1)
-    heldout_batches = [b.cuda() for b, _ in zip(batches(heldout, args.batch, args.seq + 1, seed=2), range(8))]
+    heldout_batches = [b.to(device) for b, _ in zip(batches(heldout, args.batch, args.seq + 1, seed=2), range(8))]
     losses, evals = [], []
     started = time.time()
 
@@ -98,7 +99,7 @@ def train(precision, initial_state, train_data, heldout, args):
         return sum(values) / len(values)
 
     for step in range(args.steps):
-        window = next(stream).cuda(non_blocking=True)
+        window = next(stream).to(device, non_blocking=True)
         ids, labels = window[:, :-1], window[:, 1:]  # the pipeline shifts; no ignored positions
         for group in optimizer.optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
