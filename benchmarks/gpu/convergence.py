@@ -57,6 +57,9 @@ def batches(data: torch.Tensor, batch: int, seq: int, seed: int):
         yield torch.stack([data[s:s + seq] for s in starts.tolist()]).long()
 
 
+PRECISIONS = ("bf16", "fp8_current", "fp8_delayed")  # what the section trains by default
+
+
 def lr_at(step, steps, peak, warmup):
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -129,7 +132,7 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp8_current", "fp8_delayed"])
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     train_data, heldout, info = corpus()
