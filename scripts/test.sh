@@ -10,4 +10,14 @@ if command -v nvcc >/dev/null; then
   export FASTFFN_CUDA_MATH_HEADERS=${FASTFFN_CUDA_MATH_HEADERS:-$HOME/.cache/paddle_fastffn/cuda_math_headers}
   bash scripts/fetch_cuda_headers.sh "$FASTFFN_CUDA_MATH_HEADERS" >/dev/null
 fi
-"$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
+"$venv/bin/python" -m pytest tests -q -p no:cacheprovider --ignore=tests/torch_cpu "$@"
+# The GPU benchmarks' CPU smoke (tests/torch_cpu): every section's contenders built and stepped at tiny
+# shapes in the GPU machine's torch (its own venv: that machine has no Paddle; the benchmarks import
+# paddle_fastffn from the tree). FASTFFN_SKIP_TORCH_SMOKE=1 leaves it out of a local run.
+if [[ ${FASTFFN_SKIP_TORCH_SMOKE:-0} != 1 ]]; then
+  bash scripts/setup_torch_env.sh
+  torch_venv=${FASTFFN_TORCH_VENV:-.torch-venv}
+  PYTHONPATH=$PWD "$torch_venv/bin/python" -c "import paddle_fastffn" \
+    || { echo "test.sh: paddle_fastffn must import without Paddle (the GPU machine has none)" >&2; exit 1; }
+  PYTHONPATH=$PWD "$torch_venv/bin/python" -m pytest tests/torch_cpu -q -p no:cacheprovider -W ignore::UserWarning
+fi

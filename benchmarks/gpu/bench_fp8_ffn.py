@@ -47,8 +47,8 @@ class TorchFFN(torch.nn.Module):
     def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor):
         super().__init__()
         inter, hidden = w_down.shape[1], w_down.shape[0]
-        self.gate_up = torch.nn.Linear(hidden, 2 * inter, bias=False, device="cuda", dtype=DT)
-        self.down = torch.nn.Linear(inter, hidden, bias=False, device="cuda", dtype=DT)
+        self.gate_up = torch.nn.Linear(hidden, 2 * inter, bias=False, device=w_down.device, dtype=DT)
+        self.down = torch.nn.Linear(inter, hidden, bias=False, device=w_down.device, dtype=DT)
         with torch.no_grad():
             self.gate_up.weight.copy_(w_gate_up)
             self.down.weight.copy_(w_down)
@@ -109,7 +109,7 @@ SFT_7B_ACCUMULATION = 4
 
 
 def ours_fp8(x, w_gate_up, w_down, dy, kind, saved_gate_up="fp8"):
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind, saved_gate_up=saved_gate_up))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind, saved_gate_up=saved_gate_up), device=x.device)
 
     def forward(x, w_gu, w_d):
         state.cache.invalidate()  # one optimizer step per iteration
@@ -121,7 +121,7 @@ def ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind, micro_batches=SFT_7B_A
     """One micro-batch's fwd+bwd per call, the FP8 weight copies invalidated at every
     `micro_batches`-th call (an optimizer step), for round_robin's loop of `micro_batches` calls
     per sample (its warm-up runs whole loops too, so the first call of each sample quantises)."""
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(scaling=kind), device=x.device)
     calls = [0]
 
     def run():
@@ -134,16 +134,15 @@ def ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind, micro_batches=SFT_7B_A
     return run
 
 
-def ffn_rows(model, hidden, inter, tokens):
-    # A fresh dynamo cache per shape: the compiled contenders share TorchFFN.forward's code object,
-    # and after config.recompile_limit (8) recompiles dynamo silently runs it eager (seen in a run
-    # that went through four widths: torchao at Llama-3-8B width timed as eager).
-    torch._dynamo.reset()
+def ffn_contenders(hidden, inter, tokens, device="cuda"):
+    """The FFN table's contenders at one shape: ({impl: (fn(x, w_gate_up, w_down), inputs)}, {impl:
+    build() -> module}, {impl: make_run() -> run()} of the accumulating loop and the GEMM floor,
+    x, w_gate_up, w_down, dy)."""
     torch.manual_seed(0)
-    w_gate_up = (torch.randn(2 * inter, hidden, device="cuda") * 0.02).to(DT).requires_grad_()
-    w_down = (torch.randn(hidden, inter, device="cuda") * 0.02).to(DT).requires_grad_()
-    x = leaf((tokens, hidden))
-    dy = torch.randn(tokens, hidden, device="cuda", dtype=DT)
+    w_gate_up = (torch.randn(2 * inter, hidden, device=device) * 0.02).to(DT).requires_grad_()
+    w_down = (torch.randn(hidden, inter, device=device) * 0.02).to(DT).requires_grad_()
+    x = leaf((tokens, hidden), device=device)
+    dy = torch.randn(tokens, hidden, device=device, dtype=DT)
     functional = {
         "eager_bf16": (eager_ffn, [x, w_gate_up, w_down]),
         "ours_bf16": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gate_up, w_down]),
@@ -154,6 +153,22 @@ def ffn_rows(model, hidden, inter, tokens):
         "ours_fp8_delayed_gate_up_activation": (ours_fp8(x, w_gate_up, w_down, dy, "delayed", "activation"),
                                                 [x, w_gate_up, w_down]),
     }
+    modules = {"torch_compile_bf16": lambda: torch.compile(TorchFFN(w_gate_up.detach(), w_down.detach())),
+               "torchao_tensorwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "tensorwise"),
+               "torchao_rowwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "rowwise")}
+    others = {"six_fp8_gemms_alone": lambda: six_fp8_gemms(x.detach(), w_gate_up.detach(), w_down.detach(), dy),
+              **{f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}":
+                 (lambda kind=kind: ours_fp8_accumulating(x, w_gate_up, w_down, dy, kind))
+                 for kind in ("current", "delayed")}}
+    return functional, modules, others, x, w_gate_up, w_down, dy
+
+
+def ffn_rows(model, hidden, inter, tokens):
+    # A fresh dynamo cache per shape: the compiled contenders share TorchFFN.forward's code object,
+    # and after config.recompile_limit (8) recompiles dynamo silently runs it eager (seen in a run
+    # that went through four widths: torchao at Llama-3-8B width timed as eager).
+    torch._dynamo.reset()
+    functional, modules, others, x, w_gate_up, w_down, dy = ffn_contenders(hidden, inter, tokens)
     rows, runs = [], {}
     for name, (fn, inputs) in functional.items():
         try:
@@ -161,9 +176,6 @@ def ffn_rows(model, hidden, inter, tokens):
             runs[name] = (run, peak_bytes(run), saved_activation_bytes(fn, inputs))
         except Exception as error:  # noqa: BLE001
             rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
-    modules = {"torch_compile_bf16": lambda: torch.compile(TorchFFN(w_gate_up.detach(), w_down.detach())),
-               "torchao_tensorwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "tensorwise"),
-               "torchao_rowwise": lambda: torchao_ffn(w_gate_up.detach(), w_down.detach(), "rowwise")}
     for name, build in modules.items():
         try:
             module = build()
@@ -173,7 +185,7 @@ def ffn_rows(model, hidden, inter, tokens):
         except Exception as error:  # noqa: BLE001
             rows.append({"model": model, "tokens": tokens, "impl": name, "error": repr(error)})
     try:
-        runs["six_fp8_gemms_alone"] = (six_fp8_gemms(x.detach(), w_gate_up.detach(), w_down.detach(), dy), None, None)
+        runs["six_fp8_gemms_alone"] = (others["six_fp8_gemms_alone"](), None, None)
     except Exception as error:  # noqa: BLE001
         rows.append({"model": model, "tokens": tokens, "impl": "six_fp8_gemms_alone", "error": repr(error)})
     reps = 12 if tokens >= 16384 else 20
@@ -188,8 +200,8 @@ def ffn_rows(model, hidden, inter, tokens):
                     ("eager_bf16", "ours_bf16", "torch_compile_bf16", "torchao_tensorwise", "torchao_rowwise")
                     if name in runs}
     for kind in ("current", "delayed"):
-        accumulating[f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}"] = ours_fp8_accumulating(
-            x, w_gate_up, w_down, dy, kind)
+        name = f"ours_fp8_{kind}_accumulate{SFT_7B_ACCUMULATION}"
+        accumulating[name] = others[name]()
     timings = round_robin(accumulating, reps=max(3, reps // 2), calls=SFT_7B_ACCUMULATION)
     for name, timing in timings.items():
         rows.append({"model": model, "tokens": tokens, "impl": name, **timing,

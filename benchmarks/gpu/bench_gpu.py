@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import functools
 import gc
 import itertools
 import json
@@ -227,8 +226,8 @@ def ceilings():
             "bf16_gemm_tflops": 2 * 8192**3 / (gemm["p50_ms"] * 1e-3) / 1e12}
 
 
-def leaf(shape, scale=1.0):
-    return (torch.randn(shape, device="cuda") * scale).to(DT).requires_grad_()
+def leaf(shape, scale=1.0, device="cuda"):
+    return (torch.randn(shape, device=device) * scale).to(DT).requires_grad_()
 
 
 def fwd_bwd(fn, inputs, upstream):
@@ -277,7 +276,7 @@ def add_compiled(impls_fwd, impls_fb, eager_fn, inputs, upstream):
     impls_fb["torch_compile"] = fwd_bwd(compiled, inputs, upstream)
 
 
-def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True):
+def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True, seq=2048, device="cuda"):
     """Rotary on q and k (grouped-query for 70B), each impl in its users' layout: ours reads the
     [b, s, h, d] projection output; Hugging Face's rope (eager, and Liger's, which replaces it)
     gets what HF hands it, q/k of [b, h, s, d] shape as transposed views of [b, s, h, d]
@@ -289,10 +288,10 @@ def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True):
     torch.compile. Returns ({impl: fwd}, {impl: fwd+bwd}, fwd bytes, fwd+bwd bytes): q and k read
     and written once per pass."""
     e = 2  # bf16 bytes
-    batch, seq, d = tokens // 2048, 2048, hidden // heads
-    q_bshd, k_bshd = leaf((batch, seq, heads, d)), leaf((batch, seq, kv_heads, d))
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    emb = torch.cat([torch.outer(torch.arange(seq, device="cuda").float(), inv)] * 2, -1)
+    batch, d = tokens // seq, hidden // heads
+    q_bshd, k_bshd = leaf((batch, seq, heads, d), device=device), leaf((batch, seq, kv_heads, d), device=device)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).float() / d))
+    emb = torch.cat([torch.outer(torch.arange(seq, device=device).float(), inv)] * 2, -1)
     cos32, sin32 = emb.cos().contiguous(), emb.sin().contiguous()
     cos_hf, sin_hf = cos32.to(DT)[None], sin32.to(DT)[None]
     du_q, du_k = torch.randn_like(q_bshd), torch.randn_like(k_bshd)
@@ -325,76 +324,82 @@ def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True):
     return impls_fwd, impls_fb, 2 * qk_bytes, 4 * qk_bytes
 
 
+def kernel_contenders(tokens, hidden, inter, heads, kv_heads, liger, seq=2048, device="cuda"):
+    """The kernels section's tables for one model, one at a time: yields (op, pass, bytes, {impl:
+    run()}); each op's tensors are released when the next is asked for."""
+    e = 2  # bf16 bytes
+    # SwiGLU, separate gate and up (HF / Liger layout) and packed (Paddle's gate_up_fused_proj).
+    gate, up = leaf((tokens, inter), 2.0, device), leaf((tokens, inter), device=device)
+    packed = leaf((tokens, 2 * inter), 2.0, device)
+    d_h = torch.randn(tokens, inter, device=device, dtype=DT)
+    eager = lambda g, u: F.silu(g) * u  # noqa: E731
+    impls_fwd = {"eager": fwd_only(eager, [gate, up]), "ours": fwd_only(harness_pair, [gate, up]),
+                 "ours_packed": fwd_only(harness.SwiGLU.apply, [packed])}
+    impls_fb = {"eager": fwd_bwd(eager, [gate, up], [d_h]), "ours": fwd_bwd(harness_pair, [gate, up], [d_h]),
+                "ours_packed": fwd_bwd(harness.SwiGLU.apply, [packed], [d_h])}
+    add_compiled(impls_fwd, impls_fb, eager, [gate, up], [d_h])
+    if liger:
+        from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction, LigerSiLUMulFunction
+        impls_fwd["liger"] = fwd_only(LigerSiLUMulFunction.apply, [gate, up])
+        impls_fb["liger"] = fwd_bwd(LigerSiLUMulFunction.apply, [gate, up], [d_h])
+        impls_fwd["liger_packed"] = fwd_only(LigerFusedGateUpSiLUMulFunction.apply, [packed])
+        impls_fb["liger_packed"] = fwd_bwd(LigerFusedGateUpSiLUMulFunction.apply, [packed], [d_h])
+    yield "swiglu", "fwd", 3 * tokens * inter * e, impls_fwd
+    yield "swiglu", "fwd+bwd", 8 * tokens * inter * e, impls_fb
+    del gate, up, packed, d_h, impls_fwd, impls_fb
+
+    # RMSNorm and residual-add + RMSNorm.
+    x, r, w = leaf((tokens, hidden), device=device), leaf((tokens, hidden), device=device), leaf((hidden,), device=device)
+    dy, ds = torch.randn_like(x), torch.randn_like(x)
+    eps = 1e-6
+
+    def eager_norm(x, w):
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return w * (x.float() * torch.rsqrt(v + eps)).to(x.dtype)
+
+    ours_norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
+    impls_fwd = {"eager": fwd_only(eager_norm, [x, w]), "ours": fwd_only(ours_norm, [x, w])}
+    impls_fb = {"eager": fwd_bwd(eager_norm, [x, w], [dy]), "ours": fwd_bwd(ours_norm, [x, w], [dy])}
+    add_compiled(impls_fwd, impls_fb, eager_norm, [x, w], [dy])
+    if liger:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        lig = lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)  # noqa: E731
+        impls_fwd["liger"] = fwd_only(lig, [x, w])
+        impls_fb["liger"] = fwd_bwd(lig, [x, w], [dy])
+    yield "rms_norm", "fwd", 2 * tokens * hidden * e, impls_fwd
+    yield "rms_norm", "fwd+bwd", 5 * tokens * hidden * e, impls_fb
+
+    def eager_add(x, r, w):
+        s = x + r
+        return eager_norm(s, w), s
+
+    ours_add = lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
+    impls_fwd = {"eager": fwd_only(eager_add, [x, r, w]), "ours": fwd_only(ours_add, [x, r, w])}
+    impls_fb = {"eager": fwd_bwd(eager_add, [x, r, w], [dy, ds]),
+                "ours": fwd_bwd(ours_add, [x, r, w], [dy, ds])}
+    add_compiled(impls_fwd, impls_fb, eager_add, [x, r, w], [dy, ds])
+    if liger:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        lig_add = lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)  # noqa: E731
+        impls_fwd["liger"] = fwd_only(lig_add, [x, r, w])
+        impls_fb["liger"] = fwd_bwd(lig_add, [x, r, w], [dy, ds])
+    # fwd: read x, r; write out, sum. bwd: read sum, d_out, d_sum; write d_x.
+    yield "fused_add_rms_norm", "fwd", 4 * tokens * hidden * e, impls_fwd
+    yield "fused_add_rms_norm", "fwd+bwd", 8 * tokens * hidden * e, impls_fb
+    del x, r, w, dy, ds, impls_fwd, impls_fb
+
+    impls_fwd, impls_fb, fwd_bytes, fwd_bwd_bytes = rotary_contenders(tokens, hidden, heads, kv_heads, liger,
+                                                                      seq=seq, device=device)
+    yield "rotary", "fwd", fwd_bytes, impls_fwd
+    yield "rotary", "fwd+bwd", fwd_bwd_bytes, impls_fb
+
+
 def kernel_section(copy_bw, tokens, liger):
     rows = []
-    record = functools.partial(record_kernel_rows, rows, copy_bw)
-
     for model, (hidden, inter, heads, kv_heads) in MODELS.items():
-        e = 2  # bf16 bytes
-        # SwiGLU, separate gate and up (HF / Liger layout) and packed (Paddle's gate_up_fused_proj).
-        gate, up = leaf((tokens, inter), 2.0), leaf((tokens, inter))
-        packed = leaf((tokens, 2 * inter), 2.0)
-        d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
-        eager = lambda g, u: F.silu(g) * u  # noqa: E731
-        impls_fwd = {"eager": fwd_only(eager, [gate, up]), "ours": fwd_only(harness_pair, [gate, up]),
-                     "ours_packed": fwd_only(harness.SwiGLU.apply, [packed])}
-        impls_fb = {"eager": fwd_bwd(eager, [gate, up], [d_h]), "ours": fwd_bwd(harness_pair, [gate, up], [d_h]),
-                    "ours_packed": fwd_bwd(harness.SwiGLU.apply, [packed], [d_h])}
-        add_compiled(impls_fwd, impls_fb, eager, [gate, up], [d_h])
-        if liger:
-            from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction, LigerSiLUMulFunction
-            impls_fwd["liger"] = fwd_only(LigerSiLUMulFunction.apply, [gate, up])
-            impls_fb["liger"] = fwd_bwd(LigerSiLUMulFunction.apply, [gate, up], [d_h])
-            impls_fwd["liger_packed"] = fwd_only(LigerFusedGateUpSiLUMulFunction.apply, [packed])
-            impls_fb["liger_packed"] = fwd_bwd(LigerFusedGateUpSiLUMulFunction.apply, [packed], [d_h])
-        record("swiglu", model, "fwd", 3 * tokens * inter * e, impls_fwd)
-        record("swiglu", model, "fwd+bwd", 8 * tokens * inter * e, impls_fb)
-        del gate, up, packed, d_h
-
-        # RMSNorm and residual-add + RMSNorm.
-        x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
-        dy, ds = torch.randn_like(x), torch.randn_like(x)
-        eps = 1e-6
-
-        def eager_norm(x, w):
-            v = x.float().pow(2).mean(-1, keepdim=True)
-            return w * (x.float() * torch.rsqrt(v + eps)).to(x.dtype)
-
-        ours_norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
-        impls_fwd = {"eager": fwd_only(eager_norm, [x, w]), "ours": fwd_only(ours_norm, [x, w])}
-        impls_fb = {"eager": fwd_bwd(eager_norm, [x, w], [dy]), "ours": fwd_bwd(ours_norm, [x, w], [dy])}
-        add_compiled(impls_fwd, impls_fb, eager_norm, [x, w], [dy])
-        if liger:
-            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-            lig = lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)  # noqa: E731
-            impls_fwd["liger"] = fwd_only(lig, [x, w])
-            impls_fb["liger"] = fwd_bwd(lig, [x, w], [dy])
-        record("rms_norm", model, "fwd", 2 * tokens * hidden * e, impls_fwd)
-        record("rms_norm", model, "fwd+bwd", 5 * tokens * hidden * e, impls_fb)
-
-        def eager_add(x, r, w):
-            s = x + r
-            return eager_norm(s, w), s
-
-        ours_add = lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
-        impls_fwd = {"eager": fwd_only(eager_add, [x, r, w]), "ours": fwd_only(ours_add, [x, r, w])}
-        impls_fb = {"eager": fwd_bwd(eager_add, [x, r, w], [dy, ds]),
-                    "ours": fwd_bwd(ours_add, [x, r, w], [dy, ds])}
-        add_compiled(impls_fwd, impls_fb, eager_add, [x, r, w], [dy, ds])
-        if liger:
-            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
-            lig_add = lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)  # noqa: E731
-            impls_fwd["liger"] = fwd_only(lig_add, [x, r, w])
-            impls_fb["liger"] = fwd_bwd(lig_add, [x, r, w], [dy, ds])
-        # fwd: read x, r; write out, sum. bwd: read sum, d_out, d_sum; write d_x.
-        record("fused_add_rms_norm", model, "fwd", 4 * tokens * hidden * e, impls_fwd)
-        record("fused_add_rms_norm", model, "fwd+bwd", 8 * tokens * hidden * e, impls_fb)
-        del x, r, w, dy, ds
-
-        impls_fwd, impls_fb, fwd_bytes, fwd_bwd_bytes = rotary_contenders(tokens, hidden, heads, kv_heads, liger)
-        record("rotary", model, "fwd", fwd_bytes, impls_fwd)
-        record("rotary", model, "fwd+bwd", fwd_bwd_bytes, impls_fb)
-        del impls_fwd, impls_fb
+        for op, pass_name, nbytes, impls in kernel_contenders(tokens, hidden, inter, heads, kv_heads, liger):
+            record_kernel_rows(rows, copy_bw, op, model, pass_name, nbytes, impls)
+            del impls
         torch.cuda.empty_cache()
     return rows
 
@@ -405,6 +410,23 @@ def harness_pair(g, u):
     return harness.SwiGLUPair.apply(g, u, False)
 
 
+def rms_sweep_contenders(tokens, hidden, impl, device="cuda"):
+    """The rms_sweep's forward runs of one model for impl "ours" (whichever build harness._KERNELS
+    holds) or "liger": ((op, run(), bytes), ...)."""
+    x, r, w = leaf((tokens, hidden), device=device), leaf((tokens, hidden), device=device), leaf((hidden,), device=device)
+    if impl == "ours":
+        return (("rms_norm", fwd_only(lambda x, w: harness.RMSNorm.apply(x, w, 1e-6), [x, w]), 2 * tokens * hidden * 2),
+                ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
+                 4 * tokens * hidden * 2))
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return (("rms_norm", fwd_only(lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), [x, w]),
+             2 * tokens * hidden * 2),
+            ("fused_add_rms_norm", fwd_only(lambda x, r, w: LigerFusedAddRMSNormFunction.apply(
+                x, r, w, 1e-6, 0.0, "llama", False), [x, r, w]), 4 * tokens * hidden * 2))
+
+
 def rms_sweep_section(copy_bw, tokens=8192):
     """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel, with
     Liger's measured in the same run for reference."""
@@ -413,26 +435,14 @@ def rms_sweep_section(copy_bw, tokens=8192):
     for per_thread in (1, 2, 4, 8):
         harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
         for model, (hidden, *_rest) in MODELS.items():
-            x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
-            for op, fn, nbytes in (
-                    ("rms_norm", fwd_only(lambda x, w: harness.RMSNorm.apply(x, w, 1e-6), [x, w]), 2 * tokens * hidden * 2),
-                    ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
-                     4 * tokens * hidden * 2)):
+            for op, fn, nbytes in rms_sweep_contenders(tokens, hidden, "ours"):
                 t = timeit(graphed(fn))
                 rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
     harness._KERNELS = default
     if _liger_version() is not None:
-        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
         for model, (hidden, *_rest) in MODELS.items():
-            x, r, w = leaf((tokens, hidden)), leaf((tokens, hidden)), leaf((hidden,))
-            for op, fn, nbytes in (
-                    ("rms_norm", fwd_only(lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), [x, w]),
-                     2 * tokens * hidden * 2),
-                    ("fused_add_rms_norm", fwd_only(lambda x, r, w: LigerFusedAddRMSNormFunction.apply(
-                        x, r, w, 1e-6, 0.0, "llama", False), [x, r, w]), 4 * tokens * hidden * 2)):
+            for op, fn, nbytes in rms_sweep_contenders(tokens, hidden, "liger"):
                 t = timeit(graphed(fn))
                 rows.append({"op": op, "model": model, "impl": "liger", **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
@@ -576,6 +586,40 @@ PROJECTIONS = {"llama2_7b": {"qkv": (4096, 4096, 4096), "gate_up": (11008, 11008
                "llama3_8b": {"qkv": (4096, 1024, 1024), "gate_up": (14336, 14336)}}
 
 
+def projection_contenders(tokens, hidden, parts, fp8k, device="cuda"):
+    """One projection's contenders (projection_section says what each is): ({impl: run()}, x, w, y)."""
+    n = sum(parts)
+    x = leaf((tokens, hidden), device=device).detach()
+    w = leaf((n, hidden), scale=hidden ** -0.5, device=device).detach()
+    dy = leaf((tokens, n), device=device).detach()
+    y, d_x, d_w = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
+    bounds = [0, *itertools.accumulate(parts)]
+    blocks = list(zip(bounds[:-1], bounds[1:]))  # each part's rows of the fused weight
+    ys = [torch.empty(tokens, b - a, dtype=DT, device=device) for a, b in blocks]
+    dys = [dy[:, a:b].contiguous() for a, b in blocks]
+
+    def fused():
+        torch.mm(x, w.t(), out=y)
+        torch.mm(dy, w, out=d_x)
+        torch.mm(dy.t(), x, out=d_w)
+
+    def split():
+        for (a, b), out in zip(blocks, ys):
+            torch.mm(x, w[a:b].t(), out=out)
+        torch.mm(dys[0], w[blocks[0][0]:blocks[0][1]], out=d_x)
+        for (a, b), g in zip(blocks[1:], dys[1:]):
+            d_x.addmm_(g, w[a:b])
+        for (a, b), g in zip(blocks, dys):
+            torch.mm(g.t(), x, out=d_w[a:b])
+
+    def provider():
+        fp8k.gemm(x, w, out=y)
+        fp8k.gemm(dy, w, transpose_b=True, out=d_x)
+        fp8k.gemm(dy, x, transpose_a=True, transpose_b=True, out=d_w)
+
+    return {"fused_torch": fused, "split_torch": split, "fused_provider": provider}, x, w, y
+
+
 def projection_section(tokens=8192, hidden=4096, reps=20):
     """The three GEMMs (forward, input gradient, weight gradient) of each fused projection of the
     decoder layer, timed interleaved in the same run: one GEMM on the fused [sum(N), H] weight (the
@@ -591,35 +635,8 @@ def projection_section(tokens=8192, hidden=4096, reps=20):
     for model, projections in PROJECTIONS.items():
         for name, parts in projections.items():
             n = sum(parts)
-            x = leaf((tokens, hidden)).detach()
-            w = leaf((n, hidden), scale=hidden ** -0.5).detach()
-            dy = leaf((tokens, n)).detach()
-            y, d_x, d_w = torch.empty_like(dy), torch.empty_like(x), torch.empty_like(w)
-            bounds = [0, *itertools.accumulate(parts)]
-            blocks = list(zip(bounds[:-1], bounds[1:]))  # each part's rows of the fused weight
-            ys = [torch.empty(tokens, b - a, dtype=DT, device="cuda") for a, b in blocks]
-            dys = [dy[:, a:b].contiguous() for a, b in blocks]
-
-            def fused():
-                torch.mm(x, w.t(), out=y)
-                torch.mm(dy, w, out=d_x)
-                torch.mm(dy.t(), x, out=d_w)
-
-            def split():
-                for (a, b), out in zip(blocks, ys):
-                    torch.mm(x, w[a:b].t(), out=out)
-                torch.mm(dys[0], w[blocks[0][0]:blocks[0][1]], out=d_x)
-                for (a, b), g in zip(blocks[1:], dys[1:]):
-                    d_x.addmm_(g, w[a:b])
-                for (a, b), g in zip(blocks, dys):
-                    torch.mm(g.t(), x, out=d_w[a:b])
-
-            def provider():
-                fp8k.gemm(x, w, out=y)
-                fp8k.gemm(dy, w, transpose_b=True, out=d_x)
-                fp8k.gemm(dy, x, transpose_a=True, transpose_b=True, out=d_w)
-
-            fns = {"fused_torch": fused, "split_torch": split, "fused_provider": provider}
+            fns, x, w, y = projection_contenders(tokens, hidden, parts, fp8k)
+            provider = fns["fused_provider"]
             torch.mm(x, w.t(), out=y)
             reference = y.float()
             provider()
@@ -730,70 +747,77 @@ def decoder_flops(batch, seq, hidden, inter, heads, kv_heads, **_):
                 + 2 * 2 * batch * seq * seq * hidden * 0.5)
 
 
-def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
-    """Per configuration: Hugging Face's LlamaDecoderLayer eager, under torch.compile and patched
-    by Liger; ours (the composition list) in bf16 and with FP8 linears (current and delayed
-    scaling, the weights re-quantised every iteration as after an optimizer step)."""
+def decoder_contenders(shape, liger, device="cuda"):
+    """One decoder configuration's contenders: ({name: build() -> (run(x) -> out, params)}, {name:
+    context manager factory to build and run it in}, x, dy)."""
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
     from benchmarks.gpu.fp8_ffn import Fp8Recipe
 
+    batch, seq, hidden, inter = shape["batch"], shape["seq"], shape["hidden"], shape["inter"]
+    heads, kv_heads = shape["heads"], shape["kv_heads"]
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, rms_norm_eps=1e-5, max_position_embeddings=max(4096, seq))
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to(device, DT)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02)
+    rope = modeling_llama.LlamaRotaryEmbedding(config=config).to(device)
+    x = leaf((batch, seq, hidden), device=device)
+    position_ids = torch.arange(seq, device=device).expand(batch, seq)
+    cos_hf, sin_hf = rope(x, position_ids)
+    cos32 = cos_hf[0].float().contiguous()
+    sin32 = sin_hf[0].float().contiguous()
+    dy = torch.randn_like(x)
+
+    def hf_call(layer):
+        def run(x):
+            out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos_hf, sin_hf))
+            return out[0] if isinstance(out, tuple) else out
+        return run, list(layer.parameters())
+
+    def ours(fp8_kind=None):
+        recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind)
+        fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps, fp8_recipe=recipe).to(device)
+
+        def run(x):
+            fast.invalidate_fp8_weights()  # one optimizer step per iteration
+            return fast(x, cos32, sin32)
+        return run, list(fast.parameters())
+
+    def compiled():
+        layer = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to(device, DT)
+        layer.load_state_dict(hf.state_dict())
+        return hf_call(torch.compile(layer))
+
+    def liger_layer():  # built and measured inside liger_patched (decoder_section)
+        lig = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to(device, DT)
+        lig.load_state_dict(hf.state_dict())
+        return hf_call(lig)
+
+    builders = {"hf_eager": lambda: hf_call(hf), "hf_torch_compile": compiled, "ours": ours,
+                "ours_fp8_current": lambda: ours("current"), "ours_fp8_delayed": lambda: ours("delayed")}
+    if liger:
+        builders["hf_liger"] = liger_layer
+    # hf_liger runs under Liger's module-level patch (rope is looked up at call time), entered
+    # around its own calls only; every other contender runs Hugging Face's functions.
+    contexts = {"hf_liger": liger_patched} if liger else {}
+    return builders, contexts, x, dy
+
+
+def decoder_section(liger, configs=tuple(DECODER_CONFIGS)):
+    """Per configuration: Hugging Face's LlamaDecoderLayer eager, under torch.compile and patched
+    by Liger; ours (the composition list) in bf16 and with FP8 linears (current and delayed
+    scaling, the weights re-quantised every iteration as after an optimizer step)."""
     report = {}
     for config_name in configs:
         shape = DECODER_CONFIGS[config_name]
-        batch, seq, hidden, inter = shape["batch"], shape["seq"], shape["hidden"], shape["inter"]
-        heads, kv_heads = shape["heads"], shape["kv_heads"]
-        config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
-                             num_key_value_heads=kv_heads, rms_norm_eps=1e-5, max_position_embeddings=max(4096, seq))
-        config._attn_implementation = "sdpa"
-        torch.manual_seed(0)
-        hf = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
-        with torch.no_grad():
-            for p in hf.parameters():
-                if p.dim() == 2:
-                    p.normal_(0, 0.02)
-        rope = modeling_llama.LlamaRotaryEmbedding(config=config).to("cuda")
-        x = leaf((batch, seq, hidden))
-        position_ids = torch.arange(seq, device="cuda").expand(batch, seq)
-        cos_hf, sin_hf = rope(x, position_ids)
-        cos32 = cos_hf[0].float().contiguous()
-        sin32 = sin_hf[0].float().contiguous()
-        dy = torch.randn_like(x)
-
-        def hf_call(layer):
-            def run(x):
-                out = layer(x, attention_mask=None, position_ids=position_ids, position_embeddings=(cos_hf, sin_hf))
-                return out[0] if isinstance(out, tuple) else out
-            return run, list(layer.parameters())
-
-        def ours(fp8_kind=None):
-            recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind)
-            fast = FastDecoderLayer(hf, heads, kv_heads, config.rms_norm_eps, fp8_recipe=recipe).to("cuda")
-
-            def run(x):
-                fast.invalidate_fp8_weights()  # one optimizer step per iteration
-                return fast(x, cos32, sin32)
-            return run, list(fast.parameters())
-
-        def compiled():
-            layer = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
-            layer.load_state_dict(hf.state_dict())
-            return hf_call(torch.compile(layer))
-
-        def liger_layer():  # built and measured inside liger_patched (the loop below)
-            lig = modeling_llama.LlamaDecoderLayer(config, layer_idx=0).to("cuda", DT)
-            lig.load_state_dict(hf.state_dict())
-            return hf_call(lig)
-
-        builders = {"hf_eager": lambda: hf_call(hf), "hf_torch_compile": compiled, "ours": ours,
-                    "ours_fp8_current": lambda: ours("current"), "ours_fp8_delayed": lambda: ours("delayed")}
-        if liger:
-            builders["hf_liger"] = liger_layer
+        builders, contexts, x, dy = decoder_contenders(shape, liger)
         flops = decoder_flops(**shape)
-        # hf_liger runs under Liger's module-level patch (rope is looked up at call time), entered
-        # around its own calls only; every other contender runs Hugging Face's functions.
-        contexts = {"hf_liger": liger_patched} if liger else {}
         results, runs = {}, {}
         for name, build in builders.items():
             try:

@@ -69,8 +69,8 @@ def parameter_shapes(hidden, inter, heads, kv_heads, layers, vocab, **_):
 
 
 def make_contender(name, shapes, clip, grads):
-    """Fresh bf16 parameters (whose .grad are the shared gradients) and the optimizer."""
-    params = [(torch.randn(s, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_() for s in shapes]
+    """Fresh bf16 parameters (whose .grad are the shared gradients, on their device) and the optimizer."""
+    params = [(torch.randn(s, device=grads[0].device) * 0.02).to(torch.bfloat16).requires_grad_() for s in shapes]
     opt = OPTIMIZERS[name](params, lr=1e-5, max_grad_norm=1.0 if clip else None)
     if name == "three_pass":
         opt.optimizer.param_groups[0]["capturable"] = True  # device step counts: graph capture works

@@ -68,23 +68,30 @@ def hf_loss(hidden, weight, labels):
     return F.cross_entropy(F.linear(hidden, weight).float(), labels)
 
 
+def loss_contenders(vocab, tokens, width, liger, device="cuda"):
+    """The loss section's contenders at one vocabulary: ({impl: (fn(hidden, weight) -> loss, inputs)},
+    hidden, w_vh, w_hv), each fn in its users' weight layout."""
+    torch.manual_seed(0)
+    hidden = leaf((tokens, width), device=device)
+    w_vh = (torch.randn(vocab, width, device=device) * 0.02).to(DT).requires_grad_()  # HF / Liger layout
+    w_hv = w_vh.detach().t().contiguous().requires_grad_()  # PaddleNLP's LM head layout [H, V]
+    labels = torch.randint(0, vocab, (tokens,), device=device)
+    labels[::17] = -100  # some ignored positions, as padding and prompts give
+    compiled_hf_loss = torch.compile(hf_loss)
+    impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
+             "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
+             "ours": (lambda h, w: harness.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
+    if liger:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        liger_loss = LigerFusedLinearCrossEntropyLoss()
+        impls["liger_flce"] = (lambda h, w: liger_loss(w, h, labels), [hidden, w_vh])
+    return impls, hidden, w_vh, w_hv
+
+
 def loss_section(vocabs=(32000, 128256), tokens=8192, width=4096, liger=True):
     rows = []
     for vocab in vocabs:
-        torch.manual_seed(0)
-        hidden = leaf((tokens, width))
-        w_vh = (torch.randn(vocab, width, device="cuda") * 0.02).to(DT).requires_grad_()  # HF / Liger layout
-        w_hv = w_vh.detach().t().contiguous().requires_grad_()  # PaddleNLP's LM head layout [H, V]
-        labels = torch.randint(0, vocab, (tokens,), device="cuda")
-        labels[::17] = -100  # some ignored positions, as padding and prompts give
-        compiled_hf_loss = torch.compile(hf_loss)
-        impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
-                 "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
-                 "ours": (lambda h, w: harness.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
-        if liger:
-            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-            liger_loss = LigerFusedLinearCrossEntropyLoss()
-            impls["liger_flce"] = (lambda h, w: liger_loss(w, h, labels), [hidden, w_vh])
+        impls, hidden, w_vh, w_hv = loss_contenders(vocab, tokens, width, liger)
         runs, values = {}, {}
         for name, (fn, inputs) in impls.items():
             def run(fn=fn, inputs=inputs):
@@ -127,10 +134,10 @@ def hf_config(shape):
     return config
 
 
-def new_hf_model(config):
+def new_hf_model(config, device="cuda"):
     from transformers.models.llama import modeling_llama
 
-    with torch.device("cuda"):
+    with torch.device(device):
         model = modeling_llama.LlamaForCausalLM(config)
     return model.to(DT).train()
 
@@ -207,12 +214,59 @@ def fused_torch_adamw(params):
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, fused=True)
 
 
+def step_contenders(config, base, ids, labels, liger):
+    """The step section's contenders for one configuration, on ids' device: {contender: build() ->
+    (model, forward() -> loss, make_optimizer)}; the hf_liger ones are built and run inside
+    liger_patched(fused_linear_cross_entropy=True)."""
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from benchmarks.gpu.llama_model import FastLlama
+
+    device = ids.device
+
+    def ours(fp8_kind=None):
+        model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind))
+        return model, lambda: model(ids, labels), fused_master_adamw
+
+    def hf_eager():
+        model = copy.deepcopy(base)
+        return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
+
+    def hf_compile():
+        model = copy.deepcopy(base)
+        compiled = torch.compile(model)
+        return model, lambda: compiled(input_ids=ids, labels=ids).loss, fused_master_adamw
+
+    def hf_liger():  # built and run inside liger_patched (step_section)
+        model = new_hf_model(config, device)
+        model.load_state_dict(base.state_dict())
+        return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
+
+    def hf_liger_amp():
+        """Hugging Face Trainer's bf16 mode: fp32 weights and gradients, the forward under
+        torch.autocast, torch's fused AdamW straight on the fp32 parameters (one pass, no
+        master copies); Liger patched as in hf_liger."""
+        model = new_hf_model(config, device).float()
+        model.load_state_dict(base.state_dict())
+
+        def forward():
+            with torch.autocast(device.type, dtype=DT):
+                return model(input_ids=ids, labels=ids).loss
+        return model, forward, fused_torch_adamw
+
+    contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
+                  "ours_fp8_delayed": lambda: ours("delayed"), "hf_eager": hf_eager}
+    if liger:
+        contenders["hf_liger"] = hf_liger
+        contenders["hf_liger_amp"] = hf_liger_amp
+    contenders["hf_torch_compile"] = hf_compile
+    return contenders
+
+
 def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None,
                  rounds=3):
     """report (a dict) receives each configuration's results as they come; save() after each
     contender's round, so a run cut short keeps what it measured."""
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+    from benchmarks.gpu.llama_model import shift_labels
 
     started = started or time.time()
     report = {} if report is None else report
@@ -225,43 +279,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
         labels = shift_labels(ids)
         tokens = shape["batch"] * shape["seq"]
         flops = step_flops(**shape)
-
-        def ours(fp8_kind=None):
-            model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind))
-            return model, lambda: model(ids, labels), fused_master_adamw
-
-        def hf_eager():
-            model = copy.deepcopy(base)
-            return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
-
-        def hf_compile():
-            model = copy.deepcopy(base)
-            compiled = torch.compile(model)
-            return model, lambda: compiled(input_ids=ids, labels=ids).loss, fused_master_adamw
-
-        def hf_liger():  # built and run inside liger_patched (below)
-            model = new_hf_model(config)
-            model.load_state_dict(base.state_dict())
-            return model, lambda: model(input_ids=ids, labels=ids).loss, fused_master_adamw
-
-        def hf_liger_amp():
-            """Hugging Face Trainer's bf16 mode: fp32 weights and gradients, the forward under
-            torch.autocast, torch's fused AdamW straight on the fp32 parameters (one pass, no
-            master copies); Liger patched as in hf_liger."""
-            model = new_hf_model(config).float()
-            model.load_state_dict(base.state_dict())
-
-            def forward():
-                with torch.autocast("cuda", dtype=DT):
-                    return model(input_ids=ids, labels=ids).loss
-            return model, forward, fused_torch_adamw
-
-        contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
-                      "ours_fp8_delayed": lambda: ours("delayed"), "hf_eager": hf_eager}
-        if liger:
-            contenders["hf_liger"] = hf_liger
-            contenders["hf_liger_amp"] = hf_liger_amp
-        contenders["hf_torch_compile"] = hf_compile
+        contenders = step_contenders(config, base, ids, labels, liger)
 
         def measured(contender, build):
             def run():
@@ -307,7 +325,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                             "timing": f"round-robin over whole contenders, {max(rounds, MIN_REPEATS)} rounds, "
                                       "median of round medians"}
         save()
-        base = None  # the next configuration's model needs the memory
+        base = contenders = None  # the next configuration's model needs the memory
         gc.collect()
         torch.cuda.empty_cache()
     return report

@@ -57,6 +57,9 @@ def batches(data: torch.Tensor, batch: int, seq: int, seed: int):
         yield torch.stack([data[s:s + seq] for s in starts.tolist()]).long()
 
 
+PRECISIONS = ("bf16", "fp8_current", "fp8_delayed")  # what the section trains by default
+
+
 def lr_at(step, steps, peak, warmup):
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -73,13 +76,14 @@ def fp8_recipe_of(precision: str) -> Fp8Recipe:
     return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest else "fp8")
 
 
-def train(precision, initial_state, train_data, heldout, args):
+def train(precision, initial_state, train_data, heldout, args, model_config=None, device="cuda"):
+    """model_config: LlamaConfig's arguments (MODEL when None)."""
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
-    config = LlamaConfig(**MODEL)
+    config = LlamaConfig(**(MODEL if model_config is None else model_config))
     config._attn_implementation = "sdpa"
-    with torch.device("cuda"):
+    with torch.device(device):
         hf = modeling_llama.LlamaForCausalLM(config)
     hf.load_state_dict(initial_state)
     recipe = None if precision == "bf16" else fp8_recipe_of(precision)
@@ -88,7 +92,7 @@ def train(precision, initial_state, train_data, heldout, args):
     optimizer = MasterWeightAdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   max_grad_norm=1.0)
     stream = batches(train_data, args.batch, args.seq + 1, seed=1)
-    heldout_batches = [b.cuda() for b, _ in zip(batches(heldout, args.batch, args.seq + 1, seed=2), range(8))]
+    heldout_batches = [b.to(device) for b, _ in zip(batches(heldout, args.batch, args.seq + 1, seed=2), range(8))]
     losses, evals = [], []
     started = time.time()
 
@@ -98,7 +102,7 @@ def train(precision, initial_state, train_data, heldout, args):
         return sum(values) / len(values)
 
     for step in range(args.steps):
-        window = next(stream).cuda(non_blocking=True)
+        window = next(stream).to(device, non_blocking=True)
         ids, labels = window[:, :-1], window[:, 1:]  # the pipeline shifts; no ignored positions
         for group in optimizer.optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
@@ -128,7 +132,7 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp8_current", "fp8_delayed"])
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     train_data, heldout, info = corpus()

@@ -152,8 +152,7 @@ def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3
 
 
 def main():
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+    from benchmarks.gpu.llama_model import shift_labels
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -178,19 +177,7 @@ def main():
         base = new_hf_model(config)
         ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]), device="cuda")
         labels = shift_labels(ids)
-        def ours(kind=None):
-            model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind))
-            return model, lambda: model(ids, labels), fused_master_adamw
-
-        builders = {
-            "ours": ours,
-            "ours_fp8_current": lambda: ours("current"),
-            "ours_fp8_delayed": lambda: ours("delayed"),
-            "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
-                _copy_of(base, config)),
-            "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
-                _copy_of(base, config)),
-        }
+        builders = profile_contenders(config, base, ids, labels)
         results = report[config_name] = {}
         for name in args.contenders:
             patch = liger_patched(fused_linear_cross_entropy=True) if name == "hf_liger" else contextlib.nullcontext()
@@ -208,16 +195,37 @@ def main():
                   f"{r.get('idle_ms', 0):.2f}, {r.get('kernel_ms_by_category', r.get('error'))} at "
                   f"{time.time() - started:.0f}s", flush=True)
             save()
-        base = None
+        base = builders = None
         gc.collect()
         torch.cuda.empty_cache()
     save()
     print(f"wrote {args.out}")
 
 
+def profile_contenders(config, base, ids, labels):
+    """{contender: build() -> (model, forward() -> loss, make_optimizer)} on ids' device; hf_liger is
+    built and run inside liger_patched(fused_linear_cross_entropy=True)."""
+    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from benchmarks.gpu.llama_model import FastLlama
+
+    def ours(kind=None):
+        model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind))
+        return model, lambda: model(ids, labels), fused_master_adamw
+
+    return {
+        "ours": ours,
+        "ours_fp8_current": lambda: ours("current"),
+        "ours_fp8_delayed": lambda: ours("delayed"),
+        "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
+            _copy_of(base, config)),
+        "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
+            _copy_of(base, config)),
+    }
+
+
 def _copy_of(base, config):
     """A fresh Hugging Face model with base's weights (built inside liger_patched for hf_liger)."""
-    model = new_hf_model(config)
+    model = new_hf_model(config, base.device)
     model.load_state_dict(base.state_dict())
     return model
 

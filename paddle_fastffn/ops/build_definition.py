@@ -160,6 +160,12 @@ def harness_sources() -> list[Path]:
     return host_kernel_sources() + cuda_kernel_sources()
 
 
+def cpu_harness_sources() -> list[Path]:
+    """What the harness's CPU library holds (the GPU benchmarks' CPU smoke, tests/torch_cpu): the
+    CPU kernels and the host code they call, the sources the Paddle CPU build compiles."""
+    return host_kernel_sources() + cpu_kernel_sources()
+
+
 def source_digest(extra: list[str] = ()) -> str:
     """Hash of every C/C++/CUDA file under csrc/ plus the flags: the cache key of every build."""
     digest = hashlib.sha256()
@@ -187,6 +193,12 @@ def cxx_compile_command(source: Path, output: Path, extra: list[str] = ()) -> li
     cxx = os.environ.get("CXX", "c++")
     return [cxx, *CXX_FLAGS, *PADDLE_CXX_DEFINES, "-fPIC", *includes, *extra, "-c", str(source),
             "-o", str(output)]
+
+
+def cxx_link_command(objects: list[Path], output: Path) -> list[str]:
+    """Links the harness's CPU library with the host compiler (no CUDA toolkit needed)."""
+    cxx = os.environ.get("CXX", "c++")
+    return [cxx, "-shared", *map(str, objects), "-o", str(output), *LD_FLAGS]
 
 
 def link_command(objects: list[Path], output: Path) -> list[str]:
