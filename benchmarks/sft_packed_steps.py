@@ -139,14 +139,16 @@ def step_examples(profile: sft_lengths.LengthProfile, rows_per_step: int, row_to
     return examples, rows
 
 
-def packed_layout(examples: list[dict], rows: list[list[int]], pad_id: int = 0, flatten: bool = True) -> dict:
+def packed_layout(examples: list[dict], rows: list[list[int]], pad_id: int = 0, flatten: bool = True,
+                  pad_to_multiple_of: int | None = None) -> dict:
     """The product's collation of the packed rows (PackedDataset's segments rows through
     packing.collate_packed_rows): flattened to one row [1, tokens] by default, as PackedCollator
     gives the fast path; flatten=False: a row each, right-padded to the longest (the padding its
-    own segment, positions 0..). With the segments' cu_seqlens and lengths (PackedSegments)."""
+    own segment, positions 0..); pad_to_multiple_of rounds the tokens up as PackedCollator's does (the
+    padding a segment of its own). With the segments' cu_seqlens and lengths (PackedSegments)."""
     out, row_lengths = collate_packed_rows(
         [segments_row([(examples[i]["input_ids"], examples[i]["labels"]) for i in row]) for row in rows],
-        pad_id, flatten=flatten, ignore_index=sft_lengths.IGNORE_INDEX)
+        pad_id, pad_to_multiple_of, flatten=flatten, ignore_index=sft_lengths.IGNORE_INDEX)
     segments = PackedSegments.from_row_lengths(row_lengths, out["input_ids"].shape[1])
     out["attn_mask_startend_row_indices"] = segments.startend_row_indices()  # as PackedCollator adds it
     out["cu_seqlens"] = segments.cu_seqlens()

@@ -87,6 +87,9 @@ def random_batch(shape, device="cuda"):
     return ids, shift_labels(ids)
 
 
+FP8_TOKEN_MULTIPLE = 16
+
+
 class StepData:
     """One step's work in every layout a contender trains: `uniform` (ids, labels [batch, seq]) or a
     packed SFT step (sft_packed_steps.StepBatches: the product's flattened packed row with its
@@ -102,14 +105,20 @@ class StepData:
             return
         from benchmarks.gpu import hf_varlen_attention
         from benchmarks.gpu.bench_packed_sft import on_device
-        from benchmarks.sft_packed_steps import build_step
+        from benchmarks.sft_packed_steps import build_step, packed_layout
 
         step = build_step(name, rows_per_step=args.rows_per_step, row_tokens=shape["seq"],
-                          padded_batch_size=args.padded_batch_size, vocab_size=shape["vocab"], seed=args.seed)
+                          padded_batch_size=args.padded_batch_size, vocab_size=shape["vocab"], seed=args.seed,
+                          src_length=args.src_length)
         self.summary = step.summary()
         self.packed, self.flat = on_device(step.packed, device), on_device(step.flattened, device)
         self.flat.update(hf_varlen_attention.collator_kwargs(self.flat["position_ids"]))
         self.padded = [on_device(b, device) for b in step.padded]
+        # The harness's FP8 weight-gradient GEMM takes tokens in multiples of 16 (the Paddle CUDA op pads
+        # only its transposed copies): FP8 rows train the same rows padded as pad_to_multiple_of=16 does,
+        # at most 15 padding tokens (a segment of their own, no labels) more work than the bf16 rows.
+        self.packed_fp8 = on_device(packed_layout(step.examples, step.rows, pad_to_multiple_of=FP8_TOKEN_MULTIPLE),
+                                    device)
         self.tokens, self.labelled_tokens = step.real_tokens, step.labelled_tokens
         self.segment_lengths = list(step.packed["segment_lengths"])
 
@@ -148,7 +157,7 @@ def builders(workload, shape, data: StepData, model_name: str):
             model = FastLlama(hf, fp8_recipe=recipe, lora=lora, layer_recompute=recompute)
             del hf  # ours holds its own copies
             if data.packed_data:
-                p = data.packed
+                p = data.packed if scaling is None else data.packed_fp8
                 return model, lambda: model(p["input_ids"], p["labels"], p["position_ids"],
                                             row_ends=p["attn_mask_startend_row_indices"])
             return model, lambda: model(data.ids, data.labels)
@@ -311,6 +320,7 @@ def main():
     parser.add_argument("--rows-per-step", type=int, default=1, help="packed rows of --row-tokens per step")
     parser.add_argument("--padded-batch-size", type=int, default=8, help="examples per padded micro-batch")
     parser.add_argument("--seed", type=int, default=0, help="the examples' order and token ids")
+    parser.add_argument("--src-length", type=int, default=1024, help="PaddleNLP's src_length (prompt cut)")
     parser.add_argument("--rounds", type=int, default=MIN_REPEATS, help="round-robin rounds (at least 3)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")

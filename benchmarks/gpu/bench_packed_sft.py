@@ -75,12 +75,12 @@ def on_device(batch: dict, device="cuda") -> dict:
             else v for k, v in batch.items()}
 
 
-def hf_model(attn_implementation: str, base, model=MODEL):
+def hf_model(attn_implementation: str, base, model=None):
     """A Hugging Face LlamaForCausalLM with `base`'s weights and the given attention (built inside
     liger_patched by the caller, so Liger's classes and forward are the ones it gets)."""
     if attn_implementation == hf_varlen_attention.NAME:
         hf_varlen_attention.register()
-    config = hf_config(model)
+    config = hf_config(model or MODEL)
     config._attn_implementation = attn_implementation
     model = new_hf_model(config)
     model.load_state_dict(base.state_dict())

@@ -19,13 +19,13 @@ NOT_ON_CPU = {
            ("step", "liger_flce"), ("step", "hf_liger"), ("step", "hf_liger_amp"),
            ("decoder", "hf_liger"), ("profile", "hf_liger"),
            ("full_depth", "hf_liger"), ("full_depth", "hf_liger_peft"),
+           ("full_depth", "hf_liger_padding_free"), ("full_depth", "hf_liger_padded"),
+           ("full_depth", "hf_liger_peft_padding_free"), ("full_depth", "hf_liger_peft_padded"),
            ("packed_sft", "hf_liger_padding_free"), ("packed_sft", "hf_liger_padded"),
            ("kernels", "liger"), ("kernels", "liger_packed"), ("rope_sweep", "liger"), ("rms_sweep", "liger"))},
     ("fp8", "torchao_rowwise"): (r"_scaled_mm only supports per-tensor scaling for CPU",
                                  "torchao's rowwise recipe needs the GPU's row-wise scaled_mm"),
     ("optimizer", "paddle"): (r"NVIDIA driver|nvcc|CUDA", "the stock-Paddle AdamW port is a CUDA source (paddle_adamw.cu)"),
-    ("packed_sft", "ours_packed"): (r"cuda|CUDA|Torch not compiled|NVIDIA",
-                                    "llama_model.document_block_mask builds its FlexAttention block mask on \"cuda\""),
 }
 
 

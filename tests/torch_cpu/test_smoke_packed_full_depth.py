@@ -1,73 +1,81 @@
-"""CPU smoke of the full_depth and packed_sft sections, against their current public functions
-(bench_full_depth.builders, bench_packed_sft.contenders / on_device / hf_model / MODEL,
-bench_step.new_hf_model as those modules import it): kept apart from test_smoke_sections.py because
-those sections are being rewritten. Both modules build on "cuda" without a device argument, so the
-tests point their module-level new_hf_model / on_device / MODEL at the CPU and tiny shapes."""
+"""CPU smoke of the full_depth (the user's job) and packed_sft sections: every contender built as the
+section builds it and one training step, at tiny shapes, on packed data made by the product's own
+collation (sft_packed_steps.build_step over a small length profile written here in the data file
+format, since the real profiles live in shared/) and on uniform rows. The sections' device-bound
+helpers (bench_step.new_hf_model, bench_packed_sft.on_device) are pointed at the CPU."""
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from benchmarks import full_depth as plan
+from benchmarks import sft_lengths
 from benchmarks.gpu import bench_step
 from smoke import check, finite_loss, run_step
 from test_smoke_sections import SHAPE, model_steps
 
+ROW_TOKENS = 32
 
+
+@pytest.fixture
+def tiny_profiles(tmp_path, monkeypatch):
+    """Both profile names backed by small [prompt, response] length files in the data format."""
+    rng = np.random.default_rng(0)
+    for name, file in sft_lengths.PROFILES.items():
+        pairs = np.stack([rng.integers(2, 9, 40), rng.integers(2, 12, 40)], 1).tolist()
+        (tmp_path / file).write_text(json.dumps({"name": name, "count": len(pairs), "lengths": pairs,
+                                                 "source": {"note": "CPU smoke: random lengths"}}))
+    monkeypatch.setattr(sft_lengths, "DATA_DIR", tmp_path)
+
+
+def full_depth_args(**overrides):
+    return argparse.Namespace(**{"rows_per_step": 2, "padded_batch_size": 3, "seed": 0, "src_length": 8,
+                                 **overrides})
+
+
+@pytest.mark.parametrize("data", plan.DATA)
 @pytest.mark.parametrize("workload", sorted(plan.WORKLOADS))
-def test_full_depth_section(monkeypatch, workload):
+def test_full_depth_section(monkeypatch, tiny_profiles, workload, data):
     from benchmarks.gpu import bench_full_depth
 
     monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
-    ids, labels = bench_full_depth.random_batch(SHAPE, device="cpu")
-    table = bench_full_depth.builders(workload, SHAPE, ids, labels)
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    step_data = bench_full_depth.StepData(data, shape, full_depth_args(), device="cpu")
+    assert step_data.labelled_tokens > 0 and step_data.packed_data == (data != "uniform")
+    table = bench_full_depth.builders(workload, shape, step_data, "llama2_7b")
+    assert tuple(table) == plan.contenders(workload, step_data.packed_data)
     failures = []
     for name, (build, context) in table.items():
         with context():
             try:
                 model, forward = build(False)
             except Exception as error:  # noqa: BLE001
-                failures.append(f"full_depth/{name} ({workload}): construction failed: {type(error).__name__}: {error}")
+                failures.append(f"full_depth/{name} ({workload}, {data}): construction failed: "
+                                f"{type(error).__name__}: {error}")
                 continue
 
             def step(model=model, forward=forward, name=name):
                 optimizer = bench_step.fused_master_adamw(model.parameters())
                 finite_loss("full_depth", name, bench_step.training_step(forward, model, optimizer)())
             run_step("full_depth", name, step, failures)
-    check("full_depth", [c for w in plan.WORKLOADS.values() for c in w], failures)
+    check("full_depth", [c for w in plan.WORKLOADS for p in (True, False) for c in plan.contenders(w, p)], failures)
 
 
-def test_packed_sft_section(monkeypatch):
+def test_packed_sft_section(monkeypatch, tiny_profiles):
     from benchmarks.gpu import bench_packed_sft
-    from benchmarks.sft_packed_steps import StepBatches  # noqa: F401  (the step's type, built below by hand)
+    from benchmarks.sft_packed_steps import build_step
 
-    monkeypatch.setattr(bench_packed_sft, "MODEL", dict(SHAPE, seq=32))
+    monkeypatch.setattr(bench_packed_sft, "MODEL", dict(SHAPE, seq=ROW_TOKENS))
     monkeypatch.setattr(bench_packed_sft, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
-    monkeypatch.setattr(bench_packed_sft, "on_device", lambda batch: {
-        k: torch.as_tensor(v) if k in ("input_ids", "labels", "position_ids", "attention_mask") else v
-        for k, v in batch.items()})
-    rng = np.random.default_rng(0)
-    lengths = (5, 11, 9, 7)  # four examples: two packed rows of 16, one flattened row, two padded micro-batches
-    ids = [rng.integers(0, SHAPE["vocab"], n) for n in lengths]
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    flat_ids = np.concatenate(ids)
-    labels = np.concatenate([np.append(x[1:], -100) for x in ids])
-    packed = {"input_ids": flat_ids.reshape(2, 16), "labels": labels.reshape(2, 16),
-              "position_ids": positions.reshape(2, 16), "cu_seqlens": np.cumsum((0,) + lengths).astype(np.int32)}
-    flattened = {"input_ids": flat_ids[None], "labels": labels[None], "position_ids": positions[None]}
-
-    def padded(rows):
-        width = max(len(ids[i]) for i in rows)
-        pad = lambda a, v: np.concatenate([a, np.full(width - len(a), v)])  # noqa: E731
-        return {"input_ids": np.stack([pad(ids[i], 0) for i in rows]),
-                "labels": np.stack([pad(np.append(ids[i][1:], -100), -100) for i in rows]),
-                "attention_mask": np.stack([pad(np.ones(len(ids[i]), np.int64), 0) for i in rows])}
-    step = type("Step", (), {"packed": packed, "flattened": flattened, "padded": [padded((0, 1)), padded((2, 3))],
-                             "labelled_tokens": int((labels != -100).sum())})()
+    monkeypatch.setattr(bench_packed_sft, "on_device", functools.partial(bench_packed_sft.on_device, device="cpu"))
+    step = build_step("gsm8k", rows_per_step=2, row_tokens=ROW_TOKENS, padded_batch_size=3,
+                      vocab_size=SHAPE["vocab"], src_length=8)
     torch.manual_seed(0)
     base = bench_step.new_hf_model(bench_step.hf_config(bench_packed_sft.MODEL), "cpu")
     contenders = bench_packed_sft.contenders(base, step)
