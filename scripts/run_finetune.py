@@ -165,6 +165,8 @@ def main(argv=None):
     except ValueError as error:
         raise InputError(str(error).replace("\n", "; ")) from None
     check_inputs(model_args, data_args, training_args)  # before anything loads, downloads or writes
+    # PaddleNLP's logger starts at DEBUG (a 150-line dump of the arguments); PADDLE_FASTFFN_LOG_LEVEL=DEBUG keeps it.
+    logger.set_level(os.environ.get("PADDLE_FASTFFN_LOG_LEVEL", "INFO").upper())
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
@@ -214,7 +216,8 @@ def main(argv=None):
         if not generate:
             dev_rows = PackedDataset(dev_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
                                      form=form)
-    collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True, max_length=data_args.max_length,
+    # No max_length: with padding=True the tokenizer ignores it (and warns on every run that it does).
+    collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True,
                                      label_pad_token_id=-100, return_tensors="pd",
                                      pad_to_multiple_of=data_args.pad_to_multiple_of)
     eval_collate = collate

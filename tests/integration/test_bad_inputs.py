@@ -163,3 +163,22 @@ def test_fp8_fallback_asked_for_is_stated_in_the_last_line_and_the_summary(scrip
     assert json.loads((tmp_path / "out" / "run_summary.json").read_text())["fp8_fallback"] == reason
     last = [line for line in info_lines if line.startswith("paddle_fastffn: run summary:")]
     assert len(last) == 1 and last[0].endswith(f"FP8 NOT USED: {reason}"), info_lines
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_a_test_run_says_in_its_first_lines_how_to_run_the_paddlenlp_client_tests(tmp_path, present):
+    """Without shared/ the client tests skip; the header says so and how to run them, before any result."""
+    shared = Path(os.environ.get("PADDLE_FASTFFN_SHARED", REPO.parent / "shared")) if present else tmp_path / "none"
+    if present and not (shared / "clients" / "paddlenlp_llm_v2.8" / "llm" / "finetune_generation.py").is_file():
+        pytest.skip(f"shared/ is not at {shared} on this machine")
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/integration/test_paddlenlp_client.py"], capture_output=True, text=True,
+                            cwd=REPO, timeout=300, env=dict(os.environ, PADDLE_FASTFFN_SHARED=str(shared)))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    head = result.stdout.splitlines()[:6]
+    client = shared / "clients" / "paddlenlp_llm_v2.8" / "llm"
+    expected = (f"PaddleNLP client script: {client} (tests/integration/test_paddlenlp_client.py runs it)" if present
+                else f"PaddleNLP client script NOT FOUND at {client}: tests/integration/test_paddlenlp_client.py "
+                     f"will be SKIPPED. To run them, put shared/ beside the checkout or set "
+                     f"PADDLE_FASTFFN_SHARED=/path/to/shared")
+    assert expected in head, head
