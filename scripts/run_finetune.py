@@ -17,12 +17,20 @@ import os
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import paddle
-from paddlenlp.data import DataCollatorForSeq2Seq
-from paddlenlp.trainer import Trainer, TrainerCallback, get_last_checkpoint, set_seed
-from paddlenlp.utils.log import logger
+with warnings.catch_warnings():
+    # `import paddle` imports paddle.utils.cpp_extension, which warns "No ccache found" (about
+    # rebuilding custom ops; ours are cached by a hash of their sources), and paddlenlp's imports
+    # bring setuptools' "Setuptools is replacing distutils": two warnings on every run that ask
+    # nothing of the user. Only these two messages are filtered, and only during these imports.
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils", category=UserWarning)
+    import paddle
+    from paddlenlp.data import DataCollatorForSeq2Seq
+    from paddlenlp.trainer import Trainer, TrainerCallback, get_last_checkpoint, set_seed
+    from paddlenlp.utils.log import logger
 
 from paddle_fastffn.finetune import llm_flow
 from paddle_fastffn.finetune.argument_errors import command_line_names, unknown_argument_error
@@ -130,7 +138,7 @@ def parse_arguments(argv=None):
 
 
 def end_of_run_line(summary: dict) -> str:
-    """The run in one line: path, steps, losses, throughput, and an FP8 fallback if there was one."""
+    """The run in one line: steps, losses, throughput, and an FP8 fallback if there was one."""
     parts = [f"use_fast_ffn={summary['use_fast_ffn']}"]
     if "global_steps" in summary:
         parts.append(f"{summary['global_steps']} steps, train_loss {summary['train_loss']:.4f}, "
@@ -158,6 +166,8 @@ def checkpoint_to_resume(training_args, model) -> str | None:
 
 
 def main(argv=None):
+    # PaddleNLP's logger starts at DEBUG (a 150-line dump of the arguments); PADDLE_FASTFFN_LOG_LEVEL=DEBUG keeps it.
+    logger.set_level(os.environ.get("PADDLE_FASTFFN_LOG_LEVEL", "INFO").upper())
     gen_args, quant_args, model_args, data_args, training_args = parse_arguments(argv)
     try:
         check_supported(gen_args, quant_args, model_args, data_args, training_args)
@@ -165,8 +175,6 @@ def main(argv=None):
     except ValueError as error:
         raise InputError(str(error).replace("\n", "; ")) from None
     check_inputs(model_args, data_args, training_args)  # before anything loads, downloads or writes
-    # PaddleNLP's logger starts at DEBUG (a 150-line dump of the arguments); PADDLE_FASTFFN_LOG_LEVEL=DEBUG keeps it.
-    logger.set_level(os.environ.get("PADDLE_FASTFFN_LOG_LEVEL", "INFO").upper())
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "

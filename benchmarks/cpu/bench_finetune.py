@@ -31,15 +31,16 @@ SAMPLE_PROMPTS = 20  # dev prompts the fine-tuned model answers greedily
 SHOWN_ANSWERS = 5
 
 
-def run(name: str, config: str, steps: int, threads: int) -> dict:
+def run(name: str, config: str, steps: int, threads: int, *extra: str) -> dict:
     """One run of scripts/run_finetune.py, its log in output/demo_tiny_<name>.log; one line on screen."""
     out, log = OUTPUT / f"demo_tiny_{name}", OUTPUT / f"demo_tiny_{name}.log"
     cmd = [sys.executable, str(REPO / "scripts" / "run_finetune.py"), str(REPO / "configs" / config),
            "--max_steps", str(steps), "--output_dir", str(out), "--logging_steps", str(max(1, steps // 10)),
-           "--eval_steps", "100000", "--sample_prompts", str(SAMPLE_PROMPTS), "--disable_tqdm", "true"]
+           "--eval_steps", "100000", "--sample_prompts", str(SAMPLE_PROMPTS), "--disable_tqdm", "true", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
     OUTPUT.mkdir(exist_ok=True)
-    print(f"{name:14s} {threads} thread{'s' if threads > 1 else ' '} {steps} steps ... ", end="", flush=True)
+    what = f"{steps} steps" if steps else "answers only"
+    print(f"{name:14s} {threads} thread{'s' if threads > 1 else ' '} {what:>12s} ... ", end="", flush=True)
     started = time.perf_counter()
     with open(log, "w") as f:
         result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -48,9 +49,19 @@ def run(name: str, config: str, steps: int, threads: int) -> dict:
         print("".join(log.read_text().splitlines(keepends=True)[-20:]))
         sys.exit(result.returncode)
     summary = json.loads((out / "run_summary.json").read_text())
-    print(f"{time.perf_counter() - started:5.1f} s, {summary['step_time_ms']:6.1f} ms/step   "
-          f"(log: {log.relative_to(REPO)})")
+    step_time = f", {summary['step_time_ms']:6.1f} ms/step" if "step_time_ms" in summary else ""
+    print(f"{time.perf_counter() - started:5.1f} s{step_time}   (log: {log.relative_to(REPO)})")
     return dict(summary, threads=threads)
+
+
+def ulp_twin_model() -> Path:
+    """demo_data/model_ulp: the demo model with every weight one ulp away (demo_assets.ulp_twin)."""
+    twin = REPO / "demo_data" / "model_ulp"
+    if not (twin / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "paddle_fastffn.finetune.demo_assets", "--ulp-twin-of",
+                        str(REPO / "demo_data" / "model"), "--out", str(twin)], check=True, cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return twin
 
 
 def losses(run_summary: dict) -> list[float]:
@@ -67,6 +78,20 @@ def right(sample: dict) -> bool:
     return sample["answer"].strip() == sample["expected"].strip()
 
 
+TASKS = (("What is", "plus", "addition"), ("Reverse", "", "reverse"), ("What is the opposite", "", "opposite"),
+         ("How many letters", "", "letters"), ("Translate", "", "French"))
+
+
+def by_task(samples: list[dict]) -> dict:
+    """The demo's samples by task (demo_assets.make_example's five templates)."""
+    groups = {}
+    for sample in samples:
+        task = next((name for start, word, name in reversed(TASKS)
+                     if sample["prompt"].startswith(start) and word in sample["prompt"]), "other")
+        groups.setdefault(task, []).append(sample)
+    return groups
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -76,37 +101,46 @@ def main():
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     other_threads = 1 if args.threads != 1 else 2
+    # The model's answers before fine-tuning (no training, no evaluation).
+    before = run("base_model", "demo_tiny_stock.json", 0, args.threads, "--do_train", "false", "--do_eval", "false")
     all_runs = {"stock": [], "fast": []}
     for _ in range(args.repeats):
         for name, config in (("stock", "demo_tiny_stock.json"), ("fast", "demo_tiny_fast.json")):
             all_runs[name].append(run(name, config, args.steps, args.threads))
-    floor = run("stock_threads", "demo_tiny_stock.json", args.steps, other_threads)
+    # Stock against stock: another thread count (the kernels' reduction order), and initial weights one
+    # fp32 ulp away (the smallest difference float32 can make, carried through training).
+    threads_floor = run("stock_threads", "demo_tiny_stock.json", args.steps, other_threads)
+    ulp_floor = run("stock_ulp", "demo_tiny_stock.json", args.steps, args.threads,
+                    "--model_name_or_path", str(ulp_twin_model()))
     runs = {name: min(results, key=lambda r: r["step_time_ms"]) for name, results in all_runs.items()}
     stock, fast = runs["stock"], runs["fast"]
     # All repeats of a side train the same: the losses of the fastest run stand for them.
-    fast_drift, floor_drift = drift(fast, stock), drift(floor, stock)
+    drifts = {"fast path": drift(fast, stock), f"stock, {other_threads} thread{'s' if other_threads > 1 else ''}":
+              drift(threads_floor, stock), "stock, weights +-1 ulp": drift(ulp_floor, stock)}
 
-    print(f"\n step    stock    fast    stock, {other_threads} thread{'s' if other_threads > 1 else ''}")
-    for row_s, row_f, row_t in zip(stock["log_history"], fast["log_history"], floor["log_history"]):
-        print(f"{row_s['step']:5d} {row_s['loss']:8.4f} {row_f['loss']:8.4f} {row_t['loss']:8.4f}")
-    print("\nloss drift from stock (|a - b| / b over the logged steps: last step, largest):")
-    print(f"  fast path                           {fast_drift['last']:8.3%}  {fast_drift['max']:8.3%}")
-    floor_note = " (bit-identical)" if floor_drift["identical"] else ""
-    print(f"  stock, {other_threads} thread{'s' if other_threads > 1 else ' '} (noise floor)          "
-          f"{floor_drift['last']:8.3%}  {floor_drift['max']:8.3%}{floor_note}")
-    if floor_drift["identical"]:
-        print(f"  Stock PaddleNLP's CPU kernels add up in the same order at any thread count: its floor is 0. The\n"
-              f"  fast path's fused kernels add up in another order (fp32 both ways): step {stock['log_history'][0]['step']} "
-              f"differs by {fast_drift['first']:.1e},\n  and training carries rounding-level differences forward.")
+    print(f"\n step    stock     fast  stock {other_threads}t  stock 1ulp")
+    for rows in zip(stock["log_history"], fast["log_history"], threads_floor["log_history"], ulp_floor["log_history"]):
+        print(f"{rows[0]['step']:5d} " + " ".join(f"{row['loss']:8.4f}" for row in rows))
+    print("\nloss drift from stock, |a - b| / b at the logged steps:   last     largest")
+    for label, d in drifts.items():
+        print(f"  {label:46s}{d['last']:8.3%}  {d['max']:8.3%}{'  (bit-identical)' if d['identical'] else ''}")
+    ulp, fast_drift = drifts["stock, weights +-1 ulp"], drifts["fast path"]
+    print(f"  A one-ulp nudge of stock's weights ends {ulp['last']:.1%} away: training carries rounding-level\n"
+          f"  differences that far. The fast path's fused kernels round differently (fp32 both, step "
+          f"{stock['log_history'][0]['step']}: {fast_drift['first']:.0e})\n  and end {fast_drift['last']:.1%} away"
+          f"{' (within that floor).' if fast_drift['max'] <= ulp['max'] else ': more than that floor.'}")
     print(f"\n{'':22s}{'stock':>10s}{'fast':>10s}{'fast/stock':>12s}")
     for key, label in (("step_time_ms", "step time (ms)"), ("tokens_per_second", "tokens/s"),
                        ("peak_memory_mb", "peak RSS (MiB)"), ("eval_loss", "eval loss")):
         print(f"{label:22s}{stock[key]:10.2f}{fast[key]:10.2f}{fast[key] / stock[key]:12.3f}")
-    samples = fast.get("samples", [])
-    print(f"\nfast path's answers, {sum(map(right, samples))} of {len(samples)} dev prompts exactly right "
-          f"(stock's: {sum(map(right, stock.get('samples', [])))}); the first {SHOWN_ANSWERS}:")
-    for sample in samples[:SHOWN_ANSWERS]:
-        print(f"  {'ok ' if right(sample) else 'NO '} {sample['prompt']!r} -> {sample['answer']!r}")
+    samples, base_samples = fast.get("samples", []), before.get("samples", [])
+    print(f"\nanswers to the first {len(samples)} dev prompts, exactly right: before fine-tuning "
+          f"{sum(map(right, base_samples))}, after {sum(map(right, samples))} on the fast path (stock: "
+          f"{sum(map(right, stock.get('samples', [])))}); by task: " + ", ".join(
+              f"{task} {sum(map(right, rows))}/{len(rows)}" for task, rows in by_task(samples).items()))
+    for old_answer, sample in list(zip(base_samples, samples))[:SHOWN_ANSWERS]:
+        print(f"  {sample['prompt']!r}: {old_answer['answer'][:24]!r} -> {sample['answer']!r} "
+              f"{'(right)' if right(sample) else '(wrong)'}")
 
     path = write_results("cpu_finetune_demo", {
         "device": {"cpu": cpu_model(), "cores": os.cpu_count()},
@@ -118,9 +152,10 @@ def main():
         "fast": {k: fast[k] for k in ("step_time_ms", "tokens_per_second", "peak_memory_mb", "eval_loss", "train_loss")},
         "speedup_step_time": stock["step_time_ms"] / fast["step_time_ms"],
         "memory_ratio": fast["peak_memory_mb"] / stock["peak_memory_mb"],
-        "losses": {"stock": losses(stock), "fast": losses(fast), f"stock_{other_threads}_threads": losses(floor)},
-        "loss_drift": {"fast_vs_stock": fast_drift, f"stock_{other_threads}_threads_vs_stock": floor_drift},
-        "fast_samples": samples, "fast_right": sum(map(right, samples)),
+        "losses": {"stock": losses(stock), "fast": losses(fast), f"stock_{other_threads}_threads": losses(threads_floor),
+                   "stock_weights_1ulp": losses(ulp_floor)},
+        "loss_drift_from_stock": drifts,
+        "fast_samples": samples, "fast_right": sum(map(right, samples)), "base_model_samples": base_samples,
         "stock_right": sum(map(right, stock.get("samples", [])))}, results_dir=args.results_dir)
     print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
 
