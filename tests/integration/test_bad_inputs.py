@@ -184,3 +184,20 @@ def test_a_test_run_says_in_its_first_lines_how_to_run_the_paddlenlp_client_test
                      f"will be SKIPPED. To run them, put shared/ beside the checkout or set "
                      f"PADDLE_FASTFFN_SHARED=/path/to/shared")
     assert expected in head, head
+
+
+@pytest.mark.parametrize("path, local", [
+    ("meta-llama/Llama-2-7b", False), ("facebook/llama-7b", False), ("__internal_testing__/tiny-random-llama", False),
+    ("llama-7b", False), ("./llama-7b", True), ("~/models/llama", True), ("/models/llama", True),
+    ("checkpoints/llama/final", True), ("data/llama-7b", True), ("llama-7b/", True)])
+def test_which_model_paths_count_as_local_folders(workdir, path, local):
+    """A store name (org/name, or a bare name) is left to PaddleNLP's lookup; anything that can only be
+    a folder here must exist (workdir has data/, not checkpoints/)."""
+    from paddle_fastffn.finetune.input_checks import InputError, check_model_path, looks_local
+
+    assert looks_local(path) is local
+    if local:
+        with pytest.raises(InputError, match=r"^model_name_or_path=.*: no such folder"):
+            check_model_path("model_name_or_path", path)
+    else:
+        check_model_path("model_name_or_path", path)  # no error, nothing looked up
