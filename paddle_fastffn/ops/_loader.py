@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import threading
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -95,21 +94,8 @@ def cache_dir(cuda: bool) -> Path:
     return base / cache_key(cuda)
 
 
-def _quiet_cpp_extension():
-    """paddle.utils.cpp_extension, imported without its two import-time warnings: "No ccache found"
-    (extension_utils.py, about recompiling; our build cache keys on the sources instead) and
-    setuptools' "Setuptools is replacing distutils" (paddle imports distutils before setuptools). The
-    filters hold for this import only, so a user's own warnings and every later warning still show."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
-        warnings.filterwarnings("ignore", message="Setuptools is replacing distutils", category=UserWarning)
-        import paddle.utils.cpp_extension as cpp_extension
-        import paddle.utils.cpp_extension.extension_utils  # noqa: F401
-    return cpp_extension
-
-
 def _build(directory: Path, cuda: bool) -> None:
-    load = _quiet_cpp_extension().load
+    from paddle.utils.cpp_extension import load
 
     if cuda and shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         raise FastFFNBuildError(
@@ -156,7 +142,9 @@ def ensure_loaded() -> None:
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
         if not built_here:
-            _quiet_cpp_extension().extension_utils.load_op_meta_info_and_register_op(str(library_path()))
+            from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
+
+            load_op_meta_info_and_register_op(str(library_path()))
         _registered = True
 
 
