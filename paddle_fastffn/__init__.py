@@ -34,7 +34,9 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
     paddle.optimizer.AdamW (same state and checkpoints; one fused pass per parameter).
 
     precision="fp8": the decoder layers' linear GEMMs in FP8 (FastFFNOptions.precision), with the
-    recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...)."""
+    recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...). Where
+    FP8 can run neither on an sm_90 GPU nor emulated, this raises before patching anything, unless
+    fp8_fallback="bf16" (one warning, the bf16 path)."""
     from .integration import FastFFNOptions, enable
     from .integration.registry import apply_to_model
 

@@ -17,23 +17,33 @@ import os
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 
-import paddle
-from paddlenlp.data import DataCollatorForSeq2Seq
-from paddlenlp.trainer import PdArgumentParser, Trainer, TrainerCallback, get_last_checkpoint, set_seed
-from paddlenlp.utils.log import logger
+with warnings.catch_warnings():
+    # `import paddle` imports paddle.utils.cpp_extension, which warns "No ccache found" (about
+    # rebuilding custom ops; ours are cached by a hash of their sources), and paddlenlp's imports
+    # bring setuptools' "Setuptools is replacing distutils": two warnings on every run that ask
+    # nothing of the user. Only these two messages are filtered, and only during these imports.
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Setuptools is replacing distutils", category=UserWarning)
+    import paddle
+    from paddlenlp.data import DataCollatorForSeq2Seq
+    from paddlenlp.trainer import Trainer, TrainerCallback, get_last_checkpoint, set_seed
+    from paddlenlp.utils.log import logger
 
 from paddle_fastffn.finetune import llm_flow
-from paddle_fastffn.finetune.argument_errors import unknown_argument_error
+from paddle_fastffn.finetune.argument_errors import command_line_names, unknown_argument_error
 from paddle_fastffn.finetune.chat import ConversationDataset, select_chat_template
 from paddle_fastffn.finetune.checkpoint import load_model_and_tokenizer, load_tokenizer
 from paddle_fastffn.finetune.data import TokenCountingCollator, TokenizedDataset
+from paddle_fastffn.finetune.input_checks import ArgumentParser, InputError, check_inputs, read_json_config
 from paddle_fastffn.finetune.llm_arguments import (ARGUMENT_CLASSES, check_supported, model_config_overrides,
                                                    model_dtype)
 from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
 from paddle_fastffn.finetune.packing import PackedCollator, PackedDataset, is_packed_row
 from paddle_fastffn.finetune.visualdl_compat import repair_visualdl_hparams
+from paddle_fastffn.integration.fp8_attach import fp8_fallback_reason
 from paddle_fastffn.integration.registry import apply_to_model, family_for
 from paddle_fastffn.integration.resume import check_checkpoint_folder
 
@@ -106,19 +116,38 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> st
 
 
 def parse_arguments(argv=None):
-    """(generate, quant, model, data, training) arguments, as PaddleNLP's llm script parses them; an
-    unknown key stops the run naming it and the nearest known one."""
-    parser = PdArgumentParser(ARGUMENT_CLASSES)
+    """(generate, quant, model, data, training) arguments, as PaddleNLP's llm script parses them. A
+    mistake (an unknown key, a value of the wrong type, an option that cannot take effect here)
+    raises InputError, one line naming the argument and where it came from."""
     argv = list(sys.argv[1:] if argv is None else argv)
     json_path = argv.pop(0) if argv and argv[0].endswith(".json") else None
-    error = unknown_argument_error(ARGUMENT_CLASSES, json.loads(Path(json_path).read_text()) if json_path else None,
-                                   argv, json_path)
+    json_values = read_json_config(json_path) if json_path else None
+    asks_for_help = "-h" in argv or "--help" in argv  # argparse prints the usage and exits
+    error = None if asks_for_help else unknown_argument_error(ARGUMENT_CLASSES, json_values, argv, json_path)
     if error:
-        raise error
-    if json_path:
-        # JSON first, command line after it: the command line wins (PaddleNLP's convention).
-        return parser.common_parse(parser.read_json(json_path) + argv, False)
-    return parser.parse_args_into_dataclasses(argv)
+        raise InputError(str(error))
+    parser = ArgumentParser(ARGUMENT_CLASSES, json_path, command_line_names(argv))
+    # JSON first, command line after it: the command line wins (PaddleNLP's convention).
+    args = (parser.read_json(json_path) if json_path else []) + argv
+    try:
+        return parser.common_parse(args, False)
+    except InputError:
+        raise
+    except ValueError as error:  # the argument classes' own checks (__post_init__): one line each
+        raise InputError(str(error).strip().replace("\n", " ")) from None
+
+
+def end_of_run_line(summary: dict) -> str:
+    """The run in one line: steps, losses, throughput, and an FP8 fallback if there was one."""
+    parts = [f"use_fast_ffn={summary['use_fast_ffn']}"]
+    if "global_steps" in summary:
+        parts.append(f"{summary['global_steps']} steps, train_loss {summary['train_loss']:.4f}, "
+                     f"{summary['tokens_per_second']} tokens/s, {summary['step_time_ms']} ms/step")
+    if summary.get("eval_loss") is not None:
+        parts.append(f"eval_loss {summary['eval_loss']:.4f}")
+    if summary.get("fp8_fallback"):
+        parts.append(f"FP8 NOT USED: {summary['fp8_fallback']}")
+    return "paddle_fastffn: run summary: " + "; ".join(parts)
 
 
 def checkpoint_to_resume(training_args, model) -> str | None:
@@ -137,8 +166,15 @@ def checkpoint_to_resume(training_args, model) -> str | None:
 
 
 def main(argv=None):
+    # PaddleNLP's logger starts at DEBUG (a 150-line dump of the arguments); PADDLE_FASTFFN_LOG_LEVEL=DEBUG keeps it.
+    logger.set_level(os.environ.get("PADDLE_FASTFFN_LOG_LEVEL", "INFO").upper())
     gen_args, quant_args, model_args, data_args, training_args = parse_arguments(argv)
-    check_supported(gen_args, quant_args, model_args, data_args, training_args)
+    try:
+        check_supported(gen_args, quant_args, model_args, data_args, training_args)
+        model_dtype(model_args, training_args)
+    except ValueError as error:
+        raise InputError(str(error).replace("\n", "; ")) from None
+    check_inputs(model_args, data_args, training_args)  # before anything loads, downloads or writes
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     logger.info(f"paddle_fastffn: use_fast_ffn={training_args.use_fast_ffn} "
@@ -188,7 +224,8 @@ def main(argv=None):
         if not generate:
             dev_rows = PackedDataset(dev_set.examples, data_args.max_length, greedy=data_args.greedy_zero_padding,
                                      form=form)
-    collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True, max_length=data_args.max_length,
+    # No max_length: with padding=True the tokenizer ignores it (and warns on every run that it does).
+    collate = DataCollatorForSeq2Seq(tokenizer=tokenizer, padding=True,
                                      label_pad_token_id=-100, return_tensors="pd",
                                      pad_to_multiple_of=data_args.pad_to_multiple_of)
     eval_collate = collate
@@ -247,6 +284,8 @@ def main(argv=None):
         samples.append({"prompt": prompt, "answer": greedy_answer(model, tokenizer, prompt), "expected": row["tgt"]})
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")
     summary["samples"] = samples
+    summary["fp8_fallback"] = fp8_fallback_reason() if training_args.use_fast_ffn else None
+    logger.info(end_of_run_line(summary))
     if training_args.should_save:
         os.makedirs(training_args.output_dir, exist_ok=True)
         with open(Path(training_args.output_dir) / "run_summary.json", "w") as f:
@@ -255,4 +294,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except InputError as input_error:  # the user's mistake: one line, no traceback
+        print(f"run_finetune.py: error: {input_error}", file=sys.stderr)
+        sys.exit(2)

@@ -21,6 +21,18 @@ collect_ignore = [] if HAS_PADDLE else ["ops", "integration", "build_checks", "f
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """The run's first lines say whether PaddleNLP's own fine-tune script is here (its tests skip
+    without it) and how to point the tests at it: not only pytest's skip summary at the end. Written
+    by the terminal reporter, so `-q` (scripts/test.sh) shows it too, where a report header would not."""
+    from shared_assets import header_line
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(header_line())
+
+
 def pytest_collection_finish(session):
     """A whole-suite run must collect every test file on disk: pytest silently skips folders named
     like build outputs (its default norecursedirs has `build`, which once hid tests/build, as a

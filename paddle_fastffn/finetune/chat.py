@@ -10,13 +10,13 @@ src_length, the answer to what is left). Labels cover the answers only.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from paddlenlp.utils.log import logger
 
 from .data import IGNORE_INDEX
+from .input_checks import read_jsonl
 
 CHAT_TEMPLATE_FILE = "chat_template.json"
 
@@ -80,13 +80,7 @@ class ConversationDataset:
     """jsonl conversations tokenized through the tokenizer's chat template (small data: eager)."""
 
     def __init__(self, tokenizer, path: str | os.PathLike, max_length: int, src_length: int):
-        with open(path, encoding="utf-8") as f:
-            self.rows = [json.loads(line) for line in f if line.strip()]
-        if not self.rows:
-            raise ValueError(f"{path}: no examples")
-        for line_no, row in enumerate(self.rows, 1):
-            if "src" not in row or "tgt" not in row:
-                raise ValueError(f"{path}:{line_no}: each line needs 'src' and 'tgt' (a string or a list of turns)")
+        self.rows = read_jsonl(path, conversations=True)
         self.examples = [tokenize_conversation(tokenizer, row, max_length, src_length) for row in self.rows]
 
     def __len__(self):

@@ -4,28 +4,13 @@ labels[i] is the token that follows input_ids[i], so the pairs are built shifted
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .input_checks import read_jsonl
+
 IGNORE_INDEX = -100
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not isinstance(row.get("src"), str) or not isinstance(row.get("tgt"), str):
-                raise ValueError(f"{path}:{line_no}: each line must be a JSON object with string fields "
-                                 f"'src' and 'tgt'")
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no examples")
-    return rows
 
 
 def tokenize_example(tokenizer, example: dict, max_length: int, src_length: int) -> dict:

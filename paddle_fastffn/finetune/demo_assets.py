@@ -94,6 +94,27 @@ def build_model(model_dir: Path, vocab_size: int, seed: int, hidden: int, layers
     model.save_pretrained(str(model_dir))
 
 
+def ulp_twin(model_dir: str | Path, out_dir: str | Path, seed: int = 0) -> Path:
+    """A copy of the model folder whose every weight is one fp32 ulp away from the original (up or
+    down at random): the smallest change float32 can make, to measure how far rounding-level
+    differences carry through training (the demo's noise floor)."""
+    import shutil
+
+    import numpy as np
+    import paddle
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    shutil.copytree(model_dir, out_dir, dirs_exist_ok=True)
+    state = paddle.load(str(model_dir / "model_state.pdparams"))
+    rng = np.random.default_rng(seed)
+    for name, tensor in state.items():
+        values = np.asarray(tensor.numpy() if hasattr(tensor, "numpy") else tensor)
+        towards = np.where(rng.random(values.shape) < 0.5, -np.inf, np.inf).astype(values.dtype)
+        state[name] = paddle.to_tensor(np.nextafter(values, towards))
+    paddle.save(state, str(out_dir / "model_state.pdparams"))
+    return out_dir
+
+
 def build(out: str | Path = "demo_data", train: int = 4000, dev: int = 200, seed: int = 7,
           vocab_size: int = 600, hidden: int = 256, layers: int = 4) -> Path:
     out = Path(out)
@@ -112,7 +133,11 @@ def main():
     parser.add_argument("--dev", type=int, default=200)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--ulp-twin-of", help="write a one-ulp twin of this model folder to --out instead")
     args = parser.parse_args()
+    if args.ulp_twin_of:
+        print(f"one-ulp twin of {args.ulp_twin_of} in {ulp_twin(args.ulp_twin_of, args.out)}/")
+        return
     out = build(args.out, args.train, args.dev, hidden=args.hidden, layers=args.layers)
     print(f"demo model, tokenizer and data in {out}/")
 

@@ -24,20 +24,70 @@ FP8_LINEARS: "weakref.WeakSet" = weakref.WeakSet()
 ATTRIBUTE = "_fast_ffn_fp8"
 
 
-def resolve_fp8(options, info_once):
-    """The Fp8Recipe to run with, or None (bf16) with one warning where FP8 cannot run. FP8 runs on
-    the GPU where the CUDA backend can (sm_90, a CUDA Paddle, the operators built: fp8/cuda.py),
-    emulated elsewhere with fp8_emulate, and not at all otherwise. info_once(key, message): the
-    integration's one-line info log."""
-    if options.precision != "fp8":
-        return None
+class Fp8UnavailableError(ValueError):
+    """fast_ffn_precision=fp8 cannot run on this machine and no fallback was asked for."""
+
+
+# Why the last resolve_fp8 fell back to bf16 (fp8_fallback="bf16"), or None: for the run's summary.
+_FALLBACK: dict = {"reason": None}
+_EMULATE_HINT = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
+
+
+def _cuda_unavailable():
+    """(key, why) where the CUDA FP8 backend cannot run here (fp8/cuda.py), None where it can."""
     from ..fp8 import cuda as fp8_cuda
 
-    recipe = options.fp8_recipe()
     compiled = paddle.is_compiled_with_cuda()
     capability = fp8_cuda.device_capability() if compiled else None
     ops_error = fp8_cuda.ops_error() if capability == fp8_cuda.SUPPORTED_CAPABILITY else None
-    reason = fp8_cuda.unavailable_reason(compiled, capability, ops_error)
+    return fp8_cuda.unavailable_reason(compiled, capability, ops_error)
+
+
+def _unavailable_message(key: str, why: str) -> str:
+    if key == "no_cuda":
+        return "fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle build has no GPU"
+    if key == "arch":
+        return f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); {why}"
+    return f"fast_ffn_precision=fp8: {why}"  # a CUDA Paddle on sm_90 whose operator library cannot be used
+
+
+def fp8_unavailable(options, cuda_reason=False):
+    """(key, message) where fast_ffn_precision=fp8 can run neither on the GPU nor emulated, else None
+    (FP8 runs, or was not asked for). cuda_reason: _cuda_unavailable()'s answer, if known."""
+    if options.precision != "fp8":
+        return None
+    reason = _cuda_unavailable() if cuda_reason is False else cuda_reason
+    if reason is None or options.fp8_emulate:
+        return None
+    key, why = reason
+    return key, _unavailable_message(key, why)
+
+
+def check_fp8_runs(options, cuda_reason=False) -> None:
+    """Raise Fp8UnavailableError (one line: what is missing, the three ways on) where FP8 cannot run
+    here and fp8_fallback is "error"; called before the fast path is enabled, so nothing has run."""
+    unavailable = fp8_unavailable(options, cuda_reason)
+    if unavailable is not None and options.fp8_fallback == "error":
+        raise Fp8UnavailableError(f"{unavailable[1]}: set fast_ffn_fp8_emulate=true for emulated FP8 (no speed-up), "
+                                  f"fast_ffn_fp8_fallback=bf16 to train in bf16 instead, or "
+                                  f"fast_ffn_precision=bf16")
+
+
+def fp8_fallback_reason() -> str | None:
+    """Why this run trains in bf16 although fast_ffn_precision=fp8 (fast_ffn_fp8_fallback=bf16), or None."""
+    return _FALLBACK["reason"]
+
+
+def resolve_fp8(options, info_once):
+    """The Fp8Recipe to run with, or None (bf16). FP8 runs on the GPU where the CUDA backend can
+    (sm_90, a CUDA Paddle, the operators built: fp8/cuda.py), emulated elsewhere with fp8_emulate;
+    otherwise it is an error (Fp8UnavailableError), or with fp8_fallback="bf16" one warning and None
+    (fp8_fallback_reason says why). info_once(key, message): the integration's one-line info log."""
+    _FALLBACK["reason"] = None
+    if options.precision != "fp8":
+        return None
+    recipe = options.fp8_recipe()
+    reason = _cuda_unavailable()
     if reason is None:
         info_once("fp8_cuda", "fast_ffn_precision=fp8 runs cuBLASLt FP8 GEMMs on this sm_90 GPU (per-tensor "
                               f"{recipe.scaling} scaling, e4m3 forward, e5m2 gradients)")
@@ -46,16 +96,12 @@ def resolve_fp8(options, info_once):
         info_once("fp8_emulate", "fast_ffn_precision=fp8 runs emulated (fast_ffn_fp8_emulate): FP8 scaling and "
                                  "e4m3/e5m2 rounding with fp32 GEMMs, FP8 numerics without its speed-up")
         return recipe
-    hint = "fast_ffn_fp8_emulate=true runs an emulated FP8 path (no speed-up) for tests and recipe checks"
-    key, why = reason
-    if key == "no_cuda":
-        fp8_warn_once("fp8_cpu", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
-                                 f"build has no GPU: training in bf16/fp32 instead ({hint})")
-    elif key == "arch":
-        fp8_warn_once("fp8_arch", f"fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90); {why}: training "
-                                  f"in bf16 instead ({hint})")
-    else:  # a CUDA Paddle on sm_90 whose operator library cannot be used
-        fp8_warn_once("fp8_unwired", f"fast_ffn_precision=fp8: {why}. Training in bf16 instead ({hint})")
+    check_fp8_runs(options, reason)
+    key, message = fp8_unavailable(options, reason)
+    trains_in = "bf16/fp32" if key == "no_cuda" else "bf16"  # Paddle's CPU AMP is a no-op
+    _FALLBACK["reason"] = f"{message}: training in {trains_in} (fast_ffn_fp8_fallback=bf16)"
+    warn_key = {"no_cuda": "fp8_cpu", "arch": "fp8_arch"}.get(key, "fp8_unwired")
+    fp8_warn_once(warn_key, f"{_FALLBACK['reason']}; {_EMULATE_HINT}")
     return None
 
 

@@ -17,10 +17,12 @@ info line says so.
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 PRECISIONS = ("bf16", "fp8")
+FP8_FALLBACKS = ("error", "bf16")
 TRAINING_ARGUMENT_PREFIX = "fast_ffn_"  # FastFFNOptions.swiglu is the fast_ffn_swiglu argument
 
 
@@ -66,12 +68,13 @@ class FastFFNOptions:
     # FP8: the MLP as one FP8 FFN (paddle_fastffn.fp8.Fp8FFN, SwiGLU fused with quantising its
     # output) where its fused projections are plain Linear layers, every other linear through
     # paddle_fastffn.fp8.Fp8Linear (plain Linear and LoRA's base GEMM). FP8 is a compute format
-    # only. Where FP8 cannot run, one warning and the bf16 path (integration/llama.py: resolve_fp8).
+    # only. Where FP8 cannot run: an error, or with fp8_fallback="bf16" one warning and the bf16
+    # path (integration/fp8_attach.py: resolve_fp8).
     precision: str = option("bf16", (
         "GEMM precision of the decoder layers' linear layers: \"bf16\" (the activation dtype) or \"fp8\" "
         "(per-tensor scaled FP8 GEMMs, the MLP as one FP8 FFN with SwiGLU fused into its quantisation; LoRA "
         "adapters stay bf16 over an FP8 base GEMM; parameters and checkpoints keep their dtypes). Where FP8 "
-        "cannot run: one warning, and bf16."))
+        "cannot run (no sm_90 GPU and no fast_ffn_fp8_emulate): an error, unless fast_ffn_fp8_fallback=bf16."))
     # Fp8Recipe's fields, with the "fp8_" prefix (Fp8Recipe.from_dict validates them).
     fp8_scaling: str = option("delayed", (
         "FP8 scaling: \"delayed\" (amax history, Transformer Engine's DelayedScaling) or \"current\"."))
@@ -89,29 +92,60 @@ class FastFFNOptions:
         "What the FP8 FFN keeps of its gate_up projection output for backward: \"fp8\" (its own per-tensor "
         "scaled e4m3 copy, 1 byte an element, written by the SwiGLU forward pass) or \"activation\" (the "
         "bf16/fp16 tensor, 2 bytes an element)."))
-    # Without it, FP8 on CPU warns once and trains in bf16/fp32.
+    # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "
         "cannot run, e.g. on CPU for tests and to check recipes and checkpoints."))
+    # Where FP8 can run neither on the GPU nor emulated: stop (the default), or train in bf16 and say
+    # so (a warning, the run report, scripts/run_finetune.py's last line and run_summary.json).
+    fp8_fallback: str = option("error", (
+        "Where fast_ffn_precision=fp8 cannot run (no sm_90 GPU, no fast_ffn_fp8_emulate): \"error\" stops before "
+        "any work; \"bf16\" trains in bf16 (fp32 on CPU) and says so in the run's summary."))
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
-            raise ValueError(f"FastFFNOptions.precision (fast_ffn_precision) must be one of {list(PRECISIONS)}, "
-                             f"got {self.precision!r}")
+            raise OptionError("precision", f"one of {list(PRECISIONS)}", self.precision)
+        if self.fp8_fallback not in FP8_FALLBACKS:
+            raise OptionError("fp8_fallback", f"one of {list(FP8_FALLBACKS)}", self.fp8_fallback)
         if not isinstance(self.fp8_emulate, bool):
-            raise ValueError(f"FastFFNOptions.fp8_emulate must be bool, got {self.fp8_emulate!r}")
+            raise OptionError("fp8_emulate", "true or false", self.fp8_emulate)
         self.fp8_recipe()  # validates the recipe fields even while precision is bf16
 
     def fp8_recipe(self):
-        """The Fp8Recipe of the fp8_* fields."""
+        """The Fp8Recipe of the fp8_* fields; a bad value raises OptionError naming the fp8_* option
+        (not the recipe's own field)."""
         from ..fp8.recipe import Fp8Recipe
 
         recipe_fields = {f"fp8_{f.name}" for f in fields(Fp8Recipe)}
         values = {name: value for name, value in asdict(self).items() if name in recipe_fields}
-        return Fp8Recipe.from_dict(values, prefix="fp8_")
+        try:
+            return Fp8Recipe.from_dict(values, prefix="fp8_")
+        except ValueError as error:
+            # core/fp8/recipe.py says "Fp8Recipe.<field> must be <expected>, got <value>".
+            found = re.fullmatch(r"Fp8Recipe\.(\w+) must be (.+), got (.*)", str(error))
+            if found is None:
+                raise
+            raise OptionError("fp8_" + found.group(1), found.group(2), found.group(3), got_repr=True) from None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class OptionError(ValueError):
+    """A FastFFNOptions value out of range: names the option as its caller spells it (`fp8_scaling`
+    for apply_fast_ffn_to_llama, `fast_ffn_fp8_scaling` for the TrainingArguments: with_prefix)."""
+
+    def __init__(self, option: str, expected: str, got, got_repr: bool = False):
+        self.option, self.expected, self.got = option, expected, got if got_repr else repr(got)
+        super().__init__(self.message(""))
+
+    def message(self, prefix: str) -> str:
+        return f"{prefix}{self.option} must be {self.expected}, got {self.got}"
+
+    def with_prefix(self, prefix: str) -> "OptionError":
+        error = OptionError(self.option, self.expected, self.got, got_repr=True)
+        error.args = (self.message(prefix),)
+        return error
 
 
 def training_argument_fields() -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import llama, messages, state, trainer
+from . import fp8_attach, llama, messages, state, trainer
 from .family import ModelFamily, check_family
 from .options import FastFFNOptions
 
@@ -55,7 +55,9 @@ def _install_construction_hook() -> None:
 
 
 def enable(options: FastFFNOptions) -> None:
-    """Every supported family's layers built or run from now on use the fast path."""
+    """Every supported family's layers built or run from now on use the fast path. FP8 that cannot
+    run here (and no fallback asked for) raises before anything is patched."""
+    fp8_attach.check_fp8_runs(options)
     state.set_current(options)
     _install_construction_hook()
     for family in registered_families():

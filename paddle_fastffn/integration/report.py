@@ -4,7 +4,7 @@ when the Trainer is built, paddle_fastffn/plugin.py), and a dict for tests and r
 
 from __future__ import annotations
 
-from . import llama
+from . import fp8_attach, llama
 from .fused_projections import distributed_layers, stock_config_values
 from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
@@ -93,7 +93,7 @@ def fast_path_report(model, args=None) -> dict:
         notes.append(f"projections fused where the config says {'/'.join(fused_here)}=false (checkpoints stay "
                      f"unfused)")
     if options.precision == "fp8" and llama._FP8 is None:
-        notes.append("fast_ffn_precision=fp8 cannot run here: bf16 (see the warning above)")
+        notes.append(fp8_attach.fp8_fallback_reason() or "fast_ffn_precision=fp8 cannot run here: bf16")
     if getattr(config, "use_recompute", False):
         notes.append(f"recompute granularity {getattr(config, 'recompute_granularity', 'full')!r} "
                      f"(use_reentrant={bool(getattr(config, 'recompute_use_reentrant', False))})")

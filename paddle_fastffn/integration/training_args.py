@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, make_dataclass
 
 from paddlenlp.trainer import TrainingArguments
 
-from .options import TRAINING_ARGUMENT_PREFIX, FastFFNOptions, training_argument_fields
+from .options import TRAINING_ARGUMENT_PREFIX, FastFFNOptions, OptionError, training_argument_fields
 from .registry import enable
 
 # PaddleNLP's TrainingArguments, `use_fast_ffn`, and one `fast_ffn_<option>` field per FastFFNOptions
@@ -36,8 +36,12 @@ class FastFFNTrainingArguments(_FastFFNFields):
         values = {name[len(TRAINING_ARGUMENT_PREFIX):]: getattr(self, name)
                   for name, _type, _field in training_argument_fields()}
         values["fuse_projections"] = self.fast_ffn_fuse_projections and not self._checkpoint_writer_without_split()
-        values["fp8_margin"] = float(self.fast_ffn_fp8_margin)  # a JSON 0 parses as int
-        return FastFFNOptions(**values)
+        if isinstance(values["fp8_margin"], int) and not isinstance(values["fp8_margin"], bool):
+            values["fp8_margin"] = float(values["fp8_margin"])  # a JSON 0 parses as int
+        try:
+            return FastFFNOptions(**values)
+        except OptionError as error:  # named as the user wrote it: fast_ffn_fp8_scaling, not fp8_scaling
+            raise error.with_prefix(TRAINING_ARGUMENT_PREFIX) from None
 
     def _checkpoint_writer_without_split(self) -> str | None:
         """The option whose checkpoint writer saves model.state_dict() as it is (no save_pretrained

@@ -64,23 +64,42 @@ def test_precision_and_recipe_parse_from_json_and_command_line(tmp_path, monkeyp
             _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true", *bad], monkeypatch)
 
 
-def test_fp8_on_cpu_without_emulation_warns_once_and_keeps_the_bf16_path():
+def test_fp8_on_cpu_without_emulation_is_an_error_before_anything_is_patched():
+    from paddle_fastffn.integration import state
+    from paddle_fastffn.integration.fp8_attach import Fp8UnavailableError
+
+    assert not paddle.is_compiled_with_cuda()
+    with pytest.raises(Fp8UnavailableError, match=r"^fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU \(sm_90\) "
+                                                  r"and this Paddle build has no GPU: set fast_ffn_fp8_emulate=true"):
+        paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8")
+    assert state.current() is None and fast_llama._FP8 is None  # nothing enabled
+
+
+def test_fp8_fallback_bf16_on_cpu_warns_once_keeps_the_bf16_path_and_says_why():
+    from paddle_fastffn.integration.fp8_attach import fp8_fallback_reason
+    from paddle_fastffn.integration.report import fast_path_report
+
     assert not paddle.is_compiled_with_cuda()
     ids, labels, mask = batch()
     paddle_fastffn.apply_fast_ffn_to_llama()
     reference = logits_of(tiny_model(**FP8_SHAPES), ids, mask).numpy()
+    assert fp8_fallback_reason() is None
     paddle_fastffn.revert_fast_ffn()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8")
+        paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_fallback="bf16")
         model = tiny_model(**FP8_SHAPES)
-        paddle_fastffn.apply_fast_ffn_to_llama(model, precision="fp8")  # enabling again: no second warning
+        # enabling again: no second warning
+        paddle_fastffn.apply_fast_ffn_to_llama(model, precision="fp8", fp8_fallback="bf16")
         got = logits_of(model, ids, mask).numpy()
     fp8_warnings = [str(w.message) for w in caught if "fast_ffn_precision=fp8" in str(w.message)]
     assert len(fp8_warnings) == 1 and "needs an NVIDIA Hopper GPU" in fp8_warnings[0], fp8_warnings
     assert "bf16/fp32" in fp8_warnings[0] and "fast_ffn_fp8_emulate" in fp8_warnings[0]
     assert fast_llama._FP8 is None and not fast_llama.fp8_layers(model)
     np.testing.assert_array_equal(got, reference)
+    assert fp8_fallback_reason() == ("fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
+                                     "build has no GPU: training in bf16/fp32 (fast_ffn_fp8_fallback=bf16)")
+    assert fp8_fallback_reason() in fast_path_report(model)["notes"]
 
 
 @pytest.mark.parametrize("capability, ops_error, emulate, expected", [
@@ -103,7 +122,13 @@ def test_resolve_fp8_on_a_cuda_paddle_by_device_and_operator_build(monkeypatch, 
     monkeypatch.setattr(fp8_cuda, "device_capability", lambda device_id=None: capability)
     monkeypatch.setattr(fp8_cuda, "ops_error", lambda: ops_error)
     monkeypatch.setattr(fast_messages, "_FP8_WARNED", set())
-    options = FastFFNOptions(precision="fp8", fp8_emulate=emulate)
+    if expected not in ("cuda", "emulated"):
+        from paddle_fastffn.integration.fp8_attach import Fp8UnavailableError
+
+        with pytest.raises(Fp8UnavailableError, match="fast_ffn_fp8_fallback=bf16 to train in bf16 instead"):
+            fast_llama.resolve_fp8(FastFFNOptions(precision="fp8", fp8_emulate=emulate))
+        assert not fast_messages._FP8_WARNED
+    options = FastFFNOptions(precision="fp8", fp8_emulate=emulate, fp8_fallback="bf16")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         recipe = fast_llama.resolve_fp8(options)

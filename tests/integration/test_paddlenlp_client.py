@@ -17,15 +17,14 @@ import pytest
 from tests.integration.distributed_launch import run_launch
 from tolerances import FP32_TRAINING_LOSS_RTOL
 
-REPO = Path(__file__).resolve().parents[2]
-# CI clones the repository with a copy of shared/ beside it; a worktree elsewhere names the folder.
-SHARED = Path(os.environ.get("PADDLE_FASTFFN_SHARED", REPO.parent / "shared"))
-CLIENT = SHARED / "clients" / "paddlenlp_llm_v2.8" / "llm"
+# CI clones the repository with a copy of shared/ beside it; a worktree elsewhere names the folder
+# (the test run's header says which: tests/conftest.py).
+from shared_assets import CLIENT, REPO, SHARED_ENV, client_present  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not (CLIENT / "finetune_generation.py").is_file(),
+    not client_present(),
     reason=f"PaddleNLP's llm/ script is not at {CLIENT} (CI puts shared/ beside the repository; "
-           f"elsewhere set PADDLE_FASTFFN_SHARED to the shared/ folder)")
+           f"elsewhere set {SHARED_ENV} to the shared/ folder)")
 
 # The kernels each decoder layer runs on the default fast path, and the fused loss and optimizer.
 FAST_PATH_KERNELS = ("fastffn_rms_norm_fwd", "fastffn_rms_norm_bwd", "fastffn_rotary", "fastffn_swiglu_fwd",
