@@ -10,8 +10,8 @@ if command -v nvcc >/dev/null; then
   export FASTFFN_CUDA_MATH_HEADERS=${FASTFFN_CUDA_MATH_HEADERS:-$HOME/.cache/paddle_fastffn/cuda_math_headers}
   bash scripts/fetch_cuda_headers.sh "$FASTFFN_CUDA_MATH_HEADERS" >/dev/null
 fi
-"$venv/bin/python" -m pytest tests -q -p no:cacheprovider --ignore=tests/torch_cpu "$@"
-# The GPU benchmarks' CPU smoke (tests/torch_cpu): every section's contenders built and stepped at tiny
+"$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
+# The GPU benchmarks' CPU smoke (tests/torch_cpu, and tests/benchmarks_logic's torch tests): every section's contenders built and stepped at tiny
 # shapes in the GPU machine's torch (its own venv: that machine has no Paddle; the benchmarks import
 # paddle_fastffn from the tree). FASTFFN_SKIP_TORCH_SMOKE=1 leaves it out of a local run.
 if [[ ${FASTFFN_SKIP_TORCH_SMOKE:-0} != 1 ]]; then
@@ -19,5 +19,6 @@ if [[ ${FASTFFN_SKIP_TORCH_SMOKE:-0} != 1 ]]; then
   torch_venv=${FASTFFN_TORCH_VENV:-.torch-venv}
   PYTHONPATH=$PWD "$torch_venv/bin/python" -c "import paddle_fastffn" \
     || { echo "test.sh: paddle_fastffn must import without Paddle (the GPU machine has none)" >&2; exit 1; }
-  PYTHONPATH=$PWD "$torch_venv/bin/python" -m pytest tests/torch_cpu -q -p no:cacheprovider -W ignore::UserWarning
+  PYTHONPATH=$PWD "$torch_venv/bin/python" -m pytest tests/torch_cpu tests/benchmarks_logic -q -p no:cacheprovider \
+    -W ignore::UserWarning
 fi
