@@ -144,7 +144,9 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
                         "first_step_loss_max_relative_difference": 1e-3},
                "full": {"contenders": {"ours": row(400.0, 120.0), "ours_fp8_delayed": {**oom, "rounds": []},
                                        "hf_liger": row(440.0, 125.0, layer_recompute=True,
-                                                       recompute_because=plan.describe_oom(oom))}}}}
+                                                       recompute_because=plan.describe_oom(oom))}},
+               "full:gsm8k": {"contenders": {"ours": {"does_not_fit": True,
+                                                      **plan.fits("full", 79.18 * 2**30, **SHAPE)}}}}}
     out = []
     full_depth_section(out, run)
     text = "\n".join(out)
@@ -153,3 +155,4 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
     assert "hf_liger: 1.100x" in text  # ours 400 ms against hf_liger's 440 ms
     assert "full recompute per layer" in text
     assert "120.00" in text and "125.00" in text
+    assert "| full:gsm8k | ours | does not fit: state 100.41 GiB > 79.18 GiB (short by 21.23 GiB) |" in text
