@@ -252,15 +252,14 @@ def rope_tables(hf_config, seq: int, device="cuda"):
 
 
 class PackedBatch:
-    """The segments of a packed batch as the attention of every layer reads them: cu_seqlens (int32
-    [segments + 1] over the flattened batch, on the model's device: one host-to-device copy per
-    forward, as the Paddle path's to_tensor of PackedSegments.cu_seqlens) and the longest segment
-    (a host int, flash-attention's max_seqlen)."""
+    """The segments of a packed batch as the attention of every layer reads them: the cu_seqlens
+    bounds (host int32 [segments + 1] over the flattened batch; each attention call copies them to
+    the device, as the Paddle path's packed_attention_varlen does with paddle.to_tensor) and the
+    longest segment (a host int, flash-attention's max_seqlen)."""
 
-    def __init__(self, cu_seqlens, tokens: int, device):
-        bounds = core_packed_attention.check_cu_seqlens(cu_seqlens, tokens)
-        self.longest = int(np.diff(bounds).max())
-        self.cu_seqlens = torch.as_tensor(bounds).to(device)
+    def __init__(self, cu_seqlens, tokens: int):
+        self.bounds = core_packed_attention.check_cu_seqlens(cu_seqlens, tokens)
+        self.longest = int(np.diff(self.bounds).max())
 
 
 def varlen_flash(q, k, v, cu_seqlens, longest, scale):
@@ -296,8 +295,8 @@ def packed_attention(q, k, v, packed: PackedBatch):
     the composition the Paddle path runs around flash_attn_unpadded, over varlen_flash on the GPU in
     fp16/bf16 and varlen_reference otherwise (as the Paddle op falls back off the GPU).
     q: [b, s, hq, d], k/v: [b, s, hk, d] -> [b, s, hq, d]."""
-    return core_packed_attention.varlen_attention(TORCH, varlen_kernel(q), q, k, v, packed.cu_seqlens,
-                                                  packed.longest)
+    cu_seqlens = torch.as_tensor(packed.bounds, device=q.device)
+    return core_packed_attention.varlen_attention(TORCH, varlen_kernel(q), q, k, v, cu_seqlens, packed.longest)
 
 
 def varlen_kernel(q):
@@ -357,7 +356,7 @@ class FastLlama(torch.nn.Module):
                 raise ValueError("FastLlama: pass cu_seqlens or row_ends, not both")
             cu_seqlens = core_packed_attention.cu_seqlens_of(core_packed_attention.segment_lengths_from_row_ends(
                 row_ends.reshape(input_ids.shape).cpu().numpy()))
-        packed = None if cu_seqlens is None else PackedBatch(cu_seqlens, input_ids.numel(), input_ids.device)
+        packed = None if cu_seqlens is None else PackedBatch(cu_seqlens, input_ids.numel())
         x = F.embedding(input_ids, self.embed)
         for layer in self.layers:
             if self.layer_recompute and x.requires_grad:

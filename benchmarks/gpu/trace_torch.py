@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from benchmarks.gpu import harness
+from benchmarks.gpu import harness, llama_model
 from paddle_fastffn.core import trace
+from paddle_fastffn.core.rotary import POSITION_CHECK
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "traces"
@@ -105,6 +106,8 @@ class Recorder(TorchDispatchMode):
 
     def attention(self, function):
         def call(q, k, v, *args, **kwargs):
+            if self.region is not None:  # inside a region already (the packed reference runs SDPA)
+                return function(q, k, v, *args, **kwargs)
             self.region = "attention"
             try:
                 out = function(q, k, v, *args, **kwargs)
@@ -134,6 +137,7 @@ def recording():
     kernels = harness.kernels()
     saved = {name: getattr(kernels, name) for name in KERNEL_METHODS}
     saved_sdpa = F.scaled_dot_product_attention
+    saved_packed = llama_model.packed_attention
     # ctypes keeps each C function the library has resolved in its __dict__: all the harness calls
     c_functions = {name: f for name, f in vars(kernels.lib).items()
                    if name.startswith("fastffn_") and name != "fastffn_status_string"}
@@ -143,6 +147,10 @@ def recording():
         for name, entry_point in KERNEL_METHODS.items():
             setattr(kernels, name, recorder.kernel(entry_point, saved[name]))
         F.scaled_dot_product_attention = recorder.attention(saved_sdpa)
+        # Packed batches: the composition around the varlen call (reshapes, the per-call copy of
+        # cu_seqlens) is one region, as the Paddle recorder takes ops.packed_attention whole.
+        llama_model.packed_attention = recorder.attention(saved_packed)
+        POSITION_CHECK.defer_on_cpu = True  # on the CPU smoke too, the position flag read as on a GPU
         with recorder:
             yield recorder
     finally:
@@ -151,6 +159,8 @@ def recording():
         for name in KERNEL_METHODS:
             delattr(kernels, name)  # the instance attribute; the class's method shows again
         F.scaled_dot_product_attention = saved_sdpa
+        llama_model.packed_attention = saved_packed
+        POSITION_CHECK.defer_on_cpu = False
 
 
 def canonical(raw) -> list:
@@ -158,7 +168,7 @@ def canonical(raw) -> list:
     d_q, d_k, d_v: it also reads q, k, v, out and the log-sum-exp, as Paddle's flash_attn_grad does)."""
     fixed = []
     for op in raw:
-        if op.source == "aten" and "attention_backward" in op.name:
+        if op.source == "aten" and "attention" in op.name and op.name.endswith("_backward"):
             op = op._replace(source="region", name="attention", inputs=op.inputs[:1], outputs=op.outputs[:3])
         if op.source == "aten" and op.name in ("index_put", "index_put_", "_index_put_impl_") and fixed \
                 and fixed[-1].name in ("zeros", "zeros_like", "zero_", "fill_", "new_zeros") \
@@ -185,52 +195,67 @@ def hf_model(shape: dict, device="cuda"):
     return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16)
 
 
-def record_layer(shape: dict) -> list:
+def _synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def record_layer(shape: dict, device="cuda") -> list:
     from benchmarks.gpu.llama_model import FastDecoderLayer, rope_tables
 
-    hf = hf_model(shape)
+    hf = hf_model(shape, device)
     layer = FastDecoderLayer(hf.model.layers[0], shape["num_attention_heads"], shape["num_key_value_heads"],
-                             shape["rms_norm_eps"]).cuda()
-    cos, sin = rope_tables(hf.config, shape["seq"])
-    hidden = torch.randn(shape["batch"], shape["seq"], shape["hidden_size"], device="cuda", dtype=torch.bfloat16,
+                             shape["rms_norm_eps"]).to(device)
+    cos, sin = rope_tables(hf.config, shape["seq"], device)
+    hidden = torch.randn(shape["batch"], shape["seq"], shape["hidden_size"], device=device, dtype=torch.bfloat16,
                          requires_grad=True)
     d_out = torch.randn_like(hidden)
     with recording() as recorder:
         out = layer(hidden, cos, sin)
         recorder.phase = "backward"
         out.backward(d_out)
-    torch.cuda.synchronize()
+    _synchronize(device)
     return recorder.ops
 
 
-def record_step(shape: dict) -> list:
+def record_step(shape: dict, device="cuda", packed=None) -> list:
+    """One FastLlama + FusedMasterAdamW training step (the second: the first builds caches and
+    tables, as the Paddle trace); packed: a packed batch (trace.packed_batch's lengths) as the
+    product's collator gives it, one flattened row with restarting positions and the
+    attn_mask_startend_row_indices the model reads to the host."""
     from benchmarks.gpu.llama_model import FastLlama, FusedMasterAdamW, shift_labels
 
-    model = FastLlama(hf_model(shape)).cuda()
+    model = FastLlama(hf_model(shape, device)).to(device)
     optimizer = FusedMasterAdamW(model.parameters(), lr=3e-3, weight_decay=0.01, max_grad_norm=1.0)
-    ids = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"]), device="cuda")
-    labels = shift_labels(ids)
+    if packed is None:
+        ids = torch.randint(0, shape["vocab_size"], (shape["batch"], shape["seq"]), device=device)
+        labels, extra = shift_labels(ids), {}
+    else:
+        ids, labels, positions, row_ends = (torch.as_tensor(packed[k], device=device) for k in
+                                            ("input_ids", "labels", "position_ids", "attn_mask_startend_row_indices"))
+        extra = {"position_ids": positions, "row_ends": row_ends}
 
     def step():
-        model(ids, labels).backward()
+        model(ids, labels, **extra).backward()
         optimizer.step()
         optimizer.zero_grad()
 
-    step()  # as the Paddle trace: the second step is recorded (the first builds caches and tables)
+    step()
     with recording() as recorder:
-        loss = model(ids, labels)
+        loss = model(ids, labels, **extra)
         recorder.phase = "backward"
         loss.backward()
         recorder.phase = "optimizer"
         optimizer.step()
         optimizer.zero_grad()
-    torch.cuda.synchronize()
+    _synchronize(device)
     return recorder.ops
 
 
-def traces(shape: dict) -> dict:
+def traces(shape: dict, device="cuda") -> dict:
     """{name: (canonical entries, raw ops)} of the harness at `shape`."""
-    recorded = {"decoder_layer": record_layer(shape), "training_step": record_step(shape)}
+    recorded = {"decoder_layer": record_layer(shape, device), "training_step": record_step(shape, device),
+                "packed_training_step": record_step(shape, device, trace.packed_batch(shape))}
     return {name: (canonical(raw), raw) for name, raw in recorded.items()}
 
 

@@ -369,3 +369,36 @@ def difference(expected, actual, context: int = 3) -> str | None:
                                 "expected", "got", n=1, lineterm="")
     lines += ["full diff:"] + list(diff)[:200]
     return "\n".join(lines)
+
+
+# The packed trace's examples: one flattened row of batch * seq tokens cut into these shares (one
+# group of the CPU grouped attention, which pads little: 3 x 44^2 <= 1.25 x sum(len^2)).
+PACKED_SHARES = (40, 44, 44)
+
+
+def packed_batch(shape: dict) -> dict:
+    """The packed batch both recorders train (numpy int64, [1, batch * seq]): examples of
+    PACKED_SHARES' lengths (scaled to batch * seq tokens), random ids (seeded), labels shifted within
+    each example (its last token unlabelled), positions restarting per example, and the collator's
+    attn_mask_startend_row_indices [1, 1, tokens, 1] (each token's example end), as the product's
+    PackedCollator flattens a batch."""
+    import numpy as np
+
+    tokens = shape["batch"] * shape["seq"]
+    lengths = [tokens * share // sum(PACKED_SHARES) for share in PACKED_SHARES]
+    lengths[-1] += tokens - sum(lengths)
+    rng = np.random.default_rng(0)
+    ids, labels, positions, ends = [], [], [], []
+    start = 0
+    for n in lengths:
+        example = rng.integers(0, shape["vocab_size"], n)
+        ids.append(example)
+        labels.append(np.append(example[1:], -100))
+        positions.append(np.arange(n))
+        ends.append(np.full(n, start + n))
+        start += n
+    row = lambda parts: np.concatenate(parts).astype(np.int64)[None]  # noqa: E731
+    return {"input_ids": row(ids), "labels": row(labels), "position_ids": row(positions),
+            "attn_mask_startend_row_indices": row(ends).astype(np.int32).reshape(1, 1, tokens, 1),
+            "lengths": lengths}
+

@@ -79,7 +79,10 @@ def _kernel_tables(cos, sin, position_ids, batch: int, seq: int, head_dim: int):
     cos_table = cos_sin_table(cos, head_dim, "cos")
     sin_table = cos_sin_table(sin, head_dim, "sin")
     if position_ids is not None:
-        position_ids = _checks.contiguous(position_ids.astype(paddle.int64).expand([batch, seq]))
+        position_ids = position_ids.astype(paddle.int64)
+        if list(position_ids.shape) != [batch, seq]:  # Paddle's expand copies even to the same shape
+            position_ids = position_ids.expand([batch, seq])
+        position_ids = _checks.contiguous(position_ids)
     elif seq > cos_table.shape[0]:
         raise ValueError(f"{OP}: seq ({seq}) exceeds the cos/sin table ({cos_table.shape[0]} "
                          f"rows); build the rotary embedding with a larger max_position_embeddings")

@@ -117,10 +117,10 @@ def test_packed_attention_is_attention_under_the_block_causal_mask(step, flatten
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(rows, seq, 4, 8, generator=generator, dtype=torch.float64)
     k, v = (torch.randn(rows, seq, 2, 8, generator=generator, dtype=torch.float64) for _ in range(2))
-    got = packed_attention(q, k, v, PackedBatch(packed["cu_seqlens"], rows * seq, "cpu"))
+    got = packed_attention(q, k, v, PackedBatch(packed["cu_seqlens"], rows * seq))
     mask = torch.as_tensor(segments.dense_mask())  # [rows, 1, seq, seq], True where a query may attend
     ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        PackedBatch(packed["cu_seqlens"][:-1], rows * seq, "cpu")
+        PackedBatch(packed["cu_seqlens"][:-1], rows * seq)

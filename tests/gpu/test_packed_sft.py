@@ -88,13 +88,13 @@ def test_varlen_flash_is_the_reference_forward_and_backward_in_bf16(kv_heads):
     q = torch.randn(1, tokens, 4, 64, device="cuda", generator=generator).bfloat16().requires_grad_()
     k, v = (torch.randn(1, tokens, kv_heads, 64, device="cuda", generator=generator).bfloat16().requires_grad_()
             for _ in range(2))
-    packed = PackedBatch(cu_seqlens, tokens, "cuda")
+    packed = PackedBatch(cu_seqlens, tokens)
     assert varlen_kernel(q).__name__ == "varlen_flash"
     d_out = torch.randn(1, tokens, 4, 64, device="cuda", generator=generator).bfloat16()
     got = packed_attention(q, k, v, packed)
     got_grads = torch.autograd.grad(got, (q, k, v), d_out)
-    ref = varlen_reference(*(t.reshape(tokens, t.shape[2], 64) for t in (q, k, v)), packed.cu_seqlens,
-                           packed.longest, 64 ** -0.5).reshape(got.shape)
+    ref = varlen_reference(*(t.reshape(tokens, t.shape[2], 64) for t in (q, k, v)),
+                           torch.as_tensor(packed.bounds, device="cuda"), packed.longest, 64 ** -0.5).reshape(got.shape)
     ref_grads = torch.autograd.grad(ref, (q, k, v), d_out)
     close(got, ref, torch.bfloat16, "out")
     for g, r, name in zip(got_grads, ref_grads, ("d_q", "d_k", "d_v")):

@@ -24,7 +24,7 @@ def recorded():
         harness.POISON_OUTPUTS = poison
 
 
-@pytest.mark.parametrize("name", ["decoder_layer", "training_step"])
+@pytest.mark.parametrize("name", ["decoder_layer", "training_step", "packed_training_step"])
 def test_harness_executes_the_committed_trace(recorded, name):
     from benchmarks.gpu import trace_torch
 

@@ -18,7 +18,7 @@ def recorded():
     return trace_paddle.traces()
 
 
-@pytest.mark.parametrize("name", ["decoder_layer", "training_step"])
+@pytest.mark.parametrize("name", ["decoder_layer", "training_step", "packed_training_step"])
 def test_paddle_path_executes_the_committed_trace(recorded, name):
     committed = json.loads((trace_paddle.TRACES / f"{name}.json").read_text())
     assert committed["shape"] == trace_paddle.SHAPE, "the committed trace is of another shape: regenerate it"

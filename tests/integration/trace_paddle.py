@@ -114,19 +114,48 @@ def recording(out: list):
             _mark("fill", name="clear_gradient", inputs=[], outputs=[_tensor_info(self.grad)])
         return originals["clear_gradient"](self, set_to_zero)
 
+    inside = [False]  # regions do not nest: the patched attention of a packed batch calls ops.packed_attention
+
     def attention(function):
         def region(query_states, config, key_states, value_states, *args, **kwargs):
+            if inside[0]:
+                return function(query_states, config, key_states, value_states, *args, **kwargs)
+            inside[0] = True
             _mark("region_begin", name="attention",
                   inputs=[_tensor_info(t) for t in (query_states, key_states, value_states)], outputs=[])
-            out = function(query_states, config, key_states, value_states, *args, **kwargs)
+            try:
+                out = function(query_states, config, key_states, value_states, *args, **kwargs)
+            finally:
+                inside[0] = False
             _mark("region_end", name="attention", inputs=[],
                   outputs=[_tensor_info(out[0] if isinstance(out, tuple) else out)])
             return out
         return region
 
+    def packed_region(function):
+        """ops.packed_attention as one region, wherever it is called from: on a GPU one
+        flash_attn_unpadded call over the segments' cu_seqlens (with its copy of them); on the CPU
+        the grouped SDPA that stands for it."""
+        def region(q, k, v, segments):
+            if inside[0]:
+                return function(q, k, v, segments)
+            inside[0] = True
+            _mark("region_begin", name="attention", inputs=[_tensor_info(t) for t in (q, k, v)], outputs=[])
+            try:
+                out = function(q, k, v, segments)
+            finally:
+                inside[0] = False
+            _mark("region_end", name="attention", inputs=[], outputs=[_tensor_info(out)])
+            return out
+        return region
+
     from paddlenlp.transformers.llama import modeling
 
+    from paddle_fastffn import ops
+    from paddle_fastffn.core.rotary import POSITION_CHECK
+
     originals_sdpa = modeling.scaled_dot_product_attention
+    originals_packed = ops.packed_attention
 
     def host_read(name):
         def read(self, *args, **kwargs):
@@ -145,6 +174,8 @@ def recording(out: list):
     try:
         paddle._C_ops._run_custom_op = custom_op
         modeling.scaled_dot_product_attention = attention(originals_sdpa)
+        ops.packed_attention = packed_region(originals_packed)
+        POSITION_CHECK.defer_on_cpu = True  # the rotary position flag read once a step, as on a GPU
         for name in reads:
             setattr(paddle.Tensor, name, host_read(name))
         paddle.Tensor.clear_gradient = clear_gradient
@@ -158,6 +189,8 @@ def recording(out: list):
         os.close(saved_fd)
         paddle._C_ops._run_custom_op = originals.pop("_run_custom_op")
         modeling.scaled_dot_product_attention = originals_sdpa
+        ops.packed_attention = originals_packed
+        POSITION_CHECK.defer_on_cpu = False
         for name, function in originals.items():
             setattr(paddle.Tensor, name, function)
         log.seek(0)
@@ -357,13 +390,18 @@ def record_layer(model) -> list:
     return raw
 
 
-def record_step(model, optimizer) -> list:
+def record_step(model, optimizer, packed=None) -> list:
     """One training step: forward (embedding, every layer, final norm, fused loss), backward, the
-    optimizer's step and clear_grad, as the Trainer's training_step and optimizer step run them."""
-    ids, labels = batch()
+    optimizer's step and clear_grad, as the Trainer's training_step and optimizer step run them.
+    packed: a packed batch's tensors (packed_batch) in place of the uniform rows."""
+    if packed is None:
+        ids, labels = batch()
+        inputs = {"input_ids": ids, "labels": labels}
+    else:
+        inputs = packed
 
     def step():
-        loss = model(input_ids=ids, labels=labels)
+        loss = model(**inputs)
         (loss[0] if isinstance(loss, tuple) else loss.loss).backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -374,7 +412,7 @@ def record_step(model, optimizer) -> list:
     raw = []
     with recording(raw):
         phase("forward")
-        loss = model(input_ids=ids, labels=labels)
+        loss = model(**inputs)
         loss = loss[0] if isinstance(loss, tuple) else loss.loss
         phase("backward")
         loss.backward()
@@ -384,11 +422,20 @@ def record_step(model, optimizer) -> list:
     return raw
 
 
+def packed_batch():
+    """core.trace.packed_batch as paddle tensors: one flattened row of three examples, as the
+    product's PackedCollator gives a packed batch to the fast path."""
+    packed = trace.packed_batch(SHAPE)
+    return {key: paddle.to_tensor(packed[key]) for key in
+            ("input_ids", "labels", "position_ids", "attn_mask_startend_row_indices")}
+
+
 def traces() -> dict:
     """{name: canonical trace document} for every committed trace."""
     with tempfile.TemporaryDirectory() as work_dir:
         _, model, optimizer = build_model(work_dir)
-        recorded = {"decoder_layer": record_layer(model), "training_step": record_step(model, optimizer)}
+        recorded = {"decoder_layer": record_layer(model), "training_step": record_step(model, optimizer),
+                    "packed_training_step": record_step(model, optimizer, packed_batch())}
     return {name: trace.document(name, trace.canonicalise(raw, "paddle"), SHAPE, "paddle", raw)
             for name, raw in recorded.items()}
 
@@ -396,7 +443,7 @@ def traces() -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="regenerate tests/traces/*.json")
-    parser.add_argument("--show", help="print one trace (decoder_layer or training_step)")
+    parser.add_argument("--show", help="print one trace (decoder_layer, training_step or packed_training_step)")
     parser.add_argument("--raw", action="store_true", help="with --show: the raw Paddle ops, not canonical")
     options = parser.parse_args(argv)
     documents = traces()
