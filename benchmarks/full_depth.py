@@ -6,7 +6,7 @@ it fits a device, and how an out-of-memory configuration is reported.
 LLaMA-2-7B (or Llama-3-8B) at full depth, rows of 4096 tokens:
   lora  LoRA rank 8, alpha 16, on q/k/v/o/gate/up/down; every base weight frozen in bf16.
   full  full fine-tune: bf16 weights and gradients, fp32 master weights and moments.
-Every contender steps the same one-pass master-weight AdamW (llama_model.FusedMasterAdamW) over its
+Every contender steps the same one-pass master-weight AdamW (paddle_fastffn.torch.llama.FusedMasterAdamW) over its
 trainable parameters.
 """
 

@@ -17,7 +17,7 @@ fi
 if [[ ${FASTFFN_SKIP_TORCH_SMOKE:-0} != 1 ]]; then
   bash scripts/setup_torch_env.sh
   torch_venv=${FASTFFN_TORCH_VENV:-.torch-venv}
-  PYTHONPATH=$PWD "$torch_venv/bin/python" -c "import paddle_fastffn" \
+  PYTHONPATH=$PWD "$torch_venv/bin/python" -c "import paddle_fastffn, paddle_fastffn.torch.llama" \
     || { echo "test.sh: paddle_fastffn must import without Paddle (the GPU machine has none)" >&2; exit 1; }
   PYTHONPATH=$PWD "$torch_venv/bin/python" -m pytest tests/torch_cpu tests/benchmarks_logic -q -p no:cacheprovider \
     -W ignore::UserWarning

@@ -3,7 +3,7 @@ through tests/tolerances.py) and the GPU tests of the harness's (tests/gpu): pur
 GPU machine (no Paddle) imports it too.
 
 Norm-wise relative error ||got - ref|| / ||ref|| against an fp32 FFN of the same inputs, for the
-composition of fp8/ffn.py and benchmarks/gpu/fp8_ffn.py. Rounding to a format with m mantissa
+composition of fp8/ffn.py and paddle_fastffn/torch/fp8/ffn.py. Rounding to a format with m mantissa
 bits leaves a relative error uniform in +-2^-(m+1) times a factor in (1/2, 1] (where the value
 sits in its binade): RMS at most eps = 2^-(m+1) / sqrt(3): e4m3 0.036, e5m2 0.072 (the rtol rows
 of tests/tolerances.py over sqrt(3)). (Per-tensor scaling keeps random data in the normal range:

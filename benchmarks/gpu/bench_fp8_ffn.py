@@ -1,6 +1,6 @@
 """FP8 FFN forward+backward on the H200, everything in one run and interleaved: ours FP8 with
-current and with delayed scaling (benchmarks/gpu/fp8_ffn.py, the C entry points the Paddle GPU path
-calls), ours bf16 (harness.fused_ffn), the six FP8 GEMMs of our composition alone on pre-quantised
+current and with delayed scaling (paddle_fastffn/torch/fp8/ffn.py, the C entry points the Paddle GPU path
+calls), ours bf16 (ops.fused_ffn), the six FP8 GEMMs of our composition alone on pre-quantised
 operands (the floor of the FP8 design), torchao float8 tensorwise and rowwise under torch.compile,
 the same FFN in bf16 under torch.compile, and eager bf16. Time (CUDA events, median of interleaved
 repeats) and the activation memory each keeps for backward.
@@ -30,7 +30,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu import fp8_ffn, fp8_harness, harness
+from paddle_fastffn.torch import ops
+from paddle_fastffn.torch.fp8 import ffn as fp8_ffn
+from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 from benchmarks.gpu.bench_gpu import (DT, GEMM_KERNEL_MARKS, ceilings, environment, fwd_bwd, graphed,
                                       kernel_times, leaf, peak_bytes, round_robin, saved_activation_bytes,
                                       timeit)
@@ -83,7 +85,7 @@ def module_step(module, x, dy):
 def six_fp8_gemms(x, w_gate_up, w_down, dy):
     """The GEMMs of fp8_ffn's composition (its docstring's table) on operands quantised once,
     outside the timing: what an FP8 FFN cannot go below."""
-    k = fp8_harness.kernels()
+    k = fp8_c_api.kernels()
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
     inter = w_down.shape[1]
     with torch.no_grad():
@@ -145,7 +147,7 @@ def ffn_contenders(hidden, inter, tokens, device="cuda"):
     dy = torch.randn(tokens, hidden, device=device, dtype=DT)
     functional = {
         "eager_bf16": (eager_ffn, [x, w_gate_up, w_down]),
-        "ours_bf16": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gate_up, w_down]),
+        "ours_bf16": (lambda x, a, b: ops.fused_ffn(x, a, b, True), [x, w_gate_up, w_down]),
         "ours_fp8_current": (ours_fp8(x, w_gate_up, w_down, dy, "current"), [x, w_gate_up, w_down]),
         "ours_fp8_delayed": (ours_fp8(x, w_gate_up, w_down, dy, "delayed"), [x, w_gate_up, w_down]),
         "ours_fp8_current_gate_up_activation": (ours_fp8(x, w_gate_up, w_down, dy, "current", "activation"),
@@ -266,10 +268,10 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
     bandwidth measured in the same run (bytes: each input read once, each output written once;
     an amax-only pass reads its input). The "current" rows add current scaling's amax pass and
     scale update to the quantising pass: what that recipe pays per tensor."""
-    k = fp8_harness.kernels()
+    k = fp8_c_api.kernels()
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
-    one = fp8_harness.scalar(1.0)
-    amax, scale, scale_inv = (fp8_harness.scalar(0.0), fp8_harness.scalar(1.0), fp8_harness.scalar(1.0))
+    one = fp8_c_api.scalar(1.0)
+    amax, scale, scale_inv = (fp8_c_api.scalar(0.0), fp8_c_api.scalar(1.0), fp8_c_api.scalar(1.0))
     rows = []
     for model, (hidden, inter) in WIDTHS.items():
         x = torch.randn(tokens, hidden, device="cuda", dtype=DT)
@@ -277,7 +279,7 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
         d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
         x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
         q_gate_up = k.quantize(gate_up, e4m3, one, transpose=False).data
-        amax2 = fp8_harness.scalar(0.0)
+        amax2 = fp8_c_api.scalar(0.0)
 
         def scale_update():
             k.compute_scale(amax, scale, scale_inv, 448.0)

@@ -11,7 +11,7 @@ Data (--data):
       PaddleNLP's zero_padding rule fills from the real length profile (benchmarks/sft_packed_steps.py:
       random ids at the real lengths, labels on the responses). ours* train them as the product's
       collator gives them (collate_packed_rows, flattened to one row, cu_seqlens, restarting
-      positions; attention one varlen flash call, llama_model.packed_attention). The Hugging Face
+      positions; attention one varlen flash call, paddle_fastffn.torch.llama.packed_attention). The Hugging Face
       peers as their users run them: *_padding_free on one flattened row with restarting positions
       and the collator's cu_seq_lens (DataCollatorWithFlattening, Hugging Face's flash-attention
       padding-free path over the same varlen kernel: hf_varlen_attention), *_padded on micro-batches of
@@ -31,7 +31,7 @@ lora  LoRA rank 8, alpha 16, on q/k/v/o/gate/up/down, every base weight frozen i
       lora_alpha=16, no dropout; adapters kept in bf16, autocast_adapter_dtype=False, as ours are).
 full  full fine-tune: ours, ours_fp8_delayed and ours_fp8_current (FastLlama, the fused list and the
       FP8 list) against hf_liger*.
-Every contender steps the one-pass master-weight AdamW kernel (llama_model.FusedMasterAdamW: fp32
+Every contender steps the one-pass master-weight AdamW kernel (paddle_fastffn.torch.llama.FusedMasterAdamW: fp32
 masters and moments of the trainable parameters), lr 1e-5, weight decay 0.01, no clipping.
 
 Weights: random, Hugging Face's initialisation (LlamaForCausalLM(config) after torch.manual_seed(0),
@@ -80,7 +80,7 @@ def importable(name: str) -> bool:
 
 def random_batch(shape, device="cuda"):
     """Random ids (seeded apart from the weights) and their shifted labels."""
-    from benchmarks.gpu.llama_model import shift_labels
+    from paddle_fastffn.torch.llama import shift_labels
 
     generator = torch.Generator(device=device).manual_seed(1234)
     ids = torch.randint(0, shape["vocab"], (shape["batch"], shape["seq"]), device=device, generator=generator)
@@ -138,8 +138,8 @@ def builders(workload, shape, data: StepData, model_name: str):
     model's trainable parameters are what the optimizer steps."""
     from benchmarks.gpu import hf_varlen_attention
     from benchmarks.gpu.bench_packed_sft import accumulating_forward, hf_padding_free_loss
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import FastLlama, LoraSettings
+    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
+    from paddle_fastffn.torch.llama import FastLlama, LoraSettings
 
     lora = LoraSettings(rank=plan.LORA_RANK, alpha=plan.LORA_ALPHA) if workload == "lora" else None
 
@@ -380,7 +380,7 @@ def main():
                   "labelled_tokens_per_s": "the step's labelled tokens (equal for every contender) / its median time",
                   "peak_bytes": "torch.cuda.max_memory_allocated over one step after reset_peak_memory_stats: weights, "
                                 "optimizer state, gradients, activations",
-                  "optimizer": "llama_model.FusedMasterAdamW for every contender (fp32 masters and moments of the "
+                  "optimizer": "paddle_fastffn.torch.llama.FusedMasterAdamW for every contender (fp32 masters and moments of the "
                                "trainable parameters), lr 1e-5, weight decay 0.01, no clipping",
                   "timing": f"round-robin over rebuilt contenders, {max(args.rounds, MIN_REPEATS)} rounds of "
                             f"{args.warmup} warm-up + {args.steps} timed steps; median of round medians (spread)"},

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import MIN_REPEATS, percentiles, rotated, summarize_rounds
-from benchmarks.gpu import harness
-from benchmarks.gpu.llama_model import FastDecoderLayer
+from paddle_fastffn.torch import c_api, ops
+from paddle_fastffn.torch.llama import FastDecoderLayer
 
 DT = torch.bfloat16
 MODELS = {"7B": (4096, 11008, 32, 32), "13B": (5120, 13824, 40, 40), "70B": (8192, 28672, 64, 8)}
@@ -306,7 +306,7 @@ def rotary_contenders(tokens, hidden, heads, kv_heads, liger, eager=True, seq=20
         return q * c + rot(q) * s, k * c + rot(k) * s
 
     hf_upstream = [du_q.transpose(1, 2), du_k.transpose(1, 2)]
-    ours_rope = lambda q, k: harness.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
+    ours_rope = lambda q, k: ops.Rotary.apply(q, k, cos32, sin32, None)  # noqa: E731
     impls_fwd, impls_fb = {}, {}
     if eager:
         impls_fwd["eager"] = fwd_only(hf_layout(eager_rope), [q_bshd, k_bshd])
@@ -334,9 +334,9 @@ def kernel_contenders(tokens, hidden, inter, heads, kv_heads, liger, seq=2048, d
     d_h = torch.randn(tokens, inter, device=device, dtype=DT)
     eager = lambda g, u: F.silu(g) * u  # noqa: E731
     impls_fwd = {"eager": fwd_only(eager, [gate, up]), "ours": fwd_only(harness_pair, [gate, up]),
-                 "ours_packed": fwd_only(harness.SwiGLU.apply, [packed])}
+                 "ours_packed": fwd_only(ops.SwiGLU.apply, [packed])}
     impls_fb = {"eager": fwd_bwd(eager, [gate, up], [d_h]), "ours": fwd_bwd(harness_pair, [gate, up], [d_h]),
-                "ours_packed": fwd_bwd(harness.SwiGLU.apply, [packed], [d_h])}
+                "ours_packed": fwd_bwd(ops.SwiGLU.apply, [packed], [d_h])}
     add_compiled(impls_fwd, impls_fb, eager, [gate, up], [d_h])
     if liger:
         from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction, LigerSiLUMulFunction
@@ -357,7 +357,7 @@ def kernel_contenders(tokens, hidden, inter, heads, kv_heads, liger, seq=2048, d
         v = x.float().pow(2).mean(-1, keepdim=True)
         return w * (x.float() * torch.rsqrt(v + eps)).to(x.dtype)
 
-    ours_norm = lambda x, w: harness.RMSNorm.apply(x, w, eps)  # noqa: E731
+    ours_norm = lambda x, w: ops.RMSNorm.apply(x, w, eps)  # noqa: E731
     impls_fwd = {"eager": fwd_only(eager_norm, [x, w]), "ours": fwd_only(ours_norm, [x, w])}
     impls_fb = {"eager": fwd_bwd(eager_norm, [x, w], [dy]), "ours": fwd_bwd(ours_norm, [x, w], [dy])}
     add_compiled(impls_fwd, impls_fb, eager_norm, [x, w], [dy])
@@ -373,7 +373,7 @@ def kernel_contenders(tokens, hidden, inter, heads, kv_heads, liger, seq=2048, d
         s = x + r
         return eager_norm(s, w), s
 
-    ours_add = lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
+    ours_add = lambda x, r, w: ops.AddRMSNorm.apply(x, r, w, eps)  # noqa: E731
     impls_fwd = {"eager": fwd_only(eager_add, [x, r, w]), "ours": fwd_only(ours_add, [x, r, w])}
     impls_fb = {"eager": fwd_bwd(eager_add, [x, r, w], [dy, ds]),
                 "ours": fwd_bwd(ours_add, [x, r, w], [dy, ds])}
@@ -407,16 +407,16 @@ def kernel_section(copy_bw, tokens, liger):
 def harness_pair(g, u):
     """The product's two-input SwiGLU (core.swiglu.SwiGLU through the harness; the inputs kept, as
     for a caller that still holds them)."""
-    return harness.SwiGLUPair.apply(g, u, False)
+    return ops.SwiGLUPair.apply(g, u, False)
 
 
 def rms_sweep_contenders(tokens, hidden, impl, device="cuda"):
-    """The rms_sweep's forward runs of one model for impl "ours" (whichever build harness._KERNELS
+    """The rms_sweep's forward runs of one model for impl "ours" (whichever build c_api._KERNELS
     holds) or "liger": ((op, run(), bytes), ...)."""
     x, r, w = leaf((tokens, hidden), device=device), leaf((tokens, hidden), device=device), leaf((hidden,), device=device)
     if impl == "ours":
-        return (("rms_norm", fwd_only(lambda x, w: harness.RMSNorm.apply(x, w, 1e-6), [x, w]), 2 * tokens * hidden * 2),
-                ("fused_add_rms_norm", fwd_only(lambda x, r, w: harness.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
+        return (("rms_norm", fwd_only(lambda x, w: ops.RMSNorm.apply(x, w, 1e-6), [x, w]), 2 * tokens * hidden * 2),
+                ("fused_add_rms_norm", fwd_only(lambda x, r, w: ops.AddRMSNorm.apply(x, r, w, 1e-6), [x, r, w]),
                  4 * tokens * hidden * 2))
     from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
@@ -431,15 +431,15 @@ def rms_sweep_section(copy_bw, tokens=8192):
     """RMSNorm forward (and fused add) at each vectors-per-thread setting of the cached kernel, with
     Liger's measured in the same run for reference."""
     rows = []
-    default = harness._KERNELS
+    default = c_api._KERNELS
     for per_thread in (1, 2, 4, 8):
-        harness._KERNELS = harness.Kernels(harness.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
+        c_api._KERNELS = c_api.Kernels(c_api.build(defines=(f"FASTFFN_RMS_NORM_VECS_PER_THREAD={per_thread}",)))
         for model, (hidden, *_rest) in MODELS.items():
             for op, fn, nbytes in rms_sweep_contenders(tokens, hidden, "ours"):
                 t = timeit(graphed(fn))
                 rows.append({"op": op, "model": model, "vecs_per_thread": per_thread, **t,
                              "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
-    harness._KERNELS = default
+    c_api._KERNELS = default
     if _liger_version() is not None:
         for model, (hidden, *_rest) in MODELS.items():
             for op, fn, nbytes in rms_sweep_contenders(tokens, hidden, "liger"):
@@ -456,13 +456,13 @@ def rope_sweep_section(copy_bw, liger, tokens=8192):
     (rotary_contenders), timed as that section times them (record_kernel_rows): the builds' libraries
     are loaded side by side and each contender switches the harness to its own before it runs, so its
     CUDA graph holds that build's kernel and every build shares one round-robin table with Liger."""
-    default = harness.kernels()
+    default = c_api.kernels()
     builds = {("ours" if h == 1 else f"ours_heads_per_thread_{h}"): (h, kernels)
-              for h, kernels in harness.rotary_heads_per_thread_kernels().items()}
+              for h, kernels in c_api.rotary_heads_per_thread_kernels().items()}
 
     def on_build(kernels, fn):
         def run():
-            harness._KERNELS = kernels
+            c_api._KERNELS = kernels
             fn()
         return run
 
@@ -481,7 +481,7 @@ def rope_sweep_section(copy_bw, liger, tokens=8192):
                 f"{r['pass']} {r['impl']} {r['fraction_of_copy'] * 100:.0f}%" for r in rows
                 if r["model"] == model and "fraction_of_copy" in r), flush=True)
     finally:
-        harness._KERNELS = default
+        c_api._KERNELS = default
     for row in rows:
         if row["impl"] in builds:
             row["heads_per_thread"] = builds[row["impl"]][0]
@@ -508,10 +508,10 @@ def ffn_section(token_list, liger, compile_tokens):
             variants = {
                 "eager_unfused": (unfused, [x, w_g, w_u, w_d]),
                 "eager_fused_gate_up": (fused_gate_up, [x, w_gu, w_d]),
-                "ours_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True), [x, w_gu, w_d]),
-                "ours_no_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, False), [x, w_gu, w_d]),
-                "ours_fused_gemm_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True, False), [x, w_gu, w_d]),
-                "ours_split_gemm_recompute": (lambda x, a, b: harness.fused_ffn(x, a, b, True, True), [x, w_gu, w_d]),
+                "ours_recompute": (lambda x, a, b: ops.fused_ffn(x, a, b, True), [x, w_gu, w_d]),
+                "ours_no_recompute": (lambda x, a, b: ops.fused_ffn(x, a, b, False), [x, w_gu, w_d]),
+                "ours_fused_gemm_recompute": (lambda x, a, b: ops.fused_ffn(x, a, b, True, False), [x, w_gu, w_d]),
+                "ours_split_gemm_recompute": (lambda x, a, b: ops.fused_ffn(x, a, b, True, True), [x, w_gu, w_d]),
             }
             if liger:
                 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -627,9 +627,9 @@ def projection_section(tokens=8192, hidden=4096, reps=20):
     summed in place, the weight gradients written into the fused gradient's row blocks), and the
     fused layout through our cuBLASLt provider (fastffn_gemm_cuda, the FP8 path's GEMM, with
     bf16 operands). It locates the decoder layer's GEMM time against Hugging Face's."""
-    from benchmarks.gpu import fp8_harness
+    from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 
-    fp8k = fp8_harness.kernels()
+    fp8k = fp8_c_api.kernels()
     fp8k.gemm_init()
     rows = []
     for model, projections in PROJECTIONS.items():
@@ -753,7 +753,7 @@ def decoder_contenders(shape, liger, device="cuda"):
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
+    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
 
     batch, seq, hidden, inter = shape["batch"], shape["seq"], shape["hidden"], shape["inter"]
     heads, kv_heads = shape["heads"], shape["kv_heads"]

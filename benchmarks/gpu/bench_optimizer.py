@@ -4,13 +4,13 @@ contender in the same run, timed round-robin:
 
     python3 -m benchmarks.gpu.bench_optimizer --out optimizer.json [--configs llama2_7b_8layers ...]
 
-- ours: llama_model.FusedMasterAdamW, one fastffn_adamw_cuda call per parameter (the kernel
+- ours: paddle_fastffn.torch.llama.FusedMasterAdamW, one fastffn_adamw_cuda call per parameter (the kernel
   paddle_fastffn.optim.FastAdamW runs in Paddle): reads the bf16 gradient, the fp32 master, m
   and v, writes master, m, v and the bf16 parameter: 28 bytes per parameter.
 - paddle: paddle_adamw.PaddleAdamW, stock Paddle's AdamW (paddle.optimizer.AdamW,
   multi_precision) ported into the harness launch for launch: its AdamWKernelREG, 28 bytes per
   parameter too, one launch per parameter, beta powers on the host.
-- three_pass: llama_model.MasterWeightAdamW, the harness's stand-in of runs up to 14 (bf16
+- three_pass: paddle_fastffn.torch.llama.MasterWeightAdamW, the harness's stand-in of runs up to 14 (bf16
   gradients copied into fp32 buffers, torch's fused AdamW on the masters, masters copied back:
   40 bytes per parameter and 4 more resident); kept to show what that baseline measured.
 Each without clipping and with the global-norm clip (max_grad_norm 1.0). Ours reads each bf16
@@ -20,7 +20,7 @@ ClipGradByGlobalNorm reduces each gradient's squared norm and then scales it in 
 them in place (+12).
 
 The parameters: embedding, 8 decoder layers with the fast path's fused weights (qkv, o, gate_up,
-down, two norm weights), final norm and LM head, all bf16 (what llama_model.FastLlama trains), at
+down, two norm weights), final norm and LM head, all bf16 (what paddle_fastffn.torch.llama.FastLlama trains), at
 bench_step's LLaMA-2-7B and Llama-3-8B widths. Time per step: CUDA events around step() called
 from Python (what a training loop sees) and the step captured in a CUDA graph (the GPU's time);
 the fraction of the device copy bandwidth measured in the same run (bytes as above / time).
@@ -44,11 +44,11 @@ import traceback
 
 import torch
 
-from benchmarks.gpu import harness
 from benchmarks.gpu.bench_gpu import ceilings, environment, graphed, round_robin_rebuilt, timeit
 from benchmarks.gpu.bench_step import STEP_CONFIGS
-from benchmarks.gpu.llama_model import FusedMasterAdamW, MasterWeightAdamW
 from benchmarks.gpu.paddle_adamw import PaddleAdamW
+from paddle_fastffn.torch import c_api
+from paddle_fastffn.torch.llama import FusedMasterAdamW, MasterWeightAdamW
 
 OPTIMIZERS = {"ours": FusedMasterAdamW, "paddle": PaddleAdamW, "three_pass": MasterWeightAdamW}
 BYTES_PER_PARAM = {"ours": 28, "paddle": 28, "three_pass": 40}
@@ -61,7 +61,7 @@ SWEEP_VARIANTS = (("FASTFFN_ADAMW_BLOCKS_PER_SM=4",), ("FASTFFN_ADAMW_ELEMS=16",
 
 
 def parameter_shapes(hidden, inter, heads, kv_heads, layers, vocab, **_):
-    """The fast path's trainable tensors (llama_model.FastLlama) for one step-benchmark config."""
+    """The fast path's trainable tensors (paddle_fastffn.torch.llama.FastLlama) for one step-benchmark config."""
     head_dim = hidden // heads
     layer = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, hidden), (2 * inter, hidden),
              (hidden, inter), (hidden,), (hidden,)]
@@ -117,12 +117,12 @@ def with_bandwidth(row, copy_bw):
 def sweep_section(shapes, grads, copy_bw, reps):
     """Our kernel per SWEEP_VARIANTS build (built in parallel first), the default build last again."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(SWEEP_VARIANTS)) as pool:
-        libraries = list(pool.map(lambda defines: harness.build(defines=defines), SWEEP_VARIANTS))
-    default = harness._KERNELS
+        libraries = list(pool.map(lambda defines: c_api.build(defines=defines), SWEEP_VARIANTS))
+    default = c_api._KERNELS
     rows = []
     try:
         for defines, library in [((), None)] + list(zip(SWEEP_VARIANTS, libraries)) + [((), None)]:
-            harness._KERNELS = harness.Kernels(library) if library is not None else default
+            c_api._KERNELS = c_api.Kernels(library) if library is not None else default
             row = measure("ours", shapes, False, grads, reps)
             # one measurement per build, in the layout of the report's sweep table
             row = with_bandwidth({**row, "eager": {"p50_ms": row["eager_ms"]},
@@ -131,7 +131,7 @@ def sweep_section(shapes, grads, copy_bw, reps):
             rows.append(row)
             print(f"sweep {defines or 'default'}: graph {row.get('graph_ms')} ms", flush=True)
     finally:
-        harness._KERNELS = default
+        c_api._KERNELS = default
     return rows
 
 

@@ -11,14 +11,14 @@ labels on response tokens only; benchmarks/sft_packed_steps.py). Every contender
 these examples with the same ids and labels, so each step carries the same labelled tokens, and
 its loss is the mean over them:
 
-- ours_packed: llama_model.FastLlama (the Paddle fast path's composition) on the zero_padding rows
+- ours_packed: paddle_fastffn.torch.llama.FastLlama (the Paddle fast path's composition) on the zero_padding rows
   as the product's collator gives them (PackedCollator's default): flattened to one row
   [1, tokens], no padding, so the same token work as the padding-free peer (the per-row layout,
   each row padded to the longest, is sft_packed_steps.packed_layout(flatten=False)); rotary at
   per-token position ids (restarting per example; the rope table spans the row), attention per
   segment as one variable-length flash-attention call over PackedSegments' cu_seqlens (the Paddle
-  path's flash_attn_unpadded contract; torch's built-in varlen kernel, llama_model.packed_attention),
-  the fused loss on the labelled rows only (harness.labelled_rows, as the Paddle op).
+  path's flash_attn_unpadded contract; torch's built-in varlen kernel, paddle_fastffn.torch.llama.packed_attention),
+  the fused loss on the labelled rows only (ops.labelled_rows, as the Paddle op).
 - hf_liger_padding_free: Hugging Face's LlamaForCausalLM on its flash-attention padding-free path
   (hf_varlen_attention: Hugging Face's flash path with torch's varlen kernel in place of the
   flash-attn package, so attention is the same kernel as ours), patched by Liger (rope, RMSNorm,
@@ -124,7 +124,7 @@ def accumulating_forward(model, micro_batches, labelled_tokens):
 
 def contenders(base, step):
     """{name: () -> (model, forward, make_optimizer)} over the step's three layouts."""
-    from benchmarks.gpu.llama_model import FastLlama
+    from paddle_fastffn.torch.llama import FastLlama
 
     packed, flat = on_device(step.packed), on_device(step.flattened)
     padded = [on_device(b) for b in step.padded]

@@ -5,14 +5,14 @@
 1. loss: the LM head GEMM + cross-entropy, forward and backward, at 8192 tokens x hidden 4096 and
    vocabularies 32000 / 128256: Hugging Face's path (bf16 logits, fp32 upcast, cross_entropy),
    the same under torch.compile, Liger's fused linear cross-entropy and ours
-   (harness.linear_cross_entropy, the Paddle op's chunked composition). Time and peak memory.
+   (ops.linear_cross_entropy, the Paddle op's chunked composition). Time and peak memory.
 2. step: embedding, 8 decoder layers, final norm, LM head + loss, and AdamW, 8192 tokens per step,
    at LLaMA-2-7B width (vocab 32000, 4 x 2048) and Llama-3-8B width (GQA 32/8, vocab 128256,
-   2 x 4096). Ours (llama_model.FastLlama: the Paddle fast path's composition, bf16, and with FP8
+   2 x 4096). Ours (paddle_fastffn.torch.llama.FastLlama: the Paddle fast path's composition, bf16, and with FP8
    linears under both recipes) against Hugging Face's LlamaForCausalLM (sdpa) eager, patched by
    Liger (rope, RMSNorm, SwiGLU and its fused linear cross-entropy) and under torch.compile. All of
    these keep bf16 weights with fp32 masters and step the same optimizer, the one-pass
-   master-weight AdamW kernel (llama_model.FusedMasterAdamW, framework-neutral; what
+   master-weight AdamW kernel (paddle_fastffn.torch.llama.FusedMasterAdamW, framework-neutral; what
    paddle_fastffn.optim.FastAdamW runs in Paddle): Hugging Face has no stock one-pass master-weight
    AdamW for bf16 weights, and a different optimizer would make the step compare optimizers.
    Beside them, HF + Liger as Hugging Face's Trainer runs bf16 (hf_liger_amp: fp32 weights and
@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import MIN_REPEATS, percentiles
-from benchmarks.gpu import harness
+from paddle_fastffn.torch import ops
 from benchmarks.gpu.bench_gpu import (DT, _liger_version, decoder_flops, environment, leaf,
                                       liger_patched, peak_bytes, round_robin, round_robin_rebuilt)
 
@@ -80,7 +80,7 @@ def loss_contenders(vocab, tokens, width, liger, device="cuda"):
     compiled_hf_loss = torch.compile(hf_loss)
     impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
              "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
-             "ours": (lambda h, w: harness.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
+             "ours": (lambda h, w: ops.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
     if liger:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger_loss = LigerFusedLinearCrossEntropyLoss()
@@ -202,9 +202,9 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
 
 def fused_master_adamw(params):
     """AdamW on fp32 masters of the bf16 parameters in one pass per parameter: our framework-neutral
-    kernel, the Paddle path's FastAdamW (llama_model.FusedMasterAdamW), stepped by every contender
+    kernel, the Paddle path's FastAdamW (paddle_fastffn.torch.llama.FusedMasterAdamW), stepped by every contender
     that keeps bf16 weights."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
 
     return FusedMasterAdamW(params, lr=1e-5, weight_decay=0.01)
 
@@ -218,8 +218,8 @@ def step_contenders(config, base, ids, labels, liger):
     """The step section's contenders for one configuration, on ids' device: {contender: build() ->
     (model, forward() -> loss, make_optimizer)}; the hf_liger ones are built and run inside
     liger_patched(fused_linear_cross_entropy=True)."""
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import FastLlama
+    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
+    from paddle_fastffn.torch.llama import FastLlama
 
     device = ids.device
 
@@ -266,7 +266,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                  rounds=3):
     """report (a dict) receives each configuration's results as they come; save() after each
     contender's round, so a run cut short keeps what it measured."""
-    from benchmarks.gpu.llama_model import shift_labels
+    from paddle_fastffn.torch.llama import shift_labels
 
     started = started or time.time()
     report = {} if report is None else report

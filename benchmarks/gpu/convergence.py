@@ -1,7 +1,7 @@
 """FP8 against bf16 convergence on the H200: a ~100M-parameter LLaMA (12 layers x 768, GQA 12/4,
 FFN 3072, byte-level vocabulary of 256) trained from scratch on real text found on the machine
 without downloads, the Python standard library's source files, through the fast path's
-composition (llama_model.FastLlama, MasterWeightAdamW). One run per precision, each from the same
+composition (paddle_fastffn.torch.llama.FastLlama, MasterWeightAdamW). One run per precision, each from the same
 initial weights and on the same batches:
 
     python3 -m benchmarks.gpu.convergence --out convergence.json [--steps 2000]
@@ -27,8 +27,8 @@ import torch
 
 from benchmarks.common import same_batch_spikes
 from benchmarks.gpu.bench_gpu import DT, environment
-from benchmarks.gpu.fp8_ffn import Fp8Recipe
-from benchmarks.gpu.llama_model import FastLlama, MasterWeightAdamW
+from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
+from paddle_fastffn.torch.llama import FastLlama, MasterWeightAdamW
 
 MODEL = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_key_value_heads=4,
              num_hidden_layers=12, vocab_size=256, rms_norm_eps=1e-5, max_position_embeddings=1024,

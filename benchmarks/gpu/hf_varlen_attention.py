@@ -9,8 +9,8 @@ them to [tokens, heads, d] (contiguous copies) and calls flash_attn_varlen_func 
 cumulative lengths; without the collator's kwargs it derives them from the position ids in each layer
 (prepare_fa_kwargs_from_position_ids). `varlen_attention_forward` is that path, registered under
 NAME in Hugging Face's attention and mask interfaces (its mask function is the flash one: no
-materialised mask), calling the same kernel our packed attention calls (llama_model.varlen_flash on
-the GPU in fp16/bf16; its reference, llama_model.varlen_reference, for fp32 and CPU tests).
+materialised mask), calling the same kernel our packed attention calls (paddle_fastffn.torch.llama.varlen_flash on
+the GPU in fp16/bf16; its reference, paddle_fastffn.torch.llama.varlen_reference, for fp32 and CPU tests).
 CALLS counts which source of the lengths each call used, so a run records that the collator's
 kwargs reached the attention.
 """
@@ -31,7 +31,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout=
     ([b, s, h, d], None); causal within each example."""
     from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
-    from benchmarks.gpu.llama_model import varlen_kernel
+    from paddle_fastffn.torch.llama import varlen_kernel
 
     if attention_mask is not None:
         raise ValueError(f"{NAME}: padding-free rows only (no attention_mask); got a mask of shape "

@@ -1,5 +1,5 @@
 """Stock Paddle's AdamW as Paddle users run it, in the GPU harness (the H200 has no Paddle), for the
-optimizer benchmark's baseline: PaddleAdamW has llama_model.FusedMasterAdamW's interface and does
+optimizer benchmark's baseline: PaddleAdamW has paddle_fastffn.torch.llama.FusedMasterAdamW's interface and does
 what Paddle 3.3.1's dygraph does for
 
     paddle.optimizer.AdamW(learning_rate, beta1, beta2, epsilon, parameters, weight_decay,

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from benchmarks.gpu.build_definition import REPO, definition
+from paddle_fastffn.torch.build import REPO, definition
 
 SOURCE = Path(__file__).resolve().with_name("paddle_adamw.cu")
 

@@ -152,7 +152,7 @@ def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3
 
 
 def main():
-    from benchmarks.gpu.llama_model import shift_labels
+    from paddle_fastffn.torch.llama import shift_labels
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -205,8 +205,8 @@ def main():
 def profile_contenders(config, base, ids, labels):
     """{contender: build() -> (model, forward() -> loss, make_optimizer)} on ids' device; hf_liger is
     built and run inside liger_patched(fused_linear_cross_entropy=True)."""
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import FastLlama
+    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
+    from paddle_fastffn.torch.llama import FastLlama
 
     def ours(kind=None):
         model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind))

@@ -85,8 +85,8 @@ EOF
 if grep -q MISSING "$OUT/device.txt" && [[ ${FASTFFN_ALLOW_MISSING_PEERS:-0} != 1 ]]; then
   echo "a peer's package is missing (above): carry its wheel in .whl, or set FASTFFN_ALLOW_MISSING_PEERS=1"; exit 2
 fi
-python3 -c "from benchmarks.gpu.harness import definition; print(\"cublasLt.h from:\", definition.cublas_include_dirs() or definition.cuda_home() / \"include\")"
-python3 -c "from benchmarks.gpu import harness, paddle_adamw_library as p; harness.build(verbose=True); p.build()" \
+python3 -c "from paddle_fastffn.torch.build import definition; print(\"cublasLt.h from:\", definition.cublas_include_dirs() or definition.cuda_home() / \"include\")"
+python3 -c "from benchmarks.gpu import paddle_adamw_library as p; from paddle_fastffn.torch import c_api; c_api.build(verbose=True); p.build()" \
   > "$OUT/ptxas.txt" 2>&1 || { echo "build failed"; tail -50 "$OUT/ptxas.txt"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 grep -c "spill" "$OUT/ptxas.txt" | sed 's/^/ptxas reports: /'

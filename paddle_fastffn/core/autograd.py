@@ -18,7 +18,7 @@ A fused op is a class with two static methods and two names lists, written once 
             # not needed.
 
 Each framework adapts the same class to its autograd once (Paddle: ops/_autograd.py `pylayer(op)`;
-torch: benchmarks/gpu/torch_backend.py `function(op)`): the adapter builds the backend, fills
+torch: paddle_fastffn/torch/backend.py `function(op)`): the adapter builds the backend, fills
 `needs`, routes saved tensors through the framework's own saving (so recompute, hooks and memory
 accounting see them; run_forward / run_backward below are that shared part), and returns None for
 options. Orchestration (what is allocated, which kernels

@@ -1,7 +1,7 @@
 """The tensor backend the core layer is written over: the few things it asks of a framework.
 
 Two implementations: paddle_fastffn/ops/_backend.py (PaddleBackend: the compiled Paddle custom ops,
-CPU and CUDA, and Paddle's matmul) and benchmarks/gpu/torch_backend.py (TorchBackend: the same C
+CPU and CUDA, and Paddle's matmul) and paddle_fastffn/torch/backend.py (TorchBackend: the same C
 kernels through ctypes, torch's cuBLAS). A method belongs here only if the core layer calls it;
 each says what it must do, so a backend is checked against this text and the trace test
 (tests/integration/test_trace.py) checks that both execute the same list.

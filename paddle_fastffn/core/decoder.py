@@ -1,5 +1,5 @@
 """The LLaMA decoder layer, written once: the Paddle patch (integration/llama.py) and the GPU harness
-(benchmarks/gpu/llama_model.py, FastDecoderLayer) both execute these functions, so the order of the
+(paddle_fastffn/torch/llama.py, FastDecoderLayer) both execute these functions, so the order of the
 steps, the views each fused op is handed and what is dropped when are the same on both sides.
 decoder_steps.py names the steps; STEP_OF_PART below says which step each part call is.
 

@@ -2,7 +2,7 @@
 data (no Paddle, no torch), read by both sides.
 
 The step names are the steps of core/decoder.py, which both the Paddle patch
-(integration/llama.py) and the GPU harness (benchmarks/gpu/llama_model.py, FastDecoderLayer)
+(integration/llama.py) and the GPU harness (paddle_fastffn/torch/llama.py, FastDecoderLayer)
 execute: decoder.STEP_OF_PART names the step of each layer part that code calls, so a run of
 core/decoder.py over recording parts gives exactly these lists (tests/integration/test_composition.py
 checks that, and traces a patched PaddleNLP layer against the same lists).
@@ -58,8 +58,8 @@ def decoder_layer_steps(attention: str = "fused", mlp: str = "fused") -> tuple:
 
 # The fast path's defaults (`use_fast_ffn`): fused projections, SwiGLU recompute.
 LLAMA_DECODER_LAYER = decoder_layer_steps("fused", "fused")
-# fast_ffn_precision=fp8: qkv_proj and o_proj are FP8 linears (Paddle: fp8.Fp8Linear; harness:
-# fp8_linear.py), and the MLP is one FP8 FFN (Paddle: fp8/ffn.py; harness: fp8_ffn.py) whose C
+# fast_ffn_precision=fp8: qkv_proj and o_proj are FP8 linears (Paddle: fp8.Fp8Linear; torch:
+# torch/fp8/linear.py), and the MLP is one FP8 FFN (Paddle: fp8/ffn.py; torch: torch/fp8/ffn.py) whose C
 # entry-point calls are FP8_FFN_CALLS below.
 LLAMA_DECODER_LAYER_FP8 = decoder_layer_steps("fused", "fp8")
 # LoRA (paddlenlp.peft.LoRAModel on the fast path): unfuse_for_lora (integration/llama.py) splits the

@@ -1,6 +1,6 @@
 """The whole fused FFN, y = swiglu(x @ W_gate_up) @ W_down, on PaddleNLP's fused gate_up weight,
 as a fused op over a Backend (the contract: autograd.py). The GPU harness runs it as
-harness.fused_ffn; its SwiGLU backward is SwiGLUDownProj's (core/swiglu.py), which the Paddle
+paddle_fastffn.torch.ops.fused_ffn; its SwiGLU backward is SwiGLUDownProj's (core/swiglu.py), which the Paddle
 patch's MLP runs after its own gate_up Linear."""
 
 from __future__ import annotations

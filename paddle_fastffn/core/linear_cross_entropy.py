@@ -1,6 +1,6 @@
 """Fused linear cross-entropy: the LM head GEMM and PaddleNLP's causal-LM loss in chunks of tokens,
 as a fused op over a Backend (the contract: autograd.py). Paddle runs it as
-ops.linear_cross_entropy, the GPU harness as harness.linear_cross_entropy.
+ops.linear_cross_entropy, the torch binding as paddle_fastffn.torch.ops.linear_cross_entropy.
 
 Per chunk of tokens the logits ``hidden_chunk @ weight`` are computed in the backend's GEMM dtype
 (the inputs' on GPU, with fp32 accumulation as the stock head; fp32 on Paddle CPU), one kernel

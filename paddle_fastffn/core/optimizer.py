@@ -1,5 +1,5 @@
 """The optimizer part of a training step, written once: what Paddle's FastAdamW
-(paddle_fastffn/optim/adamw.py) and the GPU harness's FusedMasterAdamW (benchmarks/gpu/llama_model.py)
+(paddle_fastffn/optim/adamw.py) and the GPU harness's FusedMasterAdamW (paddle_fastffn/torch/llama.py)
 both execute (issue 20: the trace of one training step must be the same on both sides).
 
 One step, in order:

@@ -1,6 +1,6 @@
 """RMSNorm and the residual add fused with it, as fused ops over a Backend (the contract:
 autograd.py), with PaddleNLP LlamaRMSNorm numerics (the kernels'). Paddle runs them as
-ops.rms_norm / ops.fused_add_rms_norm, the GPU harness as harness.RMSNorm / harness.AddRMSNorm."""
+ops.rms_norm / ops.fused_add_rms_norm, the torch binding as paddle_fastffn.torch.ops.RMSNorm / AddRMSNorm."""
 
 from __future__ import annotations
 

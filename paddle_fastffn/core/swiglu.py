@@ -1,6 +1,6 @@
 """SwiGLU, ``silu(gate) * up``, and SwiGLU followed by the down projection, as fused ops over a
 Backend (the contract: autograd.py). Paddle runs them as ops.swiglu / ops.swiglu_down_proj, the GPU
-harness as harness.SwiGLU / harness.SwiGLUDownProj; core/ffn.py builds the whole FFN on the same
+harness as paddle_fastffn.torch.ops.SwiGLU / SwiGLUDownProj; core/ffn.py builds the whole FFN on the same
 backward (`down_proj_swiglu_grad`)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The trace format both sides record and the canonicaliser that makes them comparable (issue 20,
 item 3: what the harness times must be what Paddle executes, copies and host reads included).
 
-A recorder (Paddle: tests/integration/trace_paddle.py; torch: benchmarks/gpu/trace_torch.py) turns
+A recorder (Paddle: tests/integration/trace_paddle.py; torch: tests/gpu/trace_torch.py) turns
 everything a framework executes into RawOps, in order; `canonicalise` maps each to zero, one or
 more Entries through EQUIVALENCE, the one table that says which framework op is which canonical op
 and why. Two sides agree when their canonical entry lists are equal.
@@ -223,7 +223,7 @@ EQUIVALENCE = {
 # Operands an op takes for their shape only (not read): left out of its entry.
 SHAPE_ONLY = {"paddle:embedding_grad": 2}  # the table, for its shape (torch passes num_weights instead)
 # Ops whose two operands are one tensor: torch has no squared-norm op, the harness's clip runs
-# dot(g, g) (benchmarks/gpu/optimizer_backend.py) where Paddle runs squared_l2_norm(g): one operand.
+# dot(g, g) (paddle_fastffn/torch/optimizer.py) where Paddle runs squared_l2_norm(g): one operand.
 SELF_PRODUCT = {"torch:dot"}
 
 

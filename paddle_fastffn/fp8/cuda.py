@@ -6,7 +6,7 @@ What is verified where. This Paddle glue is compile-checked on the CPU machines
 is defined), its argument checks and CPU refusal run in CPU CI through the compiled ops
 (tests/fp8/test_cuda_backend.py), and its pure logic (the GEMM table below, the padding, the backend
 choice) is unit-tested there. The kernels it calls are proven on the H200 through the ctypes harness
-(benchmarks/gpu/fp8_harness.py, tests/gpu/), composed the same way as here by benchmarks/gpu/fp8_ffn.py.
+(paddle_fastffn/torch/fp8/c_api.py, tests/gpu/), composed the same way as here by paddle_fastffn/torch/fp8/ffn.py.
 This Paddle path itself has not run on a GPU: PyPI has no Paddle wheel for sm_90 (shared/design.md).
 
 Shapes and precision (x [T, in] bf16/fp16/fp32, Paddle's weight layout W [in, out], T tokens;
@@ -33,7 +33,7 @@ the stored copy whose rows run along that GEMM's K (LINEAR_GEMMS, checked numeri
   | wgrad    | dW [in, out]  | T16 | q(x)^T   [in, T16]      | q(dy)^T [out, T16]  (transposed)   |
 
   Paddle's [in, out] weight is the transpose of torch's [out, in], so the forward reads the
-  weight's transposed copy and dgrad its row-wise one (benchmarks/gpu/fp8_ffn.py, in torch's
+  weight's transposed copy and dgrad its row-wise one (paddle_fastffn/torch/fp8/ffn.py, in torch's
   layout, has them the other way round).
 
 Tokens that are not a multiple of 16. T is the K of wgrad and the row length of the transposed

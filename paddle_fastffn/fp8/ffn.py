@@ -1,6 +1,6 @@
 """The FP8 FFN: LLaMA's SwiGLU MLP, y = swiglu(x @ W_gu) @ W_d, with FP8 GEMMs and SwiGLU fused
 with the quantisation of its output; the composition the GPU benchmarks time
-(benchmarks/gpu/fp8_ffn.py), call for call (integration/composition.py: FP8_FFN_CALLS).
+(paddle_fastffn/torch/fp8/ffn.py), call for call (integration/composition.py: FP8_FFN_CALLS).
 
 Paddle's layout: x [..., H]; W_gu = gate_up_fused_proj.weight [H, 2I], columns [gate | up];
 W_d = down_proj.weight [I, H]; T tokens. e4m3 for activations and weights, e5m2 for gradients

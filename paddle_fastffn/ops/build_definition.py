@@ -3,7 +3,7 @@ architectures and link libraries.
 
 Pure Python with no Paddle or torch import, so that the three builders read the same lists:
 ``ops/_loader.py`` (Paddle's ``cpp_extension.load``, CPU and GPU), the standalone GPU harness
-(``benchmarks/gpu/harness.py``, nvcc on the H200 machine, which has no Paddle) and CI's build checks
+(``paddle_fastffn/torch/c_api.py``, nvcc on the H200 machine, which has no Paddle) and CI's build checks
 (``tests/build_checks/``). The harness loads this file by path, so it needs no Paddle (the package's
 ``__init__`` imports it).
 """

@@ -4,7 +4,7 @@ padding-free row (sdpa with Hugging Face's packed mask, and Hugging Face's flash
 over the varlen kernel's contract, hf_varlen_attention, with the collator's cu_seq_lens or from
 the position ids) and the padded micro-batches with num_items_in_batch give the loss of running
 every example on its own; and ours' packed attention over PackedSegments' cu_seqlens
-(llama_model.packed_attention, the varlen reference on CPU) is attention under PaddleNLP's
+(paddle_fastffn.torch.llama.packed_attention, the varlen reference on CPU) is attention under PaddleNLP's
 block-causal mask, on the flattened row the benchmark trains and on per-row packing (padding
 segments included). Skipped where torch or transformers is missing (the GPU machine and the torch
 CI environment run it); the bf16 kernel's gradients are tests/gpu/test_packed_sft.py's."""
@@ -108,7 +108,7 @@ def test_padded_gradient_accumulation_is_the_per_example_step(step):
 
 @pytest.mark.parametrize("flatten", [True, False], ids=["flattened", "rows"])
 def test_packed_attention_is_attention_under_the_block_causal_mask(step, flatten):
-    from benchmarks.gpu.llama_model import PackedBatch, packed_attention
+    from paddle_fastffn.torch.llama import PackedBatch, packed_attention
 
     packed = step["packed"][flatten]
     rows, seq = packed["input_ids"].shape

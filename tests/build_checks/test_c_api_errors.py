@@ -2,7 +2,7 @@
 (csrc/kernels/*.cc and cpu/*.cc) is compiled with the host compiler of the build definition,
 (1) into a driver that calls every CPU entry point with one argument broken and checks the status
 and fastffn_last_error's message, and (2) into a shared library whose struct layout table
-(fastffn_abi_*) the GPU harness's ctypes mirrors (benchmarks/gpu/c_structs.py) must match."""
+(fastffn_abi_*) the GPU harness's ctypes mirrors (paddle_fastffn/torch/c_structs.py) must match."""
 
 import ctypes
 import os
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu import c_structs
 from paddle_fastffn.ops import build_definition
+from paddle_fastffn.torch import c_structs
 
 from build_tools import require_tool, run
 

@@ -1,7 +1,7 @@
 """The framework-neutral core layer (paddle_fastffn/core): it imports without Paddle or torch, and
 every Paddle op wrapper runs a core op through the one PyLayer adapter (ops/_autograd.pylayer), so
 no op keeps a second autograd of its own. The GPU harness builds its Functions from the same core
-classes (benchmarks/gpu/torch_backend.function; tests/gpu run them on the H200)."""
+classes (paddle_fastffn/torch/backend.function; tests/gpu run them on the H200)."""
 
 import importlib
 import importlib.util

@@ -4,7 +4,7 @@ can check it: the GEMM table and the token padding (numerically, in numpy), the 
 apart, and the compiled FP8 ops themselves: their argument checks and their refusal of CPU tensors.
 
 The CUDA path is compile-checked here (tests/build_checks/test_cuda_build.py); its kernels are
-proven on the H200 through the ctypes harness (benchmarks/gpu/fp8_harness.py, tests/gpu/), but this
+proven on the H200 through the ctypes harness (paddle_fastffn/torch/fp8/c_api.py, tests/gpu/), but this
 Paddle glue has not run on a GPU (no Paddle wheel for sm_90 on PyPI)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The AdamW kernel (fastffn_adamw_cuda, fastffn/optimizer.h) against a float64 torch reference of
-Paddle's formula, and FusedMasterAdamW (benchmarks/gpu/llama_model.py) against MasterWeightAdamW
+Paddle's formula, and FusedMasterAdamW (paddle_fastffn/torch/llama.py) against MasterWeightAdamW
 and, with the global-norm clip, against torch's AdamW fed Paddle's clip coefficient, through the
 ctypes harness.
 
@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.gpu import harness
+from paddle_fastffn.torch import c_api
 
 from gpu_checks import DTYPES, IDS, close
 
@@ -72,7 +72,7 @@ HYPER = dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 def run_and_check(n, dtype, with_master, fp32_grad, offsets=(0, 0, 0, 0, 0), steps=3, lr=1e-2,
                   device_scalars=True):
     """`steps` kernel steps, each compared with the reference from the kernel's state before it."""
-    k = harness.kernels()
+    k = c_api.kernels()
     o_param, o_grad, o_master, o_m1, o_m2 = offsets
     init = torch.randn(n, device="cuda")
     param_buf, param = guarded(init, dtype, o_param)
@@ -127,7 +127,7 @@ def test_adamw_misaligned_views_take_the_scalar_path(offsets, dtype):
 def test_adamw_host_scalars_are_the_device_scalars_bit_for_bit():
     run_and_check(1000, torch.bfloat16, True, False, device_scalars=False)
     results = []
-    k = harness.kernels()
+    k = c_api.kernels()
     for device_scalars in (True, False):
         p = torch.linspace(-2, 2, 999, device="cuda")
         g, m1, m2 = torch.sin(p * 7), torch.zeros_like(p), torch.zeros_like(p)
@@ -141,7 +141,7 @@ def test_adamw_host_scalars_are_the_device_scalars_bit_for_bit():
 
 
 def test_adamw_nan_and_inf_gradients_propagate():
-    k = harness.kernels()
+    k = c_api.kernels()
     n = 4097
     p = torch.randn(n, device="cuda").to(torch.bfloat16)
     master = p.float()
@@ -158,7 +158,7 @@ def test_adamw_nan_and_inf_gradients_propagate():
 
 
 def test_adamw_clip_coefficient_and_lr_ratio_without_decay():
-    k = harness.kernels()
+    k = c_api.kernels()
     n = 333
     p, g = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     m1, m2 = torch.rand(n, device="cuda") * 0.1, torch.rand(n, device="cuda") * 0.01
@@ -174,7 +174,7 @@ def test_adamw_clip_coefficient_and_lr_ratio_without_decay():
 def test_adamw_in_a_cuda_graph_reads_the_current_scalars():
     """Captured once, replayed with a new learning rate, beta powers and clip coefficient: the same
     bits as an eager call with those values."""
-    k = harness.kernels()
+    k = c_api.kernels()
     n = 70001
     torch.manual_seed(2)
     p = torch.randn(n, device="cuda").to(torch.bfloat16)
@@ -215,7 +215,7 @@ def test_adamw_in_a_cuda_graph_reads_the_current_scalars():
 
 
 def test_adamw_update_pows_multiplies_in_fp32():
-    k = harness.kernels()
+    k = c_api.kernels()
     b1p, b2p = torch.tensor([0.9], device="cuda"), torch.tensor([0.999], device="cuda")
     for step in range(2, 6):
         k.adamw_update_pows(0.9, 0.999, b1p, b2p)
@@ -223,7 +223,7 @@ def test_adamw_update_pows_multiplies_in_fp32():
 
 
 def test_adamw_statuses():
-    k = harness.kernels()
+    k = c_api.kernels()
     x = torch.zeros(8, device="cuda", dtype=torch.float64)
     m = torch.zeros(8, device="cuda")
     # The harness's _check passes on the C layer's own message (fastffn_last_error).
@@ -233,8 +233,8 @@ def test_adamw_statuses():
     with pytest.raises(RuntimeError, match=r"adamw: unsupported dtype: fastffn_adamw_cuda: grad_dtype is "
                                            r"BFLOAT16; it must be the param's dtype \(FLOAT16\) or FLOAT32"):
         k.adamw(m.half(), m.bfloat16(), m, m, lr=0.1, beta1_pow=0.9, beta2_pow=0.9)
-    args = harness.AdamwArgs(8, 0, 0, 0.9, 0.999, 1e-8, 0.0, 1.0, 1, harness.scalar(0.1),
-                             harness.scalar(0.9), harness.scalar(0.9), harness.scalar(1.0))
+    args = c_api.AdamwArgs(8, 0, 0, 0.9, 0.999, 1e-8, 0.0, 1.0, 1, c_api.scalar(0.1),
+                             c_api.scalar(0.9), c_api.scalar(0.9), c_api.scalar(1.0))
     status = k.lib.fastffn_adamw_cuda(args, m.data_ptr(), None, None, m.data_ptr(), m.data_ptr(),
                                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     assert status == 1  # INVALID_ARGUMENT: no gradient
@@ -246,7 +246,7 @@ def test_adamw_statuses():
 def test_fused_master_adamw_matches_master_weight_adamw():
     """The same steps as MasterWeightAdamW (torch's fused AdamW on fp32 masters): masters and
     moments within the fp32 row (the same math in another order), parameters = masters rounded."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW, MasterWeightAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW, MasterWeightAdamW
 
     torch.manual_seed(3)
     shapes = [(64, 48), (4097,), (48,)]
@@ -286,7 +286,7 @@ def test_fused_master_adamw_clips_the_global_norm_as_paddle():
     """max_grad_norm: every gradient multiplied by Paddle's coefficient (its squared norms in the
     gradients' dtype, paddle_clip_coefficient) before torch's AdamW on fp32 masters: masters and
     moments within the fp32 row. The clip is on (the gradients' norm is far above 0.5)."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
 
     torch.manual_seed(3)
     shapes = [(64, 48), (4097,), (48,)]
@@ -317,7 +317,7 @@ def test_fused_master_adamw_parameter_that_misses_a_step():
     """A parameter without a gradient is skipped and its own beta powers (on the host, as Paddle
     keeps them) lag behind the others', as in Paddle and in torch's AdamW, which is the reference
     here (fp32 parameters; MasterWeightAdamW would step a stale fp32 gradient buffer instead)."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
 
     torch.manual_seed(4)
     init = [torch.randn(s, device="cuda") for s in ((33,), (65,))]
@@ -343,12 +343,12 @@ def test_fused_master_adamw_runs_one_kernel_per_parameter_and_writes_the_lr_only
     """The optimizer step of the trace (tests/traces/training_step.json): one adamw launch per
     parameter with a gradient and no beta-power kernel; set_lr fills the device scalar only when the
     value changes."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
 
     params = [torch.randn(s, device="cuda").requires_grad_() for s in ((33,), (65,))]
     ours = FusedMasterAdamW(params, lr=1e-2)
     calls = []
-    k = harness.kernels()
+    k = c_api.kernels()
     for name in ("adamw", "adamw_update_pows"):
         original = getattr(k, name)
         setattr(k, name, lambda *a, _name=name, _f=original, **kw: (calls.append(_name), _f(*a, **kw))[1])

@@ -1,6 +1,6 @@
 """The fused cross-entropy CUDA kernel and the chunked linear cross-entropy of the harness (the
 Paddle op's composition) against torch's cross_entropy in float64. Loss buffers and d_hidden are
-poisoned with NaN before each run (harness.POISON_OUTPUTS), and the kernel rewrites the logits in
+poisoned with NaN before each run (c_api.POISON_OUTPUTS), and the kernel rewrites the logits in
 place, so an element it skips keeps a logit and fails the comparison with the gradient."""
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu import harness
+from paddle_fastffn.torch import ops
 
 from gpu_checks import DTYPES, IDS, close
 
@@ -55,7 +55,7 @@ def test_kernel_loss_and_gradient_match_float64(rows, vocab, dtype):
     scale = 1.0 / max(int((labels != IGNORE).sum()), 1)
     ref_loss, ref_grad = reference_rows(logits, labels, scale)
     grad = logits.clone()
-    loss = harness.cross_entropy(grad, labels, IGNORE, scale)
+    loss = ops.cross_entropy(grad, labels, IGNORE, scale)
     close(loss, ref_loss, torch.float32, "loss")  # fp32 math on the stored logits
     close_to_scale(grad, ref_grad, dtype, "gradient")
 
@@ -64,7 +64,7 @@ def test_kernel_without_gradient_leaves_the_logits_and_gives_the_same_loss():
     logits = (torch.randn(9, 32000, device="cuda") * 3).to(torch.bfloat16)
     labels = labels_for(9, 32000)
     kept = logits.clone()
-    loss = harness.cross_entropy(kept, labels, IGNORE, 1.0, with_grad=False)
+    loss = ops.cross_entropy(kept, labels, IGNORE, 1.0, with_grad=False)
     assert torch.equal(kept, logits)
     close(loss, reference_rows(logits, labels, 1.0)[0], torch.float32, "loss only")
 
@@ -75,7 +75,7 @@ def test_kernel_strided_rows_leave_the_gap_alone():
     before = base[:, 1001:].clone()
     labels = labels_for(6, 1001)
     ref_loss, ref_grad = reference_rows(logits, labels, 0.5)
-    loss = harness.cross_entropy(logits, labels, IGNORE, 0.5)
+    loss = ops.cross_entropy(logits, labels, IGNORE, 0.5)
     close(loss, ref_loss, torch.float32, "strided loss")
     close_to_scale(logits, ref_grad, torch.bfloat16, "strided gradient")
     assert torch.equal(base[:, 1001:], before)
@@ -89,7 +89,7 @@ def test_kernel_ignored_rows_and_extreme_logits():
     logits[3, 11] = 90.0  # label elsewhere: a 90-nat loss, exact (no -64 clip as Paddle's CPU softmax)
     labels = torch.tensor([IGNORE, 7, 3, 5, 9], device="cuda")
     grad = logits.clone()
-    loss = harness.cross_entropy(grad, labels, IGNORE, 1.0)
+    loss = ops.cross_entropy(grad, labels, IGNORE, 1.0)
     ref_loss, ref_grad = reference_rows(logits, labels, 1.0)
     assert loss[0] == 0 and loss[1] == 0 and loss[2] == 0
     close(loss, ref_loss, torch.float32, "extreme rows loss")
@@ -101,7 +101,7 @@ def test_kernel_labels_outside_the_vocabulary_raise():
     for bad in (1000, -1, -101):
         labels = torch.tensor([1, bad, IGNORE], device="cuda")
         with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 1000\)"):
-            harness.cross_entropy(torch.randn(3, 1000, device="cuda"), labels)
+            ops.cross_entropy(torch.randn(3, 1000, device="cuda"), labels)
 
 
 # --- the chunked composition -------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_chunked_linear_cross_entropy_matches_float64(tokens, width, vocab, chun
     w_shape = (vocab, width) if transpose_weight else (width, vocab)
     weight = (torch.randn(w_shape, device="cuda") * 3 / math.sqrt(width)).to(dtype).requires_grad_()
     labels = labels_for(tokens, vocab, ignored=0.0 if tokens == 1 else 0.25)
-    loss = harness.linear_cross_entropy(hidden, weight, labels, IGNORE, transpose_weight, chunk)
+    loss = ops.linear_cross_entropy(hidden, weight, labels, IGNORE, transpose_weight, chunk)
     loss.backward()
     ref_loss, ref_d_h, ref_d_w = reference_loss(hidden, weight, labels, transpose_weight)
     # The reference rounds the logits as the GEMM stores them; a logit whose fp32 accumulation
@@ -150,7 +150,7 @@ def test_chunked_all_ignored_is_nan_with_zero_gradients():
     hidden = torch.randn(10, 32, device="cuda").requires_grad_()
     weight = torch.randn(32, 500, device="cuda").requires_grad_()
     labels = torch.full((10,), IGNORE, device="cuda")
-    loss = harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=3)
+    loss = ops.linear_cross_entropy(hidden, weight, labels, chunk_tokens=3)
     loss.backward()
     assert math.isnan(loss.item())
     assert not hidden.grad.any() and not weight.grad.any()
@@ -160,18 +160,18 @@ def test_chunked_upstream_gradient_and_bad_labels():
     hidden = torch.randn(20, 32, device="cuda").requires_grad_()
     weight = torch.randn(32, 500, device="cuda").requires_grad_()
     labels = labels_for(20, 500)
-    (harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6) * 3.0).backward()
+    (ops.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6) * 3.0).backward()
     _, ref_d_h, ref_d_w = reference_loss(hidden, weight, labels, False)
     close_to_scale(hidden.grad, 3.0 * ref_d_h, torch.float32, "3 * d_hidden")
     close_to_scale(weight.grad, 3.0 * ref_d_w, torch.float32, "3 * d_weight")
     labels[4] = 500
     # Flagged on the device, raised by backward's one readback (no synchronisation per chunk) ...
-    loss = harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
+    loss = ops.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         loss.backward()
     # ... or by the forward itself when no backward will come.
     with torch.no_grad(), pytest.raises(ValueError, match="outside the vocabulary"):
-        harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
+        ops.linear_cross_entropy(hidden, weight, labels, chunk_tokens=6)
 
 
 def test_chunked_nan_row_stays_out_of_the_mean():
@@ -180,7 +180,7 @@ def test_chunked_nan_row_stays_out_of_the_mean():
     hidden[5, 0] = math.nan
     weight = torch.randn(32, 500, device="cuda") / math.sqrt(32)
     labels = labels_for(12, 500, ignored=0.0)
-    loss = harness.linear_cross_entropy(hidden, weight, labels, chunk_tokens=5)
+    loss = ops.linear_cross_entropy(hidden, weight, labels, chunk_tokens=5)
     ref_loss, _, _ = reference_loss(hidden, weight, labels, False)
     assert math.isfinite(loss.item())
     close(loss, ref_loss, torch.float32, "loss with one NaN row")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.gpu import harness
+from paddle_fastffn.torch import c_api, ops
 
 from gpu_checks import DTYPES, IDS, close
 
@@ -23,7 +23,7 @@ SWIGLU_SHAPES = [(1, 1), (1, 8), (7, 13), (3, 5, 123), (65, 11008), (2, 28672), 
 @pytest.mark.parametrize("shape", SWIGLU_SHAPES, ids=str)
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "pair"])
 def test_swiglu(shape, dtype, packed):
-    k = harness.kernels()
+    k = c_api.kernels()
     if packed:
         x = rand((*shape[:-1], 2 * shape[-1]), dtype, 2.0)
         gate, up, y = x[..., : shape[-1]], x[..., shape[-1]:], None
@@ -46,7 +46,7 @@ def test_swiglu(shape, dtype, packed):
 
 
 def test_swiglu_backward_in_place_matches_out_of_place():
-    k = harness.kernels()
+    k = c_api.kernels()
     x = rand((33, 2 * 1000), torch.bfloat16, 2.0)
     d_out = rand((33, 1000), torch.bfloat16)
     expected, hidden = k.swiglu_bwd(x, d_out, recompute=True)
@@ -57,7 +57,7 @@ def test_swiglu_backward_in_place_matches_out_of_place():
 
 
 def test_swiglu_unaligned_views_take_the_scalar_path():
-    k = harness.kernels()
+    k = c_api.kernels()
     base = rand((5, 2 * 64 + 1), torch.float16)
     x = base[:, 1:]  # row stride 129 elements: not 16-byte aligned
     gate, up = x[:, :64].contiguous(), x[:, 64:].contiguous()
@@ -84,7 +84,7 @@ def _norm_reference(x64, w64, dtype, eps):
 @pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["norm", "add_norm"])
 def test_rms_norm(shape, dtype, with_residual):
-    k = harness.kernels()
+    k = c_api.kernels()
     eps = 1e-6
     x, w = rand(shape, dtype, 3.0), rand(shape[-1:], dtype)
     residual = rand(shape, dtype) if with_residual else None
@@ -113,12 +113,12 @@ def test_rms_norm(shape, dtype, with_residual):
 
 
 def test_rms_norm_backward_plan_uses_the_device():
-    limits = harness.device_limits()
+    limits = c_api.device_limits()
     props = torch.cuda.get_device_properties(0)
     assert limits.sm_count == props.multi_processor_count
     assert limits.max_shared_bytes_per_block >= 48 * 1024
-    narrow = harness.rms_norm_bwd_plan(8192, 4096, limits)
-    wide = harness.rms_norm_bwd_plan(3, 65536, limits)
+    narrow = c_api.rms_norm_bwd_plan(8192, 4096, limits)
+    wide = c_api.rms_norm_bwd_plan(3, 65536, limits)
     assert narrow.shared_partials == 1 and narrow.blocks == 4 * props.multi_processor_count
     assert wide.shared_partials == 0 and wide.shared_bytes == 0 and wide.blocks == 3
 
@@ -133,12 +133,12 @@ def test_rotary_position_out_of_range_raises_instead_of_clamping():
     sin = torch.zeros(6, 8, device="cuda")
     for bad in (6, -1):
         pos = torch.tensor([[0, 1, bad, 2]], device="cuda")
-        q_out, k_out = harness.Rotary.apply(q, kk, cos, sin, pos)
+        q_out, k_out = ops.Rotary.apply(q, kk, cos, sin, pos)
         assert core_rotary.POSITION_CHECK.flag is not None  # pending, not read yet
         assert torch.isnan(q_out[0, 2]).all() and torch.isnan(k_out[0, 2]).all()
         with pytest.raises(ValueError, match=r"position_ids.*outside the cos/sin table \[0, 6\)"):
             core_rotary.POSITION_CHECK.check()
-    q_out, _ = harness.Rotary.apply(q, kk, cos, sin, torch.tensor([[0, 1, 5, 2]], device="cuda"))
+    q_out, _ = ops.Rotary.apply(q, kk, cos, sin, torch.tensor([[0, 1, 5, 2]], device="cuda"))
     core_rotary.POSITION_CHECK.check()  # valid ids: nothing flagged
     assert torch.equal(q_out, q)  # cos 1, sin 0: the identity where positions are valid
 
@@ -169,7 +169,7 @@ def _rotate_reference(cos, sin, positions):
 @pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "position_ids"])
 @pytest.mark.parametrize("fused_qkv", [False, True], ids=["separate", "qkv_views"])
 def test_rotary(shape, dtype, positions, fused_qkv):
-    """harness.Rotary (the core op): q and k dense or token-strided views, forward and the
+    """ops.Rotary (the core op): q and k dense or token-strided views, forward and the
     transposed rotation in backward, against fp64 autograd."""
     b, s, hq, hk, d = shape
     rows = s + 5
@@ -183,7 +183,7 @@ def test_rotary(shape, dtype, positions, fused_qkv):
         q, kk = rand((b, s, hq, d), dtype).requires_grad_(), rand((b, s, hk, d), dtype).requires_grad_()
         leaves = [q, kk]
     pos = torch.randint(0, rows, (b, s), device="cuda") if positions else None
-    q_out, k_out = harness.Rotary.apply(q, kk, cos, sin, pos)
+    q_out, k_out = ops.Rotary.apply(q, kk, cos, sin, pos)
     rot = _rotate_reference(cos, sin, pos if positions else torch.arange(s, device="cuda").expand(b, s))
     close(q_out, rot(q.detach()), dtype, "rope q")
     close(k_out, rot(kk.detach()), dtype, "rope k")
@@ -217,7 +217,7 @@ def test_fused_ffn_matches_eager_in_fp32(split_gemms):
     w_d = (rand((64, 96), torch.float32) * 0.1).requires_grad_()
     d_y = rand((2, 17, 64), torch.float32)
     for recompute in (False, True):
-        y = harness.fused_ffn(x, w_gu, w_d, recompute, split_gemms)
+        y = ops.fused_ffn(x, w_gu, w_d, recompute, split_gemms)
         grads = torch.autograd.grad(y, [x, w_gu, w_d], d_y)
         g, u = (x @ w_gu.t()).chunk(2, -1)
         ref = (torch.nn.functional.silu(g) * u) @ w_d.t()
@@ -237,7 +237,7 @@ def test_swiglu_down_proj_matches_eager_in_fp32(recompute):
     g, u = ref_in.chunk(2, -1)
     ref = (torch.nn.functional.silu(g) * u) @ w_d.t()
     ref_grads = torch.autograd.grad(ref, [ref_in, w_d], d_y)
-    y = harness.SwiGLUDownProj.apply(gate_up * 1.0, w_d, recompute)  # * 1.0: a private intermediate
+    y = ops.SwiGLUDownProj.apply(gate_up * 1.0, w_d, recompute)  # * 1.0: a private intermediate
     grads = torch.autograd.grad(y, [gate_up, w_d], d_y)
     close(y, ref, torch.float32, "swiglu_down_proj out")
     close(grads[0], ref_grads[0], torch.float32, "d_gate_up")
@@ -279,7 +279,7 @@ def hf_and_fast_outputs(config, hf, fast):
 def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     """The decoder layer the benchmark times (the shared composition, step by step) computes what
     Hugging Face's LlamaDecoderLayer computes, forward and every gradient."""
-    from benchmarks.gpu.llama_model import FastDecoderLayer
+    from paddle_fastffn.torch.llama import FastDecoderLayer
 
     config, hf = fp32_hf_decoder_layer()
     fast = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps).to("cuda")
@@ -291,7 +291,7 @@ def test_benchmarked_decoder_layer_matches_hugging_face_in_fp32():
     # layer chains about ten reductions, the longest over K = 688 terms (the down GEMM), and
     # fp32 summation-order error grows like sqrt(K): the absolute tolerance scales with it.
     for got_t, want, name in ((got, ref, "out"), (grads[0], ref_grads[0], "d_x"),
-                              (harness.split_qkv_weight(grads[1], 4, 2)[0], ref_grads[1], "d_w_q"),
+                              (ops.split_qkv_weight(grads[1], 4, 2)[0], ref_grads[1], "d_w_q"),
                               (grads[2], ref_grads[2], "d_w_down")):
         close(got_t, want, torch.float32, f"decoder layer {name}", reduced_rows=688)
 
@@ -304,7 +304,7 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
     weight's gradient through the merge, dA = scaling * B^T dW, dB = scaling * dW A^T."""
     import copy
 
-    from benchmarks.gpu.llama_model import COMPOSITION, UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+    from paddle_fastffn.torch.llama import COMPOSITION, UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
     config, hf = fp32_hf_decoder_layer()
     lora = LoraSettings(rank=4, alpha=8)
@@ -335,7 +335,7 @@ def test_benchmarked_lora_decoder_layer_matches_merged_hugging_face_in_fp32():
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (6, 2)], ids=["mha", "gqa4", "gqa3"])
 @pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "position_ids"])
 def test_qkv_rotary_reads_and_writes_the_interleaved_fused_qkv(dtype, heads, positions):
-    """harness.qkv_rotary on PaddleNLP's interleaved fused qkv ([b, s, kv_heads, (G + 2) d]: per KV
+    """ops.qkv_rotary on PaddleNLP's interleaved fused qkv ([b, s, kv_heads, (G + 2) d]: per KV
     group its G query heads, its k head, its v head): rotated q, k and a copy of v against the
     reshape + split + rotate reference, and the one d_qkv buffer (every slot written: outputs
     start as NaN under POISON_OUTPUTS) against fp64 autograd through the same reference."""
@@ -345,7 +345,7 @@ def test_qkv_rotary_reads_and_writes_the_interleaved_fused_qkv(dtype, heads, pos
     qkv = rand((b, s, (hq + 2 * hk) * d), dtype).requires_grad_()
     cos, sin = _rope_tables(d, s + 7)
     pos = torch.randint(0, s + 7, (b, s), device="cuda") if positions else None
-    q, k, v = harness.qkv_rotary(qkv, hq, hk, cos, sin, pos)
+    q, k, v = ops.qkv_rotary(qkv, hq, hk, cos, sin, pos)
     u = [rand(t.shape, dtype) for t in (q, k, v)]
     (d_qkv,) = torch.autograd.grad((q, k, v), [qkv], u)
     ref_in = qkv.detach().double().requires_grad_()
@@ -366,10 +366,10 @@ def test_fused_qkv_weight_is_paddlenlp_interleaved_layout():
     d = 3
     q_w, k_w, v_w = (torch.arange(n * d, dtype=torch.float32).repeat_interleave(2).view(n * d, 2) + base
                      for n, base in ((4, 0), (2, 100), (2, 200)))
-    fused = harness.fuse_qkv_weight(q_w, k_w, v_w, 4, 2)
+    fused = ops.fuse_qkv_weight(q_w, k_w, v_w, 4, 2)
     blocks = [q_w[0:6], k_w[0:3], v_w[0:3], q_w[6:12], k_w[3:6], v_w[3:6]]
     assert torch.equal(fused, torch.cat(blocks))
-    for got, want in zip(harness.split_qkv_weight(fused, 4, 2), (q_w, k_w, v_w)):
+    for got, want in zip(ops.split_qkv_weight(fused, 4, 2), (q_w, k_w, v_w)):
         assert torch.equal(got, want)
 
 
@@ -378,9 +378,9 @@ def test_benchmarked_decoder_layer_executes_the_core_steps(kind, monkeypatch):
     """FastDecoderLayer runs core.decoder over its parts: recording each part it calls (by the step
     core/decoder.py names it) gives the list the Paddle patch is traced against on CPU
     (tests/integration/test_composition.py): the fast path's default, FP8 and LoRA layers."""
-    from benchmarks.gpu.fp8_ffn import Fp8Recipe
-    from benchmarks.gpu.llama_model import COMPOSITION, FastDecoderLayer, LoraSettings, rope_tables
     from paddle_fastffn.core.decoder import STEP_OF_PART
+    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
+    from paddle_fastffn.torch.llama import COMPOSITION, FastDecoderLayer, LoraSettings, rope_tables
 
     config, hf = fp32_hf_decoder_layer()
     hf = hf.to(torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The harness's FP8 FFN (benchmarks/gpu/fp8_ffn.py) issues the C entry-point calls that
+"""The harness's FP8 FFN (paddle_fastffn/torch/fp8/ffn.py) issues the C entry-point calls that
 paddle_fastffn/integration/composition.py lists (fp8_ffn_calls), the list the Paddle FFN is traced
 against on CPU (tests/integration/test_composition.py): what is benchmarked is what Paddle runs.
 
@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from benchmarks.gpu import fp8_ffn
-from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu.llama_model import COMPOSITION
+from paddle_fastffn.torch.fp8 import ffn as fp8_ffn
+from paddle_fastffn.torch.fp8 import c_api as fp8
+from paddle_fastffn.torch.llama import COMPOSITION
 
 ROLES = ("x", "w_gate_up", "w_down", "h", "dy", "d_gate_up", "gate_up")
 

@@ -1,4 +1,4 @@
-"""FP8 building blocks through the standalone harness (benchmarks/gpu/fp8_harness.py): quantisation
+"""FP8 building blocks through the standalone harness (paddle_fastffn/torch/fp8/c_api.py): quantisation
 (cast + transpose + amax), dequantisation and the cuBLASLt GEMM provider, against torch's own
 float8 conversion and float64 references. Outputs are poisoned before every call (NaN; for FP8 the
 NaN byte 0x7F) so an element a kernel fails to write shows."""
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.gpu import fp8_harness as fp8
+from paddle_fastffn.torch.fp8 import c_api as fp8
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FORMATS = [E4M3, E5M2]

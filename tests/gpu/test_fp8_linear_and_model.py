@@ -1,5 +1,5 @@
-"""The FP8 linear layer (benchmarks/gpu/fp8_linear.py), the decoder layer with FP8 linears and the
-whole fast-path model with its master-weight AdamW (benchmarks/gpu/llama_model.py), through the
+"""The FP8 linear layer (paddle_fastffn/torch/fp8/linear.py), the decoder layer with FP8 linears and the
+whole fast-path model with its master-weight AdamW (paddle_fastffn/torch/llama.py), through the
 ctypes harness.
 
 References: each GEMM of the FP8 linear against the float64 GEMM of its FP8 operands, which are
@@ -24,10 +24,10 @@ from test_fp8_kernels import E4M3, E5M2, assert_gemm_close, quantize_ref  # noqa
 from test_swiglu_fp8_kernels import FP8_BUDGET, rel_err, scale_rule  # noqa: E402
 from fp8_ffn_budget import rss  # noqa: E402
 
-from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
-from benchmarks.gpu import harness  # noqa: E402
-from benchmarks.gpu.fp8_ffn import Fp8Recipe  # noqa: E402
-from benchmarks.gpu.fp8_linear import Fp8LinearState, fp8_linear  # noqa: E402
+from paddle_fastffn.torch import ops  # noqa: E402
+from paddle_fastffn.torch.fp8 import c_api as fp8  # noqa: E402
+from paddle_fastffn.torch.fp8.ffn import Fp8Recipe  # noqa: E402
+from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,7 +136,7 @@ def _assert_fp8_layer_within_budget(config, bf16, ours, gradients, steps, label)
     output's update (output - residual), d_x and gradients(layer) -> {name: tensor}, after `steps`
     forward+backward passes of ours (delayed scaling: the calibration steps first), each followed
     by invalidate_fp8_weights as after an optimizer step."""
-    from benchmarks.gpu.llama_model import rope_tables
+    from paddle_fastffn.torch.llama import rope_tables
 
     cos, sin = rope_tables(config, 64)
     x = torch.randn(2, 64, 256, device="cuda").to(torch.bfloat16)
@@ -163,7 +163,7 @@ def _assert_fp8_layer_within_budget(config, bf16, ours, gradients, steps, label)
 
 @pytest.mark.parametrize("kind", ["current", "delayed"])
 def test_decoder_layer_with_fp8_linears_stays_within_the_fp8_budget_of_bf16(kind):
-    from benchmarks.gpu.llama_model import FastDecoderLayer
+    from paddle_fastffn.torch.llama import FastDecoderLayer
 
     config = _tiny_config()
     hf = _bf16_hf_decoder_layer(config)
@@ -180,7 +180,7 @@ def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_b
     linears, two chains of them per half (q/k/v -> o, gate/up -> down), the decoder budget. The
     frozen weights are quantised once (no re-quantisation after an optimizer step: Paddle's
     WeightCache keeps a copy until its weight changes)."""
-    from benchmarks.gpu.llama_model import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
+    from paddle_fastffn.torch.llama import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
     config = _tiny_config()
     hf = _bf16_hf_decoder_layer(config)
@@ -202,7 +202,7 @@ def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_b
 
 def _scaling_states(layer):
     """{name.role: ScalingState} of a FastDecoderLayer's FP8 linears and FFN."""
-    from benchmarks.gpu.fp8_ffn import ScalingState
+    from paddle_fastffn.torch.fp8.ffn import ScalingState
 
     return {f"{name}.{role}": value for name, state in layer.fp8.items() for role, value in vars(state).items()
             if isinstance(value, ScalingState)}
@@ -227,7 +227,7 @@ def gradient_pairs(ours, hf) -> list:
     (PaddleNLP's interleaved layout, split back per projection)."""
     attention = hf.model.layers[0].self_attn
     layer = ours.layers[0]
-    d_w_q, d_w_k, _ = harness.split_qkv_weight(layer.w_qkv.grad, layer.heads, layer.kv_heads)
+    d_w_q, d_w_k, _ = ops.split_qkv_weight(layer.w_qkv.grad, layer.heads, layer.kv_heads)
     return [(ours.embed.grad, hf.model.embed_tokens.weight.grad, "d_embed"),
             (ours.w_lm_head.grad, hf.lm_head.weight.grad.t(), "d_lm_head"),
             (ours.w_norm.grad, hf.model.norm.weight.grad, "d_norm"),
@@ -239,7 +239,7 @@ def gradient_pairs(ours, hf) -> list:
 def test_fast_llama_loss_and_gradients_match_hugging_face_in_fp32():
     """FastLlama (embedding, the composition's layers, final norm, fused linear cross-entropy on
     the [H, V] head) computes LlamaForCausalLM's loss and gradients, labels shifted outside."""
-    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+    from paddle_fastffn.torch.llama import FastLlama, shift_labels
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -260,7 +260,7 @@ def test_fast_llama_loss_and_gradients_match_hugging_face_in_fp32():
 def test_master_weight_adamw_is_adamw_on_fp32_masters():
     """bf16 parameters: the masters follow torch's AdamW on fp32 copies given the same (upcast)
     gradients; the parameters are the masters rounded to bf16."""
-    from benchmarks.gpu.llama_model import MasterWeightAdamW
+    from paddle_fastffn.torch.llama import MasterWeightAdamW
 
     params = [torch.randn(64, 48, device="cuda").to(torch.bfloat16).requires_grad_(),
               torch.randn(48, device="cuda").requires_grad_()]  # a fp32 parameter updates in place
@@ -286,7 +286,7 @@ def test_fast_llama_delayed_scaling_first_step_is_calibrated():
     scaling's bit for bit (the gradients pass SDPA's backward, whose atomics make bits vary); every
     scaling state, the gradients' included, leaves the step with an amax in its history and a
     scale other than the initial 1. TE's start (scales of 1) gives another first loss."""
-    from benchmarks.gpu.llama_model import FastLlama, shift_labels
+    from paddle_fastffn.torch.llama import FastLlama, shift_labels
 
     config = _tiny_config()
     base = _hf_model(config, torch.bfloat16)
@@ -313,7 +313,7 @@ def test_fast_llama_delayed_scaling_first_step_is_calibrated():
 def test_fast_llama_trains(kind):
     """A few AdamW steps of the tiny model on one repeated batch: the loss falls, FP8 recipes
     included (weights re-quantised after every step)."""
-    from benchmarks.gpu.llama_model import FastLlama, MasterWeightAdamW, shift_labels
+    from paddle_fastffn.torch.llama import FastLlama, MasterWeightAdamW, shift_labels
 
     config = _tiny_config()
     recipe = None if kind is None else Fp8Recipe(kind, amax_history_len=8)

@@ -1,4 +1,4 @@
-"""Ours on packed rows (llama_model.FastLlama with position ids and cu_seqlens: rotary at restarting
+"""Ours on packed rows (paddle_fastffn.torch.llama.FastLlama with position ids and cu_seqlens: rotary at restarting
 positions, one varlen attention call over cu_seqlens, the fused loss on labelled rows only), flattened to
 one row as the benchmark trains them or a row each with padding, computes the loss and gradients of
 Hugging Face's LlamaForCausalLM run on every example on its own, in fp32.
@@ -34,7 +34,7 @@ def _packed_step(flatten=True):
 
 @pytest.mark.parametrize("flatten", [True, False], ids=["flattened", "rows"])
 def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32(flatten):
-    from benchmarks.gpu.llama_model import FastLlama
+    from paddle_fastffn.torch.llama import FastLlama
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -66,7 +66,7 @@ def test_fast_llama_on_packed_rows_is_hugging_face_per_example_in_fp32(flatten):
 
 
 def test_fast_llama_packed_rejects_cu_seqlens_that_do_not_tile_the_batch():
-    from benchmarks.gpu.llama_model import FastLlama
+    from paddle_fastffn.torch.llama import FastLlama
 
     _, _, packed = _packed_step()
     ours = FastLlama(_tiny_hf(torch.bfloat16))
@@ -79,7 +79,7 @@ def test_fast_llama_packed_rejects_cu_seqlens_that_do_not_tile_the_batch():
 def test_varlen_flash_is_the_reference_forward_and_backward_in_bf16(kv_heads):
     """The packed attention's GPU kernel (torch's flash varlen, GQA native) against varlen_reference
     (per-segment SDPA in fp32) over awkward segment lengths: the output and every input gradient."""
-    from benchmarks.gpu.llama_model import PackedBatch, packed_attention, varlen_kernel, varlen_reference
+    from paddle_fastffn.torch.llama import PackedBatch, packed_attention, varlen_kernel, varlen_reference
 
     lengths = [13, 1, 29, 64, 7, 30]
     tokens = sum(lengths)

@@ -51,8 +51,8 @@ def test_paddle_adamw_port_matches_paddles_formula_each_step():
 def test_paddle_adamw_port_matches_our_kernel_without_clip():
     """The same formula in the same precision (the beta powers the same fp32 products, on the host
     in both, per parameter): masters and moments within the fp32 row."""
-    from benchmarks.gpu.llama_model import FusedMasterAdamW
     from benchmarks.gpu.paddle_adamw import PaddleAdamW
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
 
     paddle_p, ours_p = bf16_parameters(1), bf16_parameters(1)
     settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)

@@ -11,25 +11,25 @@ import re
 import pytest
 import torch
 
-from benchmarks.gpu import harness
+from paddle_fastffn.torch import c_api, ops
 
 import test_cuda_kernels as rotary_tests
 
-VARIANTS = [h for h in harness.definition.ROTARY_HEADS_PER_THREAD if h != 1]
+VARIANTS = [h for h in c_api.definition.ROTARY_HEADS_PER_THREAD if h != 1]
 
 
 @pytest.fixture(scope="module")
 def libraries():
-    return harness.rotary_heads_per_thread_kernels()
+    return c_api.rotary_heads_per_thread_kernels()
 
 
 @pytest.fixture(autouse=True, params=VARIANTS, ids=lambda h: f"heads_per_thread_{h}")
 def heads_per_thread(request, libraries):
-    """Every test of this module runs on that build's library (harness.kernels() returns it)."""
-    default = harness._KERNELS
-    harness._KERNELS = libraries[request.param]
+    """Every test of this module runs on that build's library (c_api.kernels() returns it)."""
+    default = c_api._KERNELS
+    c_api._KERNELS = libraries[request.param]
     yield request.param
-    harness._KERNELS = default
+    c_api._KERNELS = default
 
 
 # test_cuda_kernels' own tests and parametrizations, collected here under the fixture above.
@@ -49,7 +49,7 @@ def test_the_build_launches_its_heads_per_thread_kernel(heads_per_thread, dtype)
     q, k = rotary_tests.rand((2, 16, 8, 64), dtype), rotary_tests.rand((2, 16, 2, 64), dtype)
     cos, sin = rotary_tests._rope_tables(64, 16)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        harness.Rotary.apply(q, k, cos, sin, None)
+        ops.Rotary.apply(q, k, cos, sin, None)
         torch.cuda.synchronize()
     launched = [re.search(r"rotary_kernel<([^<>]*)>", e.key) for e in prof.key_averages()]
     heads = {int(m.group(1).split(",")[-1]) for m in launched if m}

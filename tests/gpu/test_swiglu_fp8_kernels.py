@@ -1,6 +1,6 @@
 """SwiGLU fused with FP8 quantisation (fastffn_swiglu_fwd_fp8_cuda / _bwd_fp8_cuda), the device
 scale updates (fastffn_fp8_compute_scale_cuda, fastffn_fp8_update_amax_history_cuda) and the FP8
-FFN composed from them (benchmarks/gpu/fp8_ffn.py), through the ctypes harness.
+FFN composed from them (paddle_fastffn/torch/fp8/ffn.py), through the ctypes harness.
 
 References: the fused kernels against the unfused fp32 SwiGLU kernels of swiglu.cu (the same fp32
 expressions) followed by test_fp8_kernels' exact quantisation reference, bit for bit; against
@@ -27,9 +27,10 @@ from test_fp8_kernels import (  # noqa: E402  the FP8 references, reused
 
 from fp8_ffn_budget import FP8_FFN_BUDGET  # noqa: E402  (tests/, on the path by tests/conftest.py)
 
-from benchmarks.gpu import fp8_ffn  # noqa: E402
-from benchmarks.gpu import fp8_harness as fp8  # noqa: E402
-from benchmarks.gpu import harness  # noqa: E402
+from paddle_fastffn.torch import c_api  # noqa: E402
+from paddle_fastffn.torch import ops  # noqa: E402
+from paddle_fastffn.torch.fp8 import ffn as fp8_ffn  # noqa: E402
+from paddle_fastffn.torch.fp8 import c_api as fp8  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +109,12 @@ def assert_amax_within(amax: float, value64, err64, what: str):
 
 def unfused_fwd32(gate_up: torch.Tensor) -> torch.Tensor:
     """h by swiglu.cu's fp32 kernel on the exactly upcast input: the fused kernels' fp32 values."""
-    return harness.kernels().swiglu_fwd(gate_up.float().contiguous())
+    return c_api.kernels().swiglu_fwd(gate_up.float().contiguous())
 
 
 def unfused_bwd32(gate_up: torch.Tensor, d_h: torch.Tensor):
     """(d_gate_up, h) by swiglu.cu's fp32 backward kernel (recompute on)."""
-    return harness.kernels().swiglu_bwd(gate_up.float().contiguous(), d_h.float().contiguous(),
+    return c_api.kernels().swiglu_bwd(gate_up.float().contiguous(), d_h.float().contiguous(),
                                         recompute=True)
 
 
@@ -387,7 +388,7 @@ def test_swiglu_bwd_fp8_recomputes_the_bytes_the_forward_wrote(k):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_swiglu_bwd_fp8_high_precision_h_is_the_unfused_recompute(k, dtype):
     gate_up, d_h = gate_up_and_d_h(257, 129, dtype)
-    _, hidden = harness.kernels().swiglu_bwd(gate_up, d_h, recompute=True)
+    _, hidden = c_api.kernels().swiglu_bwd(gate_up, d_h, recompute=True)
     q, h = k.swiglu_bwd_fp8(gate_up, d_h, E5M2, fp8.scalar(1.0), h=dtype)
     assert h.dtype == dtype
     assert_same_floats(h, hidden, "recomputed h in the input dtype")
@@ -603,7 +604,7 @@ def test_update_amax_history_over_steps_keeps_a_window_of_len(k):
 
 # --- the FP8 FFN ------------------------------------------------------------------------------
 # Error budget (norm-wise, against an fp32 FFN of the same bf16 inputs): tests/fp8_ffn_budget.py,
-# which the CPU tests of the Paddle FFN share. The bf16 FFN (harness.fused_ffn) has to stay within
+# which the CPU tests of the Paddle FFN share. The bf16 FFN (ops.fused_ffn) has to stay within
 # 2^-6 of fp32 for the comparison with it to mean anything.
 FP8_BUDGET = FP8_FFN_BUDGET
 BF16_BUDGET = 2.0**-6
@@ -669,7 +670,7 @@ def fp8_fn(state):
 def test_fp8_ffn_within_the_fp8_budget_of_fp32_and_bf16(shape, saved_gate_up):
     x, w_gu, w_d, dy = ffn_inputs(*shape)
     ref32 = ffn_fp32(x, w_gu, w_d, dy)
-    bf16 = run_ffn(harness.fused_ffn, x, w_gu, w_d, dy)
+    bf16 = run_ffn(ops.fused_ffn, x, w_gu, w_d, dy)
     recipe = fp8_ffn.Fp8Recipe("current", saved_gate_up=saved_gate_up)
     current = run_ffn(fp8_fn(fp8_ffn.Fp8FFNState(recipe)), x, w_gu, w_d, dy)
     assert_within_budget(current, ref32, bf16, f"current {shape} gate_up saved as {saved_gate_up}")

@@ -1,6 +1,6 @@
 """The Paddle patch runs the decoder layer that the GPU benchmark times: a traced forward of a
 patched PaddleNLP LLaMA follows paddle_fastffn/integration/composition.py step by step, the list
-that benchmarks/gpu/llama_model.py's FastDecoderLayer executes. If either side changes its
+that paddle_fastffn/torch/llama.py's FastDecoderLayer executes. If either side changes its
 composition, this test (or the GPU test of the benchmarked layer) fails."""
 
 import numpy as np

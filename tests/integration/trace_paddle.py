@@ -364,7 +364,7 @@ def paddle_fastffn_patched(model) -> bool:
 
 def batch():
     """input_ids [B, S] and labels shifted by one (the last position ignored), as PaddleNLP's data
-    pipeline hands its criterion (and benchmarks/gpu/llama_model.shift_labels)."""
+    pipeline hands its criterion (and paddle_fastffn/torch/llama.shift_labels)."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, MODEL["vocab_size"], size=(BATCH, SEQ))
     labels = np.full_like(ids, -100)

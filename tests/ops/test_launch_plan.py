@@ -6,8 +6,8 @@ import ctypes
 
 import pytest
 
-from benchmarks.gpu.c_structs import DeviceLimits, RmsNormBwdPlan, check_abi
 from paddle_fastffn.ops import _loader
+from paddle_fastffn.torch.c_structs import DeviceLimits, RmsNormBwdPlan, check_abi
 
 
 @pytest.fixture(scope="module")

@@ -493,8 +493,7 @@ def test_kernel_statuses_for_bad_pointers_and_dtypes():
     UNSUPPORTED_DTYPE (2) for a float64 parameter or a gradient of a third dtype."""
     import ctypes
 
-    from benchmarks.gpu.optimizer_ctypes import AdamwArgs as Args
-    from benchmarks.gpu.optimizer_ctypes import Scalar
+    from paddle_fastffn.torch.c_structs import AdamwArgs as Args, Scalar
 
     _loader.ensure_loaded()
     fn = ctypes.CDLL(str(_loader.library_path())).fastffn_adamw_cpu

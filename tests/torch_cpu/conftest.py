@@ -1,6 +1,6 @@
 """The CPU smoke of the GPU benchmarks (benchmarks/gpu): run by scripts/test.sh in the torch venv
 (scripts/setup_torch_env.sh), not in the Paddle venv. Every test here runs the harness on the CPU
-(benchmarks/gpu/cpu_kernels.select())."""
+(paddle_fastffn/torch/cpu_kernels.select())."""
 
 import os
 import sys
@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # smoke.py
 
-from benchmarks.gpu import cpu_kernels
+from paddle_fastffn.torch import cpu_kernels
 
 
 @pytest.fixture(scope="session", autouse=True)

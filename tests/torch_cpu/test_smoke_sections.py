@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.gpu import bench_fp8_ffn, bench_gpu, bench_optimizer, bench_step, convergence, harness, profile_step
+from benchmarks.gpu import bench_fp8_ffn, bench_gpu, bench_optimizer, bench_step, convergence, profile_step
 from benchmarks.gpu.bench_gpu import liger_patched
-from benchmarks.gpu.build_definition import REPO, definition
+from paddle_fastffn.torch.build import REPO, definition
 from smoke import check, finite_loss, run_step
 
 # LLaMA-shaped and tiny: grouped-query attention, FP8-aligned widths (multiples of 16), 32 tokens.
@@ -62,7 +62,7 @@ def test_step_section():
             finite_loss("step", name, fn(*inputs)), fn(*inputs).backward()), failures)
     config, base = hf_base()
     ids = torch.randint(0, SHAPE["vocab"], (SHAPE["batch"], SHAPE["seq"]))
-    from benchmarks.gpu.llama_model import shift_labels
+    from paddle_fastffn.torch.llama import shift_labels
 
     contenders = bench_step.step_contenders(config, base, ids, shift_labels(ids), liger=True)
     names += list(contenders)
@@ -74,7 +74,7 @@ def test_profile_section():
     failures = []
     config, base = hf_base()
     ids = torch.randint(0, SHAPE["vocab"], (SHAPE["batch"], SHAPE["seq"]))
-    from benchmarks.gpu.llama_model import shift_labels
+    from paddle_fastffn.torch.llama import shift_labels
 
     contenders = profile_step.profile_contenders(config, base, ids, shift_labels(ids))
     model_steps("profile", contenders, failures, liger_contenders=("hf_liger",))
@@ -136,13 +136,13 @@ def test_kernels_section():
 
 
 def test_projections_section():
-    from benchmarks.gpu import fp8_harness
+    from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 
     failures, names = [], set()
     for model, projections in bench_gpu.PROJECTIONS.items():
         for projection, parts in projections.items():
             tiny = tuple(max(16, p // 256) for p in parts)  # the same part structure, 1/256 the width
-            fns, x, w, y = bench_gpu.projection_contenders(TOKENS, SHAPE["hidden"], tiny, fp8_harness.kernels(),
+            fns, x, w, y = bench_gpu.projection_contenders(TOKENS, SHAPE["hidden"], tiny, fp8_c_api.kernels(),
                                                            device="cpu")
             for name, fn in fns.items():
                 names.add(name)
@@ -157,7 +157,7 @@ def test_projections_section():
 
 
 def test_rms_sweep_section():
-    """ours (the build harness._KERNELS holds) and Liger; the per-vectors builds are CUDA build
+    """ours (the build c_api._KERNELS holds) and Liger; the per-vectors builds are CUDA build
     variants (a template parameter of rms_norm.cu, no CPU counterpart), compiled by
     tests/build_checks where nvcc exists: here the knob must still be the one rms_norm.cu reads."""
     assert "FASTFFN_RMS_NORM_VECS_PER_THREAD" in (REPO / "csrc/kernels/cuda/rms_norm.cu").read_text(), \

@@ -1,4 +1,4 @@
-"""The harness's trace on the CPU (the C API's CPU kernels, cpu_kernels.select()) against the committed
+"""The harness's trace on the CPU (the C API's CPU kernels, paddle_fastffn.torch.cpu_kernels.select()) against the committed
 traces the Paddle path executes (tests/traces/*.json): the same check as tests/gpu/test_trace.py, run in
 CI so that a change to the harness's composition fails before the next GPU run. Two things the CPU cannot
 show are left out, each named: reads to the host (the torch recorder sees a read as a copy that leaves the
@@ -16,14 +16,15 @@ from paddle_fastffn.core import trace
 
 @pytest.fixture(scope="module")
 def recorded():
-    from benchmarks.gpu import cpu_kernels, harness, trace_torch
+    from paddle_fastffn.torch import c_api, cpu_kernels
+    from tests.gpu import trace_torch
 
     cpu_kernels.select()
-    poison, harness.POISON_OUTPUTS = harness.POISON_OUTPUTS, False
+    poison, c_api.POISON_OUTPUTS = c_api.POISON_OUTPUTS, False
     try:
         return trace_torch.traces(trace_torch.committed("decoder_layer")["shape"], "cpu")
     finally:
-        harness.POISON_OUTPUTS = poison
+        c_api.POISON_OUTPUTS = poison
 
 
 def seen_on_cpu(entries, packed: bool) -> list:
@@ -35,7 +36,7 @@ def seen_on_cpu(entries, packed: bool) -> list:
 
 @pytest.mark.parametrize("name", ["decoder_layer", "training_step", "packed_training_step"])
 def test_harness_on_cpu_executes_the_committed_trace(recorded, name):
-    from benchmarks.gpu import trace_torch
+    from tests.gpu import trace_torch
 
     entries, _ = recorded[name]
     expected = trace.entries_of(trace_torch.committed(name))

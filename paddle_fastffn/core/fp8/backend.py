@@ -2,7 +2,7 @@
 backend protocol. Three implementations: paddle_fastffn/fp8/emulated.py (pure Paddle, fp32 math on
 FP8-rounded values: CPU CI and the reference of the kernels), paddle_fastffn/fp8/cuda.py (the
 compiled Paddle ops of csrc/paddle/fp8_op.cc and swiglu_fp8_op.cc) and
-benchmarks/gpu/torch_fp8_backend.py (the same C entry points through ctypes). A method belongs here
+paddle_fastffn/torch/fp8/backend.py (the same C entry points through ctypes). A method belongs here
 only if the core calls it; each says what it must do.
 
 Formats are named "e4m3" and "e5m2" (recipe.FP8_MAX); each backend maps them to its dtypes. A
@@ -13,7 +13,7 @@ synchronisation.
 
 State storage. ScalingStates make their tensors with the backend they are given, or else the one
 the framework registered with register_state_backend (paddle_fastffn.fp8 registers the Paddle
-emulated backend, whose tensors the CUDA ops use as well; benchmarks/gpu/torch_fp8_backend.py the
+emulated backend, whose tensors the CUDA ops use as well; paddle_fastffn/torch/fp8/backend.py the
 torch one). One framework per process: the GPU machine has no Paddle, CPU CI no torch.
 """
 
@@ -132,5 +132,5 @@ def register_state_backend(backend) -> None:
 def state_backend():
     if not _STATE_BACKEND:
         raise RuntimeError("paddle_fastffn.core.fp8: no FP8 backend is registered for scaling states; import "
-                           "paddle_fastffn.fp8 (Paddle) or benchmarks.gpu.torch_fp8_backend (torch), or pass backend=")
+                           "paddle_fastffn.fp8 (Paddle) or paddle_fastffn.torch.fp8.backend (torch), or pass backend=")
     return _STATE_BACKEND[0]

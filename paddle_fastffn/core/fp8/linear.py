@@ -2,7 +2,7 @@
 operands quantised per tensor and the backward's two GEMMs on the same quantised tensors. The
 Paddle emulation (CPU CI), the Paddle CUDA ops and the torch harness all run this class, each
 through its framework's autograd adapter (paddle_fastffn/fp8/_autograd.py `pylayer`,
-benchmarks/gpu/torch_fp8_backend.py `function`).
+paddle_fastffn/torch/fp8/backend.py `function`).
 
     forward  q(x) [T, in] (+ q(x)^T)   forward format (e4m3), states.input; ends its step
              q(W), both copies          once per weight version (WeightCache), states.weight

@@ -1,7 +1,7 @@
 // paddle_fastffn optimizer C API: AdamW with Paddle's semantics, one pass over memory per tensor.
 //
 // Beside c_api.h (whose dtypes and statuses it uses), as scaled_tensor.h is: the Paddle binding
-// (csrc/paddle/adamw_op.cc) and the GPU harness (benchmarks/gpu/harness.py, via ctypes) call these
+// (csrc/paddle/adamw_op.cc) and the GPU harness (paddle_fastffn/torch/c_api.py, via ctypes) call these
 // same functions.
 //
 // One call updates ONE tensor of n elements in place, as Paddle's adamw kernel does

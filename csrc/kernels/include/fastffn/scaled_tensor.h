@@ -5,7 +5,7 @@
 // A tensor descriptor carries a device pointer, a dtype, a row-major 2-D shape with a row stride
 // and the fp32 device scalars of per-tensor FP8 scaling (scale, scale_inv, amax), in the spirit of
 // Transformer Engine's NVTE tensors. Kernels stay framework-neutral: the Paddle bindings and the
-// ctypes GPU harness (benchmarks/gpu/fp8_harness.py) call these same functions.
+// ctypes GPU harness (paddle_fastffn/torch/fp8/c_api.py) call these same functions.
 //
 // Kept apart from c_api.h while the FP8 path is built (nothing else includes this header); it
 // reuses c_api.h's fastffn_dtype (FASTFFN_DTYPE_FP8_E4M3 / _E5M2) and fastffn_status.
@@ -145,7 +145,7 @@ fastffn_status fastffn_fp8_dequantize_cuda(fastffn_tensor q, fastffn_tensor y, v
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU fused with FP8 quantisation (swiglu_fp8.cu): the FFN's activation between the gate_up
-// GEMM and the down GEMM (benchmarks/gpu/fp8_ffn.py composes the FP8 FFN from these entry points
+// GEMM and the down GEMM (paddle_fastffn/torch/fp8/ffn.py composes the FP8 FFN from these entry points
 // and the GEMM above).
 //
 // Forward, one pass over gate_up [T, 2I] (BFLOAT16, FLOAT16 or FLOAT32, any row stride; row r is

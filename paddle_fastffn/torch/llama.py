@@ -42,14 +42,14 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from benchmarks.gpu import harness
-from benchmarks.gpu.optimizer_backend import TorchOptimizerBackend, host_beta_pows
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
 from paddle_fastffn.core import optimizer as core_optimizer
 from paddle_fastffn.core import packed_attention as core_packed_attention
+from paddle_fastffn.torch import ops
+from paddle_fastffn.torch.optimizer import TorchOptimizerBackend, host_beta_pows
 
-TORCH = harness.BACKEND
+TORCH = ops.BACKEND
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ class FastDecoderLayer(torch.nn.Module):
             return
         cat = lambda *ws: torch.nn.Parameter(torch.cat([w.detach() for w in ws], 0))  # noqa: E731
         # PaddleNLP's interleaved fused qkv_proj (per KV group: its query heads, k head, v head),
-        # which harness.qkv_rotary reads in place.
-        self.w_qkv = torch.nn.Parameter(harness.fuse_qkv_weight(
+        # which ops.qkv_rotary reads in place.
+        self.w_qkv = torch.nn.Parameter(ops.fuse_qkv_weight(
             attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach(),
             heads, kv_heads))
         self.w_o = torch.nn.Parameter(attn.o_proj.weight.detach().clone())
@@ -109,8 +109,8 @@ class FastDecoderLayer(torch.nn.Module):
         self.fp8 = None
         self.variant, self.mlp_variant = "fused", "fused" if fp8_recipe is None else "fp8"
         if fp8_recipe is not None:
-            from benchmarks.gpu.fp8_ffn import Fp8FFNState
-            from benchmarks.gpu.fp8_linear import Fp8LinearState
+            from paddle_fastffn.torch.fp8.ffn import Fp8FFNState
+            from paddle_fastffn.torch.fp8.linear import Fp8LinearState
 
             device = self.w_qkv.device
             self.fp8 = {"qkv": Fp8LinearState(fp8_recipe, device), "o": Fp8LinearState(fp8_recipe, device),
@@ -134,7 +134,7 @@ class FastDecoderLayer(torch.nn.Module):
             self.lora_b[name] = torch.nn.Parameter(torch.zeros(weight.shape[0], lora.rank, dtype=weight.dtype,
                                                                device=weight.device))
         if fp8_recipe is not None:
-            from benchmarks.gpu.fp8_linear import Fp8LinearState
+            from paddle_fastffn.torch.fp8.linear import Fp8LinearState
 
             self.fp8 = {name: Fp8LinearState(fp8_recipe, self.w_in.device) for name, _, _ in UNFUSED_PROJECTIONS}
 
@@ -153,7 +153,7 @@ class FastDecoderLayer(torch.nn.Module):
         if self.fp8 is None:
             base = x @ weight.t()
         else:
-            from benchmarks.gpu.fp8_linear import fp8_linear
+            from paddle_fastffn.torch.fp8.linear import fp8_linear
             base = fp8_linear(x, weight, self.fp8[fp8_name])
         if self.lora is None:
             return base
@@ -165,7 +165,7 @@ class FastDecoderLayer(torch.nn.Module):
         return COMPOSITION.decoder_layer_steps(self.variant, self.mlp_variant)
 
     def input_norm(self, x):
-        return harness.RMSNorm.apply(x, self.w_in, self.eps)
+        return ops.RMSNorm.apply(x, self.w_in, self.eps)
 
     def self_attention(self, x):
         return decoder.attention(TORCH, self, x)
@@ -174,7 +174,7 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(x, self.w_qkv, "qkv")
 
     def qkv_rotary(self, qkv):
-        return harness.qkv_rotary(qkv, self.heads, self.kv_heads, self._cos, self._sin, self._position_ids)
+        return ops.qkv_rotary(qkv, self.heads, self.kv_heads, self._cos, self._sin, self._position_ids)
 
     def q(self, x):
         return self._linear(x, self.w_q, "q")
@@ -186,7 +186,7 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(x, self.w_v, "v")
 
     def rotary(self, q, k):
-        return harness.Rotary.apply(q, k, self._cos, self._sin, self._position_ids)
+        return ops.Rotary.apply(q, k, self._cos, self._sin, self._position_ids)
 
     def attention(self, q, k, v):
         b, s = q.shape[:2]
@@ -200,7 +200,7 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(a, self.w_o, "o")
 
     def post_norm_add(self, a, residual):
-        return harness.AddRMSNorm.apply(a, residual, self.w_post, self.eps)
+        return ops.AddRMSNorm.apply(a, residual, self.w_post, self.eps)
 
     def mlp(self, x):
         return decoder.mlp(self, x, self.mlp_variant)
@@ -209,7 +209,7 @@ class FastDecoderLayer(torch.nn.Module):
         return x @ self.w_gate_up.t()
 
     def swiglu_down(self, gate_up):
-        return harness.SwiGLUDownProj.apply(gate_up, self.w_down, self.recompute)
+        return ops.SwiGLUDownProj.apply(gate_up, self.w_down, self.recompute)
 
     def gate(self, x):
         return self._linear(x, self.w_gate, "gate")
@@ -218,17 +218,17 @@ class FastDecoderLayer(torch.nn.Module):
         return self._linear(x, self.w_up, "up")
 
     def swiglu(self, gate, up):
-        return harness.SwiGLUPair.apply(gate, up, True)  # reuse_input_memory: as the Paddle MLP
+        return ops.SwiGLUPair.apply(gate, up, True)  # reuse_input_memory: as the Paddle MLP
 
     def down(self, h):
         return self._linear(h, self.w_down, "down")
 
     def fp8_ffn(self, x):
-        from benchmarks.gpu.fp8_ffn import fp8_ffn
+        from paddle_fastffn.torch.fp8.ffn import fp8_ffn
         return fp8_ffn(x, self.w_gate_up, self.w_down, self.fp8["ffn"])
 
     def residual_add(self, residual, y):
-        return harness.ResidualAdd.apply(residual, y)
+        return ops.ResidualAdd.apply(residual, y)
 
     def forward(self, hidden, cos, sin, position_ids=None, packed=None):
         """core.decoder.decoder_layer over this layer's parts; the rotary tables, positions and
@@ -363,8 +363,8 @@ class FastLlama(torch.nn.Module):
                 x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, position_ids, packed, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, position_ids, packed)
-        x = harness.RMSNorm.apply(x, self.w_norm, self.eps)
-        return harness.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
+        x = ops.RMSNorm.apply(x, self.w_norm, self.eps)
+        return ops.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
 
 
 def shift_labels(input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -408,7 +408,7 @@ class MasterWeightAdamW:
 
 class FusedMasterAdamW:
     """MasterWeightAdamW's interface on our AdamW kernel, stepping paddle_fastffn/core/optimizer.py's
-    composition (the one Paddle's FastAdamW steps; benchmarks/gpu/optimizer_backend.py is its torch
+    composition (the one Paddle's FastAdamW steps; paddle_fastffn/torch/optimizer.py is its torch
     backend): per parameter an fp32 master (None for fp32 parameters, updated in place), fp32 m and
     v, its own beta powers on the host (as Paddle keeps them: advanced after its kernel call, no
     kernel of their own) and one kernel call that reads the 16-bit .grad directly: 28 bytes per

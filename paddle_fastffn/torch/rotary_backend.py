@@ -1,14 +1,16 @@
-"""torch's backend for the rotary ops (paddle_fastffn/core/rotary.py), over the harness's ctypes
-kernels: the methods core/backend.py documents under "allocation and addressing" and "kernels" for
-them, plus `shape`/`contiguous`; their autograd is torch_backend.py's one adapter. (Kept apart from
-TorchBackend as the Paddle side keeps its rotary backend apart: `empty` takes a tensor's dtype.)
+"""torch's backend for the rotary ops (paddle_fastffn/core/rotary.py), over the C API's ctypes
+kernels (c_api.py): the methods core/backend.py documents under "allocation and addressing" and
+"kernels" for them, plus `shape`/`contiguous`; their autograd is backend.py's one adapter. (Kept
+apart from TorchBackend as the Paddle side keeps its rotary backend apart: `empty` takes a tensor's
+dtype.)
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu import torch_backend
+from paddle_fastffn.torch import backend as torch_backend
+from paddle_fastffn.torch import c_api
 
 
 class RotaryTorchBackend:
@@ -16,9 +18,7 @@ class RotaryTorchBackend:
 
     @staticmethod
     def _kernels():
-        from benchmarks.gpu import harness  # harness imports this module for its Rotary ops
-
-        return harness.kernels()
+        return c_api.kernels()
 
     def shape(self, t):
         return tuple(t.shape)
@@ -56,5 +56,5 @@ BACKEND = RotaryTorchBackend()
 
 
 def function(op):
-    """torch_backend.py's one autograd.Function adapter, over this rotary backend."""
+    """backend.py's one autograd.Function adapter, over this rotary backend."""
     return torch_backend.function(op, BACKEND)

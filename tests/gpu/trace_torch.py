@@ -8,7 +8,7 @@ What is seen, and how:
   ops and reductions. A read to the host is `_local_scalar_dense` (.item(), int(), float()) or a
   copy whose result lies on the CPU (.tolist(), .cpu()); both become host_read entries.
 - Our C kernels: the harness calls them through ctypes, which no dispatch mode sees. While
-  recording, the methods of harness.Kernels that call a C entry point (cross_entropy among them),
+  recording, the methods of c_api.Kernels that call a C entry point (cross_entropy among them),
   are wrapped: each call is one kernel entry named by its C entry point, with the tensors it reads
   and the new tensors it returns (a result in an input's memory is not listed twice). The ATen ops
   inside those methods (allocating outputs, zeroing a flag) are the binding's part, as the Paddle
@@ -21,7 +21,7 @@ What is seen, and how:
   count as subclass-like), which copies the zeros once more inside the op; the recorded op is
   the same one index_backward entry, but a timed run does not make that copy.
 
-The model is benchmarks/gpu/llama_model.FastDecoderLayer / FastLlama + FusedMasterAdamW at the
+The model is paddle_fastffn/torch/llama.FastDecoderLayer / FastLlama + FusedMasterAdamW at the
 shape of tests/integration/trace_paddle.SHAPE, bf16.
 """
 
@@ -36,15 +36,16 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from benchmarks.gpu import harness, llama_model
 from paddle_fastffn.core import trace
 from paddle_fastffn.core.rotary import POSITION_CHECK
+from paddle_fastffn.torch import c_api
+from paddle_fastffn.torch import llama as llama_model
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "traces"
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int64: "int64",
           torch.int32: "int32", torch.bool: "bool", torch.float64: "float64", torch.uint8: "uint8"}
-# harness.Kernels methods -> the C entry point each calls
+# c_api.Kernels methods -> the C entry point each calls
 KERNEL_METHODS = {"swiglu_fwd": "fastffn_swiglu_fwd", "swiglu_bwd": "fastffn_swiglu_bwd",
                   "rms_norm_fwd": "fastffn_rms_norm_fwd", "rms_norm_bwd": "fastffn_rms_norm_bwd",
                   "rotary": "fastffn_rotary", "adamw": "fastffn_adamw", "adamw_update_pows": "fastffn_adamw_update_pows",
@@ -124,7 +125,7 @@ class Recorder(TorchDispatchMode):
         with no operands, as `unmapped`, so the comparison fails until the recorder wraps it."""
         def call(*args):
             if not self.muted:
-                self.ops.append(trace.RawOp("kernel", f"{name} (outside harness.Kernels' recorded methods)", [], [],
+                self.ops.append(trace.RawOp("kernel", f"{name} (outside c_api.Kernels' recorded methods)", [], [],
                                             self.phase))
             return function(*args)
         return call
@@ -134,7 +135,7 @@ class Recorder(TorchDispatchMode):
 def recording():
     """A Recorder active over the block, with the harness's C-kernel calls and attention wrapped."""
     recorder = Recorder()
-    kernels = harness.kernels()
+    kernels = c_api.kernels()
     saved = {name: getattr(kernels, name) for name in KERNEL_METHODS}
     saved_sdpa = F.scaled_dot_product_attention
     saved_packed = llama_model.packed_attention
@@ -201,7 +202,7 @@ def _synchronize(device):
 
 
 def record_layer(shape: dict, device="cuda") -> list:
-    from benchmarks.gpu.llama_model import FastDecoderLayer, rope_tables
+    from paddle_fastffn.torch.llama import FastDecoderLayer, rope_tables
 
     hf = hf_model(shape, device)
     layer = FastDecoderLayer(hf.model.layers[0], shape["num_attention_heads"], shape["num_key_value_heads"],
@@ -223,7 +224,7 @@ def record_step(shape: dict, device="cuda", packed=None) -> list:
     tables, as the Paddle trace); packed: a packed batch (trace.packed_batch's lengths) as the
     product's collator gives it, one flattened row with restarting positions and the
     attn_mask_startend_row_indices the model reads to the host."""
-    from benchmarks.gpu.llama_model import FastLlama, FusedMasterAdamW, shift_labels
+    from paddle_fastffn.torch.llama import FastLlama, FusedMasterAdamW, shift_labels
 
     model = FastLlama(hf_model(shape, device)).to(device)
     optimizer = FusedMasterAdamW(model.parameters(), lr=3e-3, weight_decay=0.01, max_grad_norm=1.0)

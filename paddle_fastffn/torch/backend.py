@@ -1,11 +1,12 @@
 """TorchBackend: the core layer's Backend (paddle_fastffn/core/backend.py says what each method must
-do) over the harness's ctypes kernels (the same csrc/kernels the Paddle bindings call), torch's
-cuBLAS for the GEMMs Paddle runs through paddle.matmul, and the project's cuBLASLt provider for the
-fp32-accumulated weight gradient (the call the Paddle path makes). torch's Linear weight layout is
-[out, in]. `function(op, backend)` is torch's autograd for a core fused op, as
-paddle_fastffn/ops/_autograd.py's `pylayer(op)` is Paddle's.
+do) over the C API's kernels through ctypes (c_api.py: the same csrc/kernels the Paddle bindings
+call), torch's cuBLAS for the GEMMs Paddle runs through paddle.matmul, and the project's cuBLASLt
+provider (fp8/c_api.py) for the fp32-accumulated weight gradient (the call the Paddle path makes).
+torch's Linear weight layout is [out, in]. `function(op, backend)` is torch's autograd for a core
+fused op, as paddle_fastffn/ops/_autograd.py's `pylayer(op)` is Paddle's.
 
-This module imports nothing from the harness: harness.py builds its backend from its own Kernels.
+The kernels are passed in (ops.py builds its backend over c_api.kernels), so the CPU variant
+(cpu_kernels.select) swaps them without touching this module.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from paddle_fastffn.core.autograd import FusedOp, run_backward, run_forward
 from paddle_fastffn.core.backend import IndexingBackend
+from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 
 
 class TorchBackend(IndexingBackend):
@@ -21,8 +23,8 @@ class TorchBackend(IndexingBackend):
     float16, float32, float64, int32 = torch.float16, torch.float32, torch.float64, torch.int32
 
     def __init__(self, kernels, empty):
-        """kernels: a callable returning the harness's Kernels (built on first use); empty(shape,
-        dtype, device): the harness's output allocator (NaN-poisoned under its test switch)."""
+        """kernels: a callable returning c_api's Kernels (built on first use); empty(shape,
+        dtype, device): its output allocator (NaN-poisoned under its test switch)."""
         self._kernels = kernels
         self._empty = empty
 
@@ -162,11 +164,8 @@ class TorchBackend(IndexingBackend):
             return out.addmm_(a.t(), b, alpha=alpha)
         # 16-bit inputs: the project's cuBLASLt provider (fastffn_gemm_cuda), fp32 output, with
         # accumulation into out: D = alpha * A @ B^T with A = a^T, B = b^T (both stored [K, .]).
-        # Imported here: fp8_harness imports the harness, which imports this module.
-        from benchmarks.gpu import fp8_harness
-
-        return fp8_harness.kernels().gemm(a, b, torch.float32, transpose_a=True, transpose_b=True,
-                                          alpha=alpha, out=out, accumulate=out is not None)
+        return fp8_c_api.kernels().gemm(a, b, torch.float32, transpose_a=True, transpose_b=True,
+                                        alpha=alpha, out=out, accumulate=out is not None)
 
 
 def function(op: type[FusedOp], backend: TorchBackend) -> type[torch.autograd.Function]:

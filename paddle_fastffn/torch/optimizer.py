@@ -1,5 +1,5 @@
 """The optimizer step's backend (paddle_fastffn/core/optimizer.py) in torch: what Paddle's ops are
-on the GPU, and our AdamW kernel through harness.Kernels. llama_model.FusedMasterAdamW executes the
+on the GPU, and our AdamW kernel through c_api.Kernels. paddle_fastffn.torch.llama.FusedMasterAdamW executes the
 core's step over it, as Paddle's FastAdamW executes it over PaddleOptimizerBackend."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks.gpu import harness
 from paddle_fastffn.core import optimizer as core_optimizer
+from paddle_fastffn.torch import c_api
 
 _PRECISION = {torch.float16: core_optimizer.HALF, torch.bfloat16: core_optimizer.HALF,
               torch.float32: core_optimizer.SINGLE}
@@ -59,7 +59,7 @@ class TorchOptimizerBackend:
         t.fill_(value)
 
     def adamw(self, update, learning_rate, grad_scale, hyper):
-        harness.kernels().adamw(
+        c_api.kernels().adamw(
             update.param, update.grad, update.moment1, update.moment2, update.master, lr=learning_rate,
             beta1_pow=update.beta1_pow, beta2_pow=update.beta2_pow, beta1=hyper.beta1, beta2=hyper.beta2,
             eps=hyper.epsilon, weight_decay=hyper.weight_decay, lr_ratio=update.lr_ratio,

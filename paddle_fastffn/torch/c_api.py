@@ -1,12 +1,11 @@
-"""Standalone GPU harness: builds csrc/kernels (the same sources the Paddle CUDA bindings call)
-with nvcc into a shared library and drives it through ctypes. PyTorch only allocates memory,
-supplies the stream, runs the GEMMs and attention around our kernels, and computes references.
+"""The C API (csrc/kernels, the same sources the Paddle CUDA bindings call) through ctypes: build()
+compiles it with nvcc into a shared library, Kernels drives it. PyTorch only allocates memory and
+supplies the stream; the GEMMs and attention around our kernels are the backend's (backend.py).
 
 The fused ops' autograd (SwiGLU, RMSNorm, SwiGLUDownProj, the FFN, the fused loss) is not written
 here: it is paddle_fastffn/core's classes, which the Paddle ops run too, built into torch Functions
-by benchmarks/gpu/torch_backend.py over these kernels, with torch's cuBLAS (and the project's
-cuBLASLt provider where the Paddle path calls it) standing in for Paddle's GEMMs and SDPA for its
-attention.
+(ops.py) by backend.py over these kernels, with torch's cuBLAS (and the project's cuBLASLt
+provider where the Paddle path calls it) standing in for Paddle's GEMMs and SDPA for its attention.
 """
 
 from __future__ import annotations
@@ -19,19 +18,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu.build_definition import REPO, definition
-from benchmarks.gpu.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceLimits, HeadsLayout, RmsNormArgs,  # noqa: F401
-                                      RmsNormBwdPlan, RotaryArgs, Scalar, SwigluArgs, check_abi)
-from benchmarks.gpu.torch_backend import TorchBackend, function
-from benchmarks.gpu.torch_rotary_backend import function as rotary_function
-from paddle_fastffn.core import ffn as core_ffn
 from paddle_fastffn.core import linear_cross_entropy as core_lce
-from paddle_fastffn.core import residual as core_residual
-from paddle_fastffn.core import rms_norm as core_rms_norm
-from paddle_fastffn.core import rotary as core_rotary
-from paddle_fastffn.core import swiglu as core_swiglu
-
-
+from paddle_fastffn.torch.build import REPO, definition
+from paddle_fastffn.torch.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceLimits, HeadsLayout,  # noqa: F401
+                                            RmsNormArgs, RmsNormBwdPlan, RotaryArgs, Scalar, SwigluArgs,
+                                            check_abi)
 
 # Tests set this: every output buffer starts as NaN, so an element a kernel fails to write shows.
 POISON_OUTPUTS = False
@@ -308,109 +299,3 @@ def device_limits(device: int = 0) -> DeviceLimits:
 
 def rms_norm_bwd_plan(rows: int, cols: int, limits: DeviceLimits) -> RmsNormBwdPlan:
     return kernels().lib.fastffn_plan_rms_norm_bwd(rows, cols, limits)
-
-
-# --- the core layer's fused ops (paddle_fastffn/core), in torch's autograd -------------------------
-# The same classes the Paddle ops run through their PyLayer adapter; only the backend differs.
-
-BACKEND = TorchBackend(kernels, Kernels.empty)
-
-SwiGLU = function(core_swiglu.SwiGLUPacked, BACKEND)  # apply(gate_up): packed [gate | up]
-# apply(gate, up, reuse_input_memory): two inputs (the MLP with unfused gate_proj and up_proj, as
-# under LoRA; reuse_input_memory writes the gradients over gate and up)
-SwiGLUPair = function(core_swiglu.SwiGLU, BACKEND)
-RMSNorm = function(core_rms_norm.RMSNorm, BACKEND)  # apply(x, weight, eps)
-AddRMSNorm = function(core_rms_norm.AddRMSNorm, BACKEND)  # apply(x, residual, weight, eps)
-ResidualAdd = function(core_residual.ResidualAdd, BACKEND)  # apply(residual, y): one gradient for both
-
-
-# The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.
-# Rotary.apply(q, k, cos, sin, position_ids): q/k may be token-strided views.
-Rotary = rotary_function(core_rotary.Rotary)
-_QKVRotary = rotary_function(core_rotary.QKVRotary)
-
-
-def qkv_rotary(qkv, heads, kv_heads, cos, sin, position_ids=None):
-    """ops.qkv_rotary's signature: PaddleNLP's interleaved fused qkv [b, s, kv_heads * (G + 2) * d]
-    -> rotated q [b, s, heads, d], rotated k and v [b, s, kv_heads, d] (v a dense copy, see
-    core/rotary.py), the backward writing one d_qkv. position_ids: None or int64 [b, s]; an
-    out-of-table id is flagged on the device and raises when the step's flag is read."""
-    if position_ids is not None:
-        position_ids = position_ids.to(torch.int64).expand(qkv.shape[0], qkv.shape[1]).contiguous()
-    return _QKVRotary.apply(qkv.contiguous(), cos, sin, position_ids, heads, kv_heads)
-
-
-def fuse_qkv_weight(q_weight, k_weight, v_weight, heads, kv_heads):
-    """PaddleNLP's fused qkv_proj layout in torch's [out, in] weights: per KV group its G query
-    heads' rows, its k head's, its v head's (fuse_param_func(is_qkv=True) on the out axis)."""
-    d = q_weight.shape[0] // heads
-    groups = heads // kv_heads
-    rest = tuple(q_weight.shape[1:])
-    return torch.cat([q_weight.reshape(kv_heads, groups * d, *rest),
-                      k_weight.reshape(kv_heads, d, *rest),
-                      v_weight.reshape(kv_heads, d, *rest)], 1).reshape(-1, *rest)
-
-
-def split_qkv_weight(weight, heads, kv_heads):
-    """The inverse of fuse_qkv_weight: (q, k, v) rows (for comparing gradients with HF's)."""
-    d = weight.shape[0] // (heads + 2 * kv_heads)
-    groups = heads // kv_heads
-    rest = tuple(weight.shape[1:])
-    parts = weight.reshape(kv_heads, (groups + 2) * d, *rest).split([groups * d, d, d], 1)
-    return tuple(p.reshape(-1, *rest) for p in parts)
-
-
-_SwiGLUDownProj = function(core_swiglu.SwiGLUDownProj, BACKEND)
-
-
-class SwiGLUDownProj:
-    """out = swiglu(gate_up) @ W_d^T: what the Paddle patch's MLP runs after its gate_up_fused_proj
-    GEMM (ops.swiglu_down_proj with reuse_gate_up_memory: core.swiglu.SwiGLUDownProj). The
-    harness's gate_up is always its own GEMM's private output, so the backward writes d_gate_up
-    over it; with recompute only gate_up is kept and the recomputed SwiGLU output is written over
-    d_hidden."""
-
-    @staticmethod
-    def apply(gate_up, w_down, recompute=True):
-        return _SwiGLUDownProj.apply(gate_up, w_down, recompute, True)
-
-
-FusedFFN = function(core_ffn.FusedFFN, BACKEND)
-
-
-def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
-    """The FFN composition (core.ffn.FusedFFN; torch Linear layout: w_gate_up [2I, H] =
-    [W_gate; W_up], w_down [H, I]). split_gemms=False (one [T, 2I] GEMM) is the default because
-    interleaved timing on the H200 (2026-12-02, run 3, gpu_h200_run3_sweep.json) found it faster or
-    level at every shape, e.g. 7B: 2.55 vs 2.66 ms at 2048 tokens, 10.18 vs 10.39 ms at 8192. (A
-    first, sequential run had suggested the split layout at small T; that was drift, see
-    results/history/README.md.)"""
-    return FusedFFN.apply(x, w_gate_up, w_down, recompute, split_gemms)
-
-
-# --- fused linear cross-entropy (core.linear_cross_entropy, as ops.linear_cross_entropy) ----------
-
-def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=True, error=None):
-    """Kernels.cross_entropy on the harness's library (the per-chunk kernel, for kernel tests)."""
-    return kernels().cross_entropy(logits, labels, ignore_index, grad_scale, with_grad, error)
-
-
-LinearCrossEntropy = function(core_lce.LinearCrossEntropy, BACKEND)
-
-
-def labelled_rows(hidden2d, labels1d, ignore_index: int):
-    """core.linear_cross_entropy.labelled_rows over torch: (hidden rows, labels, their count)."""
-    return core_lce.labelled_rows(BACKEND, hidden2d, labels1d, ignore_index)
-
-
-def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
-    """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
-    -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits. Only the
-    labelled rows reach the LM head (labelled_rows), as in the Paddle op; chunks default to the
-    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES)."""
-    hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
-                                                   labels.reshape(-1).long().contiguous(), ignore_index)
-    vocab = weight.shape[0] if transpose_weight else weight.shape[1]
-    chunk = chunk_tokens or core_lce.default_chunk_tokens(vocab, on_gpu=True)
-    return LinearCrossEntropy.apply(hidden2d, weight, labels1d.contiguous(), ignore_index, transpose_weight,
-                                    chunk, n_labelled)

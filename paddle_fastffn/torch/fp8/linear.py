@@ -23,7 +23,7 @@ K-major only):
 
 So T, K and N must all be multiples of 16 (fp8_ffn.GEMM_ALIGNMENT). The forward and backward are
 the product's Fp8LinearOp (paddle_fastffn/core/fp8/linear.py) over the torch FP8 backend
-(torch_fp8_backend.py: its `function` adapter), the same class the Paddle emulated and CUDA paths
+(fp8/backend.py: its `function` adapter), the same class the Paddle emulated and CUDA paths
 run (the weight-layout column of its table is torch's). Scaling is the core's
 ScalingState (paddle_fastffn/core/fp8/scaling.py), the delayed recipe's warm start included (the
 first quantisation of x and dy is current-scaled and seeds their histories).
@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu.fp8_ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
-from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, function
 from paddle_fastffn.core.fp8.linear import Fp8LinearOp
+from paddle_fastffn.torch.fp8.backend import Fp8WeightCache, TorchFp8Backend, function
+from paddle_fastffn.torch.fp8.ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
 
 
 class Fp8LinearState:

@@ -70,7 +70,7 @@ at its next use.
 The recipe, the scaling state machine, the weight cache and the forward/backward orchestration are
 the product's own (paddle_fastffn/core/fp8: recipe.py, scaling.py, weight_cache.py, ffn.py's
 Fp8FFNOp, the class the Paddle emulated and CUDA paths run), over the torch FP8 backend
-(torch_fp8_backend.py: the kernels, torch's [out, in] weight layout, and `function`, the autograd
+(fp8/backend.py: the kernels, torch's [out, in] weight layout, and `function`, the autograd
 adapter). This file keeps the harness's state object, its shape checks and the public names.
 """
 
@@ -78,10 +78,10 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.gpu.torch_fp8_backend import Fp8WeightCache, TorchFp8Backend, function
 from paddle_fastffn.core.fp8.ffn import Fp8FFNOp
 from paddle_fastffn.core.fp8.recipe import Fp8Recipe
 from paddle_fastffn.core.fp8.scaling import ScalingState
+from paddle_fastffn.torch.fp8.backend import Fp8WeightCache, TorchFp8Backend, function
 
 __all__ = ["DEFAULT_RECIPE", "E4M3", "E5M2", "GEMM_ALIGNMENT", "Fp8FFN", "Fp8FFNState", "Fp8Recipe", "Fp8WeightCache",
            "ScalingState", "check_shapes", "fp8_ffn", "misaligned"]

@@ -1,5 +1,5 @@
 """The FP8 backend of paddle_fastffn/core/fp8 (backend.py's protocol) for torch, over the ctypes
-kernels of fp8_harness.py (the C entry points the Paddle CUDA ops call), so that the harness runs
+kernels of fp8/c_api.py (the C entry points the Paddle CUDA ops call), so that the harness runs
 the product's own FP8 scaling state machine (core/fp8/scaling.py) and weight cache
 (core/fp8/weight_cache.py). Importing it registers it as the scaling states' backend (torch tensors
 on the current CUDA device); TorchFp8Backend(device) makes states elsewhere.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks.gpu import fp8_harness as fp8
-from benchmarks.gpu import torch_backend
 from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
 from paddle_fastffn.core.fp8.backend import SharedTensorMethods, register_state_backend
+from paddle_fastffn.torch import backend as torch_backend
+from paddle_fastffn.torch.fp8 import c_api as fp8
 
 TORCH_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -47,7 +47,7 @@ class TorchFp8Backend(SharedTensorMethods):
     # --- kernels --------------------------------------------------------------------------------
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
                  transpose_cols: int = 0):
-        """fastffn_fp8_quantize_cuda into fp8_harness.Quantized; the harness's copies are never
+        """fastffn_fp8_quantize_cuda into fp8_c_api.Quantized; the harness's copies are never
         padded (its token counts are multiples of 16: Fp8FFN and Fp8Linear check)."""
         if transpose_cols not in (0, x.shape[0]):
             raise ValueError(f"TorchFp8Backend.quantize: transpose_cols must be 0 or the row count {x.shape[0]}, "
@@ -150,5 +150,5 @@ quantize_weight = TORCH.quantize_weight
 
 
 def function(op, backend=TORCH):
-    """torch_backend.py's one autograd.Function adapter over `backend`."""
+    """backend.py's one autograd.Function adapter over `backend`."""
     return torch_backend.function(op, backend)

@@ -1,5 +1,5 @@
 """ctypes bindings of the FP8 entry points (csrc/kernels/include/fastffn/scaled_tensor.h) over the
-shared library that ``harness.build()`` compiles: FP8 quantisation (cast + transpose + amax),
+shared library that ``c_api.build()`` compiles: FP8 quantisation (cast + transpose + amax),
 dequantisation and the cuBLASLt GEMM provider, the same functions the Paddle bindings call.
 torch only allocates, supplies the stream and computes references.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.gpu import harness
-from benchmarks.gpu.c_structs import GemmConfig, Tensor, check_abi
+from paddle_fastffn.torch import c_api
+from paddle_fastffn.torch.c_structs import GemmConfig, Tensor, check_abi
 
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 4,
           torch.float8_e5m2: 5}
@@ -74,12 +74,12 @@ def describe(t: torch.Tensor | None, dtype: torch.dtype | None = None, scale=Non
 
 
 def empty(shape, dtype, device="cuda") -> torch.Tensor:
-    """An output buffer, NaN-filled while harness.POISON_OUTPUTS is set (FP8: the NaN byte 0x7F)."""
+    """An output buffer, NaN-filled while c_api.POISON_OUTPUTS is set (FP8: the NaN byte 0x7F)."""
     if dtype in FP8_DTYPES:
-        if harness.POISON_OUTPUTS:
+        if c_api.POISON_OUTPUTS:
             return torch.full(shape, FP8_NAN_BYTE, dtype=torch.uint8, device=device).view(dtype)
         return torch.empty(shape, dtype=dtype, device=device)
-    return harness.Kernels.empty(shape, dtype, device)
+    return c_api.Kernels.empty(shape, dtype, device)
 
 
 def scalar(value: float, device="cuda") -> torch.Tensor:
@@ -89,8 +89,8 @@ def scalar(value: float, device="cuda") -> torch.Tensor:
 class Fp8Kernels:
     def __init__(self, lib: ctypes.CDLL | None = None):
         if lib is not None:
-            check_abi(lib)  # harness.kernels() checks the library it loads itself
-        self.lib = lib or harness.kernels().lib
+            check_abi(lib)  # c_api.kernels() checks the library it loads itself
+        self.lib = lib or c_api.kernels().lib
         for name in ("fastffn_fp8_quantize_cuda", "fastffn_fp8_dequantize_cuda", "fastffn_gemm_cuda",
                      "fastffn_gemm_init_cuda"):
             getattr(self.lib, name).restype = ctypes.c_int

@@ -1,7 +1,7 @@
 """ctypes mirrors of the C API's structs (csrc/kernels/include/fastffn/*.h), without torch, and
 the check of every mirror against the layout table the library exports (fastffn_abi_* in
-c_api.h): the harness runs it when it loads the library, the CPU build check against a g++ build
-of the host code. The harness modules re-export the mirrors under their old names."""
+c_api.h): c_api.py runs it when it loads the library, the CPU build check against a g++ build of
+the host code. No torch: the Paddle tests of the C entry points' statuses import these too."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def check_abi(lib: ctypes.CDLL, mirrors: dict | None = None) -> None:
     mirrors = MIRRORS if mirrors is None else mirrors
     layouts = library_layouts(lib)
     for name in sorted(set(layouts) ^ set(mirrors)):
-        where = "the library exports it but benchmarks/gpu/c_structs.py has no mirror" \
+        where = "the library exports it but paddle_fastffn/torch/c_structs.py has no mirror" \
             if name in layouts else "c_structs.py mirrors it but the library does not export it"
         raise AbiMismatch(f"{name}: {where}")
     for name, (size, fields) in layouts.items():

@@ -1,22 +1,22 @@
 """The harness on the CPU, for the GPU benchmarks' CPU smoke (tests/torch_cpu): the same composition
-(paddle_fastffn/core over torch_backend.py) with the C API's CPU kernels where csrc/kernels has them
+(paddle_fastffn/core over backend.py) with the C API's CPU kernels where csrc/kernels has them
 and a torch emulation of the FP8 kernels' contract where it has none.
 
-    from benchmarks.gpu import cpu_kernels
-    cpu_kernels.select()   # harness.kernels() and fp8_harness.kernels() now run on CPU tensors
+    from paddle_fastffn.torch import cpu_kernels
+    cpu_kernels.select()   # c_api.kernels() and fp8_c_api.kernels() now run on CPU tensors
 
 select() is a harness-level switch: it points the harness's kernel singletons at the CPU variants
-below and the FP8 state backend's device at "cpu". Nothing on the GPU path changes: harness.py and
-fp8_harness.py are as they were, and a process that never calls select() never builds or loads this
+below and the FP8 state backend's device at "cpu". Nothing on the GPU path changes: c_api.py and
+fp8/c_api.py are as they were, and a process that never calls select() never builds or loads this
 library.
 
-CpuKernels is harness.Kernels over a library of the CPU kernels (build(): the host compiler, the
+CpuKernels is c_api.Kernels over a library of the CPU kernels (build(): the host compiler, the
 sources and flags of paddle_fastffn/ops/build_definition.py, as the Paddle CPU build compiles them).
 The CPU entry points take the CUDA ones' argument structs without the stream, so Kernels' methods
 run unchanged over _CpuEntryPoints, which maps fastffn_X_cuda(..., stream) to fastffn_X_cpu(...);
 only the RMSNorm backward (the CPU kernel allocates its own workspace) is its own.
 
-CpuFp8Kernels is fp8_harness.Fp8Kernels' interface in torch ops, with the kernels' contract
+CpuFp8Kernels is fp8_c_api.Fp8Kernels' interface in torch ops, with the kernels' contract
 (scaled_tensor.h; tests/gpu/test_fp8_kernels.py's quantize_ref and paddle_fastffn/fp8's Paddle
 emulation are the same rules): quantisation is the fp32 product x * scale, saturated to the
 format's max, rounded to nearest even, NaN -> 0x7F, Inf kept in e5m2 and NaN in e4m3; amax is
@@ -34,10 +34,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu import fp8_harness, harness, torch_fp8_backend
-from benchmarks.gpu.build_definition import REPO, definition
-from benchmarks.gpu.c_structs import AdamwArgs, RmsNormArgs, check_abi
 from paddle_fastffn.core.fp8.recipe import FP32_MAX, scale_numerator
+from paddle_fastffn.torch import c_api
+from paddle_fastffn.torch.build import REPO, definition
+from paddle_fastffn.torch.c_structs import AdamwArgs, RmsNormArgs, check_abi
+from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
+from paddle_fastffn.torch.fp8 import backend as torch_fp8_backend
 
 
 def build(out_dir: Path | None = None) -> Path:
@@ -52,13 +54,13 @@ def build(out_dir: Path | None = None) -> Path:
 
     def compile_one(source: Path) -> Path:
         obj = out_dir / f"{source.name}.{tag}.o"
-        harness._run(definition.cxx_compile_command(source, obj))
+        c_api._run(definition.cxx_compile_command(source, obj))
         return obj
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         objects = list(pool.map(compile_one, definition.cpu_harness_sources()))
     partial = library.with_suffix(f".{os.getpid()}.tmp")  # a concurrent build never sees half a file
-    harness._run(definition.cxx_link_command(objects, partial))
+    c_api._run(definition.cxx_link_command(objects, partial))
     partial.replace(library)
     return library
 
@@ -81,8 +83,8 @@ class _CpuEntryPoints:
         return getattr(self._lib, name)
 
 
-class CpuKernels(harness.Kernels):
-    """harness.Kernels on CPU tensors, over the C API's CPU kernels."""
+class CpuKernels(c_api.Kernels):
+    """c_api.Kernels on CPU tensors, over the C API's CPU kernels."""
 
     def __init__(self, library: Path | None = None):
         lib = ctypes.CDLL(str(library or build()))
@@ -105,7 +107,7 @@ class CpuKernels(harness.Kernels):
 
     def rms_norm_bwd(self, x, weight, rstd, d_out, eps, d_sum=None):
         rows, cols = x.numel() // x.shape[-1], x.shape[-1]
-        args = RmsNormArgs(rows, cols, eps, harness._DTYPES[x.dtype])
+        args = RmsNormArgs(rows, cols, eps, c_api._DTYPES[x.dtype])
         d_x = self.empty(x.shape, x.dtype, x.device)
         d_w = self.empty(weight.shape, weight.dtype, weight.device)
         self._check(self.cpu_lib.fastffn_rms_norm_bwd_cpu(
@@ -119,15 +121,15 @@ class CpuKernels(harness.Kernels):
 def _codes(x32: torch.Tensor, scale: torch.Tensor | None, fmt: torch.dtype) -> torch.Tensor:
     """The FP8 tensor the quantising kernels write for fp32 x (scaled_tensor.h's rules)."""
     y = x32 * scale if scale is not None else x32
-    limit = fp8_harness.FP8_MAX[fmt]
+    limit = fp8_c_api.FP8_MAX[fmt]
     codes = y.clamp(-limit, limit).to(fmt).view(torch.uint8).clone()
-    codes[torch.isnan(y)] = fp8_harness.FP8_NAN_BYTE
+    codes[torch.isnan(y)] = fp8_c_api.FP8_NAN_BYTE
     inf = torch.isinf(x32)
     if fmt is torch.float8_e5m2:
         codes[inf & (x32 > 0)] = 0x7C
         codes[inf & (x32 < 0)] = 0xFC
     else:
-        codes[inf] = fp8_harness.FP8_NAN_BYTE
+        codes[inf] = fp8_c_api.FP8_NAN_BYTE
     return codes.view(fmt)
 
 
@@ -154,13 +156,13 @@ def _write(data: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
     return into
 
 
-def _quantized(x32, fmt, scale, rowwise, transpose, amax, out=None, out_t=None) -> fp8_harness.Quantized:
+def _quantized(x32, fmt, scale, rowwise, transpose, amax, out=None, out_t=None) -> fp8_c_api.Quantized:
     _max_into(amax, x32)
     codes = _codes(x32, scale, fmt) if rowwise or transpose or out is not None or out_t is not None else None
     data = _write(codes, out) if (rowwise or out is not None) else None
     data_t = _write(codes.t(), out_t) if (transpose or out_t is not None) else None
     scale_inv = _scale_inv(scale, x32.device) if codes is not None else None
-    return fp8_harness.Quantized(data, data_t, scale, scale_inv, amax)
+    return fp8_c_api.Quantized(data, data_t, scale, scale_inv, amax)
 
 
 def _float32(t: torch.Tensor, scale_inv: torch.Tensor | None = None) -> torch.Tensor:
@@ -174,7 +176,7 @@ def _swiglu32(gate_up32: torch.Tensor) -> torch.Tensor:
 
 
 class CpuFp8Kernels:
-    """fp8_harness.Fp8Kernels' methods (the ones the composition calls) on CPU tensors."""
+    """fp8_c_api.Fp8Kernels' methods (the ones the composition calls) on CPU tensors."""
 
     def quantize(self, x, fp8, scale=None, rowwise=True, transpose=True, amax=None, out=None, out_t=None):
         amax = torch.zeros(1, dtype=torch.float32, device=x.device) if amax is None else amax
@@ -207,7 +209,7 @@ class CpuFp8Kernels:
     def swiglu_fwd_fp8_with_gate_up(self, gate_up, fp8, scale=None, rowwise=True, transpose=False, amax=None,
                                     track_amax=True, out=None, out_t=None, gate_up_scale=None,
                                     gate_up_rowwise=False, gate_up_amax=None):
-        amax = fp8_harness.Fp8Kernels._fresh_amax(amax, track_amax, gate_up.device)
+        amax = fp8_c_api.Fp8Kernels._fresh_amax(amax, track_amax, gate_up.device)
         gate_up32 = gate_up.float()
         h = _quantized(_swiglu32(gate_up32), fp8, scale, rowwise, transpose, amax, out, out_t)
         q_gate_up = None
@@ -218,7 +220,7 @@ class CpuFp8Kernels:
     def swiglu_bwd_fp8(self, gate_up, d_h, fp8=torch.float8_e5m2, scale=None, rowwise=True, transpose=True,
                        amax=None, track_amax=True, h=None, h_scale=None, h_rowwise=False, h_transpose=True,
                        h_amax=None, gate_up_scale_inv=None):
-        amax = fp8_harness.Fp8Kernels._fresh_amax(amax, track_amax, gate_up.device)
+        amax = fp8_c_api.Fp8Kernels._fresh_amax(amax, track_amax, gate_up.device)
         gate, up = _float32(gate_up, gate_up_scale_inv).chunk(2, dim=-1)
         d_h32 = d_h.float()
         sig = torch.sigmoid(gate)
@@ -226,7 +228,7 @@ class CpuFp8Kernels:
         d_gate_up = torch.cat([d_h32 * up * sig * (1 + gate * (1 - sig)), d_h32 * silu], dim=-1)
         q_d_gate_up = _quantized(d_gate_up, fp8, scale, rowwise, transpose, amax)
         h_out = None
-        if h in fp8_harness.FP8_DTYPES:
+        if h in fp8_c_api.FP8_DTYPES:
             h_out = _quantized(silu * up, h, h_scale, h_rowwise, h_transpose, h_amax)
         elif h is not None:
             h_out = (silu * up).to(h)
@@ -257,9 +259,9 @@ class CpuFp8Kernels:
 
 
 def select() -> None:
-    """Runs the harness on the CPU from now on in this process: harness.kernels() is CpuKernels,
-    fp8_harness.kernels() CpuFp8Kernels, and the FP8 scaling states are made on the CPU."""
-    harness._KERNELS = CpuKernels()
-    fp8_harness._KERNELS = CpuFp8Kernels()
+    """Runs the harness on the CPU from now on in this process: c_api.kernels() is CpuKernels,
+    fp8_c_api.kernels() CpuFp8Kernels, and the FP8 scaling states are made on the CPU."""
+    c_api._KERNELS = CpuKernels()
+    fp8_c_api._KERNELS = CpuFp8Kernels()
     torch_fp8_backend.TORCH.device = "cpu"
 
