@@ -26,28 +26,29 @@ through the family-neutral fused_projections.py (stock initialisation, save_pret
 set_state_dict) and lora.py (adapters on the stock sub-layers), which this file installs once on
 LLaMA's classes (install_hooks) with LLaMA's layouts (FUSED_LAYOUTS, fuse_fn, split_fn).
 
-This file is the LLaMA implementation of family.ModelFamily (the contract registry.py relies on);
-messages.py, state.py and options.py are the family-neutral parts it shares.
+This file is the LLaMA implementation of family.ModelFamily (the contract registry.py relies on):
+what it patches (patched_attributes, apply, revert), its layouts and its layer parts. The
+family-neutral parts it binds to LLaMA's classes: masks.py (attention masks, packed batches, the
+attention call), lm_head.py (the fused LM head + loss), fp8_attach.py, fused_projections.py,
+lora.py; messages.py, options.py and state.py (its FamilyState) are shared by every family.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import weakref
+import sys
 from functools import partial
 
 import paddle
-from paddle import nn
 
 from .. import ops
 from ..core import decoder as core_decoder
 from ..core.residual import ResidualAdd
 from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
-from ..ops._fallback import raise_if_strict
-from . import state
-from .fused_projections import (FusedLayout, distributed_layers, init_weights_like_stock, keeps_distributed_layers,
+from . import lm_head, masks, state
+from .fused_projections import (FusedLayout, init_weights_like_stock, keeps_distributed_layers,
                                 mark_fused, remember_stock, save_pretrained_stock, set_state_dict_fusing,
                                 stock_config_values)
 from .lora import install_lora_hooks
@@ -113,9 +114,7 @@ def fast_rms_norm_forward(self, hidden_states):
     return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
-def is_plain_linear(layer) -> bool:
-    """A Linear whose math is exactly x @ weight (no LoRA adapters, no tensor-parallel comms)."""
-    return type(layer) is nn.Linear and getattr(layer, "bias", None) is None
+is_plain_linear = lm_head.is_plain_linear  # the ModelFamily member
 
 
 class _MLPParts:
@@ -323,88 +322,20 @@ def fast_attention_forward(self, hidden_states, position_ids=None, past_key_valu
     return core_decoder.attention(_PADDLE, parts, hidden_states)
 
 
-def prepare_attention_mask_for_generation(input_ids, pad_token_id, eos_token_id):
-    """The 2-D [batch, seq] keep-mask (1 = attend) that LLaMA's generation path expects.
-
-    PaddleNLP 2.8.1's generic GenerationMixin builds an additive float 4-D mask instead; LLaMA's
-    _prepare_decoder_attention_mask then hands it to paddle.where as the condition, which Paddle
-    3.x rejects ("The `condition` is expected to be a boolean Tensor"), and LLaMA's
-    update_model_kwargs_for_generation could not extend a 4-D mask anyway."""
-    has_pad = pad_token_id is not None and bool(paddle.any(input_ids == pad_token_id).item())
-    if has_pad and pad_token_id != eos_token_id:
-        return (input_ids != pad_token_id).astype("int64")
-    return paddle.ones_like(input_ids, dtype="int64")
+prepare_attention_mask_for_generation = masks.prepare_attention_mask_for_generation
 
 
-def _bottom_right_causal_mask(q_len: int, kv_len: int, dtype) -> paddle.Tensor:
-    """Additive [1, 1, q_len, kv_len] mask: query i (the (kv_len - q_len + i)-th token) sees keys
-    0 .. kv_len - q_len + i. is_causal=True aligns the triangle top-left instead, which is only
-    right when q_len == kv_len."""
-    rows = paddle.arange(q_len, dtype="int64").unsqueeze(1) + (kv_len - q_len)
-    allowed = paddle.arange(kv_len, dtype="int64").unsqueeze(0) <= rows
-    blocked = paddle.full([q_len, kv_len], paddle.finfo(dtype).min, dtype=dtype)
-    return paddle.where(allowed, paddle.zeros([q_len, kv_len], dtype=dtype), blocked).reshape([1, 1, q_len, kv_len])
-
-
-def fast_scaled_dot_product_attention(query_states, config, key_states, value_states, attention_mask,
-                                      output_attentions, alibi=None, sequence_parallel=False,
-                                      reshard_layer=None, npu_is_casual=False):
-    """modeling.scaled_dot_product_attention, with the causal mask made explicit where PaddleNLP's
-    use_flash_attention path drops it (a causal-looking mask becomes None -> is_causal=True) while
-    fewer queries than keys are present (decoding with a KV cache): there is_causal=True would let
-    the new token see only the first keys. Training (q_len == kv_len) keeps is_causal=True.
-    A packed batch's segments (ops.PackedSegments, in the mask's place) run ops.packed_attention:
-    each example attends to itself, with no [seq, seq] mask (flash_attn_unpadded on GPU)."""
-    if isinstance(attention_mask, ops.PackedSegments):
-        return _packed_sdpa(query_states, key_states, value_states, attention_mask, output_attentions, alibi,
-                            sequence_parallel, reshard_layer)
-    q_len, kv_len = query_states.shape[1], key_states.shape[1]
-    if config.use_flash_attention and attention_mask is None and q_len != kv_len:
-        attention_mask = _bottom_right_causal_mask(q_len, kv_len, query_states.dtype)
-    return _STATE.originals["sdpa"](query_states, config, key_states, value_states, attention_mask,
-                              output_attentions, alibi, sequence_parallel, reshard_layer=reshard_layer,
-                              npu_is_casual=npu_is_casual)
-
-
-def _packed_sdpa(query_states, key_states, value_states, segments, output_attentions, alibi, sequence_parallel,
-                 reshard_layer):
-    bsz, q_len, num_heads, head_dim = query_states.shape
-    unsupported = [name for name, used in (("a KV cache", key_states.shape[1] != q_len),
-                                           ("output_attentions", output_attentions), ("alibi", alibi is not None),
-                                           ("sequence parallel", sequence_parallel),
-                                           ("sep parallel", reshard_layer is not None)) if used]
-    if unsupported:
-        raise ValueError(f"paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support "
-                         f"{', '.join(unsupported)}; pass a dense 4-D attention_mask instead")
-    out = ops.packed_attention(query_states, key_states, value_states, segments)
-    return out.reshape([bsz, q_len, num_heads * head_dim])
+def fast_scaled_dot_product_attention(*args, **kwargs):
+    return masks.scaled_dot_product_attention(_STATE.originals["sdpa"], *args, **kwargs)
 
 
 def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_values_length, dtype):
-    """LlamaModel._prepare_decoder_attention_mask, passing a packed batch's segments through to
-    attention (they replace the [batch, 1, seq, seq] mask); other masks as stock. With
-    fast_ffn_attention off, attention is PaddleNLP's own: the segments become its dense
-    block-causal mask (one info line)."""
-    if attention_mask is CAUSAL_MASK:
-        return attention_mask
-    if isinstance(attention_mask, ops.PackedSegments):
-        options = state.current()
-        if options is not None and options.attention:
-            return attention_mask
-        _info_once("packed_dense", "fast_ffn_attention is off: packed batches reach PaddleNLP's attention as its "
-                                   "dense [batch, 1, seq, seq] block-causal mask")
-        attention_mask = paddle.to_tensor(attention_mask.dense_mask())
-    return _STATE.originals["prepare_mask"].__func__(attention_mask, input_shape, past_key_values_length, dtype)
+    return masks.prepare_decoder_attention_mask(_STATE.originals["prepare_mask"], attention_mask, input_shape,
+                                                past_key_values_length, dtype)
 
 
 def fast_is_casual_mask(attention_mask):
-    """modeling.is_casual_mask (LlamaModel asks it on the flash path): a packed batch's segments
-    are not one causal mask."""
-    if attention_mask is CAUSAL_MASK:
-        return True
-    if isinstance(attention_mask, ops.PackedSegments):
-        return False
-    return _STATE.originals["is_casual_mask"](attention_mask)
+    return masks.is_casual_mask(_STATE.originals["is_casual_mask"], attention_mask)
 
 
 def _enable_sdpa(config) -> None:
@@ -549,100 +480,31 @@ def _from_pretrained_hub_folders(original):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused LM head + cross-entropy (FastFFNOptions.fused_cross_entropy). LlamaForCausalLM.forward with
-# labels in training mode computes the hidden states, then ops.linear_cross_entropy on the head's
-# weight: PaddleNLP's loss without the [tokens, vocab] logits, which that forward does not return
-# (logits=None; the Trainer's compute_loss reads only the loss). Forwards without labels
-# (generation) and in eval mode (the Trainer's evaluate/predict, whose prediction_step hands the
-# logits to compute_metrics) take the stock forward, as does a head the fused loss cannot read
-# (one info line).
+# The fused LM head + cross-entropy (lm_head.py) over LLaMA's classes.
 
 def fused_head_weight(model):
-    """(weight, transpose_weight, None) when model's LM head is a plain weight and its criterion
-    PaddleNLP's own, else (None, False, why not)."""
+    """lm_head.fused_head_weight for a LlamaForCausalLM."""
     modeling = _modeling()
-    config, head = model.config, model.lm_head
-    if type(getattr(model, "criterion", None)) is not modeling.LlamaPretrainingCriterion:
-        return None, False, f"the criterion is {type(getattr(model, 'criterion', None)).__name__}"
-    distributed = distributed_layers(config)
-    if distributed or getattr(model.criterion, "enable_parallel_cross_entropy", False):
-        return None, False, f"{distributed or 'tensor parallel'}: the head is sharded over the vocabulary"
-    if getattr(config, "sequence_parallel", False) or (getattr(config, "sep_parallel_degree", 1) or 1) > 1:
-        return None, False, "sequence parallel gathers the hidden states inside the head"
-    if type(head) is not modeling.LlamaLMHead and not is_plain_linear(head):
-        return None, False, f"the LM head is {type(head).__name__}, not LlamaLMHead or a plain Linear"
-    if modeling.get_env_device() not in ("cpu", "gpu"):
-        return None, False, f"the head runs {modeling.get_env_device()}'s own matmul"
-    weight = head.weight
-    if getattr(weight, "is_distributed", False):
-        return None, False, "the head's weight is distributed"
-    embedding = getattr(model.get_input_embeddings(), "weight", None)
-    # Tied: PaddleNLP's later LlamaLMHead(transpose_y=True), or 2.8.1's tie_weights(), which sets
-    # the head's weight to the [V, H] embedding; 2.8.1's own head then fails on its matmul (it
-    # applies [H, V] weights only), so the fused loss gives it the tied meaning, hidden @ E^T.
-    # (A square tied weight, V == H, keeps what 2.8.1's head computes, hidden @ E.)
-    transpose = bool(getattr(head, "transpose_y", False)) or (weight is embedding and weight.shape[0] != weight.shape[1])
-    if list(weight.shape) != ([config.vocab_size, config.hidden_size] if transpose else [config.hidden_size, config.vocab_size]):
-        return None, False, f"the head's weight {list(weight.shape)} is not [hidden, vocab] or a tied [vocab, hidden]"
-    return weight, transpose, None
+    return lm_head.fused_head_weight(model, modeling, modeling.LlamaLMHead, modeling.LlamaPretrainingCriterion)
 
 
-def _packed_segments(model, attn_mask_startend_row_indices, attention_mask):
-    """The segments of a packed batch (the collator's attn_mask_startend_row_indices), which travel
-    in attention_mask's place through LlamaModel and its decoder layers (recompute included) to
-    fast_scaled_dot_product_attention."""
-    if attention_mask is not None:
-        raise ValueError("paddle_fastffn: pass either attention_mask or attn_mask_startend_row_indices (a packed "
-                         "batch's segments), not both")
-    if getattr(model.config, "alibi", False):
-        raise ValueError("paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support alibi")
-    return ops.PackedSegments.from_startend_row_indices(attn_mask_startend_row_indices)
+def base_model(causal_lm):
+    return causal_lm.llama
+
+
+def output_class() -> type:
+    return _modeling().CausalLMOutputWithCrossAttentions
 
 
 def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                            labels=None, use_cache=False, past_key_values=None, output_attentions=None,
                            output_hidden_states=None, return_dict=None, attn_mask_startend_row_indices=None):
-    """LlamaForCausalLM.forward with the loss of a training step through ops.linear_cross_entropy
-    (logits=None in the result), where fused_cross_entropy is on; everything else is the stock
-    forward. attn_mask_startend_row_indices (PaddleNLP's packed-batch key, the causal FlashMask
-    form [batch, 1, seq, 1]) marks where each packed example ends: attention keeps the examples
-    apart without a dense mask (position_ids should restart at each example, as the packing
-    collator gives them)."""
-    stock = _STATE.originals["causal_lm_forward"]
-    if attn_mask_startend_row_indices is not None:
-        attention_mask = _packed_segments(self, attn_mask_startend_row_indices, attention_mask)
-    arguments = (input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache, past_key_values,
-                 output_attentions, output_hidden_states, return_dict)
-    options = state.current()
-    if labels is None or not self.training or options is None or not options.fused_cross_entropy:
-        return stock(self, *arguments)
-    weight, transpose, reason = fused_head_weight(self)
-    if weight is None:
-        _info_once(f"fused_ce:{reason}", f"fused_cross_entropy: {reason}; the LM head and loss stay stock")
-        return stock(self, *arguments)
-    config = self.config
-    output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-    output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-    return_dict = return_dict if return_dict is not None else config.use_return_dict
-    outputs = self.llama(input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=return_dict)
-    hidden_states = outputs[0]
-    if hidden_states.dtype == weight.dtype:
-        loss = ops.linear_cross_entropy(hidden_states, weight, labels, ignore_index=self.criterion.ignore_index,
-                                        transpose_weight=transpose)
-        logits = None  # never materialised
-    else:  # AMP O1 mixes: the stock head (autocast casts its matmul) and criterion
-        _info_once("fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head weight "
-                                     f"{weight.dtype} differ (AMP O1): the LM head and loss stay stock")
-        logits = paddle.matmul(hidden_states, weight, transpose_y=True) if transpose else self.lm_head(hidden_states)
-        loss = self.criterion(logits, labels)
-    if not return_dict:
-        return (loss, logits) + tuple(outputs[1:])
-    return _modeling().CausalLMOutputWithCrossAttentions(
-        loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
-        attentions=outputs.attentions)
+    """LlamaForCausalLM.forward: lm_head.causal_lm_forward (the fused loss, packed batches). PaddleNLP
+    2.8.1's signature spelled out (its Layer wraps class-level forward patches by signature)."""
+    return lm_head.causal_lm_forward(
+        sys.modules[__name__], _STATE.originals["causal_lm_forward"], self, input_ids, position_ids, attention_mask,
+        inputs_embeds, labels, use_cache, past_key_values, output_attentions, output_hidden_states, return_dict,
+        attn_mask_startend_row_indices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,29 +575,7 @@ def attach_fp8(llama_model, recipe) -> int:
 fp8_layers = fp8_attach.fp8_layers
 
 
-class _Implied:
-    """An argument LlamaModel.forward would otherwise build on every step; the fast forwards it
-    reaches read the sentinel for what it stands for (see fast_llama_model_forward)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self):
-        return f"<paddle_fastffn: {self.name}>"
-
-
-# No attention_mask (and no cache) on the flash path: stock builds a [batch, 1, seq, seq] mask, asks
-# is_casual_mask (a device reduction and a blocking read to the host, every step) and drops it for
-# is_causal=True. The trace test saw those 18 ops at the head of every training step.
-CAUSAL_MASK = _Implied("causal attention, no mask built")
-# No position_ids (and no cache): stock builds arange(seq).expand([batch, seq]) and every layer
-# expands it again for rotary, whose kernel then reads and range-checks the ids; positions 0..seq-1
-# are the token index, which the kernels take from position_ids=None.
-IMPLICIT_POSITIONS = _Implied("positions 0..seq-1")
-
-
-def _positions(position_ids):
-    return None if position_ids is IMPLICIT_POSITIONS else position_ids
+CAUSAL_MASK, IMPLICIT_POSITIONS, _positions = masks.CAUSAL_MASK, masks.IMPLICIT_POSITIONS, masks.positions
 
 
 def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
