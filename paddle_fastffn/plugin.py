@@ -45,6 +45,7 @@ _STATE = {"report": None}  # the last Trainer's fast-path report, for PADDLE_FAS
 def extend_paddlenlp_trainer(module) -> None:
     """paddlenlp.trainer with FastFFNTrainingArguments as its TrainingArguments, and a Trainer that
     reports the fast path when it is built. Called by the import hook right after the module ran."""
+    from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
     from .integration.training_args import FastFFNTrainingArguments
 
     if module.TrainingArguments is FastFFNTrainingArguments:

@@ -44,7 +44,7 @@ from paddle_fastffn.finetune.metrics import argmax_logits, token_accuracy
 from paddle_fastffn.finetune.packing import PackedCollator, PackedDataset, is_packed_row
 from paddle_fastffn.finetune.visualdl_compat import repair_visualdl_hparams
 from paddle_fastffn.integration.fp8_attach import fp8_fallback_reason
-from paddle_fastffn.integration.registry import apply_to_model, family_for
+from paddle_fastffn.integration.registry import apply_to_model, family_for, family_state
 from paddle_fastffn.integration.resume import check_checkpoint_folder
 
 
@@ -285,6 +285,10 @@ def main(argv=None):
         logger.info(f"sample: {prompt!r} -> {samples[-1]['answer']!r}")
     summary["samples"] = samples
     summary["fp8_fallback"] = fp8_fallback_reason() if training_args.use_fast_ffn else None
+    # How often the class-level patch was applied in this run (once: the TrainingArguments enable
+    # it, and apply_to_model then only sets the model's own settings).
+    summary["patch_applications"] = (family_state(config.model_type).applications
+                                     if training_args.use_fast_ffn else 0)
     logger.info(end_of_run_line(summary))
     if training_args.should_save:
         os.makedirs(training_args.output_dir, exist_ok=True)

@@ -29,6 +29,8 @@ from paddlenlp.utils.log import logger
 from paddlenlp.utils.serialization import load_torch
 from safetensors import safe_open
 
+from ..integration import state as _integration_state
+
 # (index, one-file name) per Hub weight format; safetensors first, as transformers and PaddleNLP prefer.
 HF_WEIGHT_NAMES = (("model.safetensors.index.json", "model.safetensors"),
                    ("pytorch_model.bin.index.json", "pytorch_model.bin"))
@@ -172,3 +174,17 @@ def _read_weight_file(file: Path) -> dict:
     if not (file.name == "pytorch_model.bin" or file.name.startswith("pytorch_model-")):
         raise ValueError(f"{file}: PaddleNLP reads .bin weights named pytorch_model.bin or pytorch_model-*.bin")
     return load_torch(str(file))
+
+
+def load_hub_folder(path, kwargs: dict):
+    """LlamaForCausalLM.from_pretrained's Hub-folder path while the fast path is enabled (the patch
+    calls it through integration.state.hub_loader): the model loaded from a Hugging Face Hub folder,
+    or None where `path` holds no Hub weights (PaddleNLP then loads it as its own)."""
+    if not hf_weight_files(path):
+        return None
+    kwargs.pop("convert_from_torch", None)  # the conversion happens in memory
+    return load_model(path, kwargs.pop("dtype", None), **kwargs)
+
+
+# The patch (integration/) sits below this layer and never imports it: this module offers it the loader.
+_integration_state.set_hub_loader(load_hub_folder)

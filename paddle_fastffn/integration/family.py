@@ -10,13 +10,16 @@ parts do the rest for every family:
   FUSED_LAYOUTS, fuse_fn and split_fn;
 - lora.py: LoRA on the stock sub-layers (the family's split_fn and unfused_linear_class);
 - patching.py: class attributes saved and restored exactly.
-registry.py relies on nothing but this contract (registry.register checks it), and
+This module also holds the table of registered families (register, family_for): the family-neutral
+modules (lora.py, resume.py, report.py) find a model's family here, never through registry.py,
+which imports the families. registry.py relies on nothing but this contract (register checks it), and
 tests/integration/test_family_contract.py checks every registered family against it: its members,
 that apply() changes only the attributes it declares and revert() restores every one of them, and
 that its fused layouts fuse, split and save as declared.
 
 Adding a family (say PaddleNLP's Qwen2): a file integration/qwen2.py with these members, its fast
 forwards written against its own modeling module, and one `register(qwen2)` line in registry.py.
+Its patch state lives in one state.FamilyState (state.for_family), not in module globals.
 """
 
 from __future__ import annotations
@@ -97,6 +100,28 @@ class ModelFamily(Protocol):
         """The Linear class PaddleNLP builds for the stock parts on this device (LoRA's unfusing
         rebuilds them with it)."""
 
+    # --- FP8 and the run report ----------------------------------------------------------------
+    def fp8_checkpoint_layers(self, model) -> tuple:
+        """(recipe, {sub-layer name: Fp8Linear or Fp8FFN}) of what computes in FP8 in `model`,
+        attached first where no forward has attached it yet; (None, {}) while FP8 is off. The
+        Trainer checkpoint saves and restores their scaling state (resume.py)."""
+
+    def fp8_recipe(self):
+        """The Fp8Recipe the family's FP8 GEMMs run with, or None (FP8 off or not runnable here)."""
+
+    def causal_lm_class(self) -> type:
+        """The family's causal LM class (the one whose training loss the fused LM head computes)."""
+
+    def fused_head_weight(self, model) -> tuple:
+        """(weight, transpose_weight, None) where the fused LM head + loss can read `model`'s head
+        (a causal_lm_class() model), else (None, False, why not)."""
+
+    def device_keeps_norm(self, config) -> bool:
+        """Whether the config's norms keep PaddleNLP's device kernel (NPU / XPU fused norms)."""
+
+    def is_plain_linear(self, layer) -> bool:
+        """A Linear whose math is exactly x @ weight (no LoRA adapters, no tensor-parallel comms)."""
+
 
 # The members a family must have, by name (the Protocol's annotations and methods): what
 # register() checks with a message naming the missing ones (isinstance on a Protocol says only
@@ -119,3 +144,36 @@ def check_family(family) -> None:
     if not family.MODEL_TYPES or not all(isinstance(t, str) for t in family.MODEL_TYPES):
         raise TypeError(f"paddle_fastffn: {family.__name__}.MODEL_TYPES must be a non-empty tuple of "
                         f"config.model_type strings, got {family.MODEL_TYPES!r}")
+
+
+# model_type -> the family serving it (register fills it; registry.py registers every family).
+FAMILIES: dict = {}
+
+
+def register(family: ModelFamily) -> None:
+    """Serve `family`'s model types (checked against the contract first)."""
+    check_family(family)
+    for model_type in family.MODEL_TYPES:
+        if FAMILIES.get(model_type, family) is not family:
+            raise ValueError(f"paddle_fastffn: model_type {model_type!r} is served by "
+                             f"{FAMILIES[model_type].__name__} already")
+        FAMILIES[model_type] = family
+
+
+def registered_families() -> list:
+    """Each registered family once, in registration order."""
+    return list(dict.fromkeys(FAMILIES.values()))
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(sorted(FAMILIES))
+
+
+def family_for(model_type: str) -> ModelFamily:
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"paddle_fastffn: use_fast_ffn supports LLaMA-style decoder layers (model_type in "
+            f"{supported_model_types()}); this model has model_type={model_type!r}. Remove "
+            f"use_fast_ffn or use a LLaMA-architecture checkpoint.") from None

@@ -26,28 +26,29 @@ through the family-neutral fused_projections.py (stock initialisation, save_pret
 set_state_dict) and lora.py (adapters on the stock sub-layers), which this file installs once on
 LLaMA's classes (install_hooks) with LLaMA's layouts (FUSED_LAYOUTS, fuse_fn, split_fn).
 
-This file is the LLaMA implementation of family.ModelFamily (the contract registry.py relies on);
-messages.py, state.py and options.py are the family-neutral parts it shares.
+This file is the LLaMA implementation of family.ModelFamily (the contract registry.py relies on):
+what it patches (patched_attributes, apply, revert), its layouts and its layer parts. The
+family-neutral parts it binds to LLaMA's classes: masks.py (attention masks, packed batches, the
+attention call), lm_head.py (the fused LM head + loss), fp8_attach.py, fused_projections.py,
+lora.py; messages.py, options.py and state.py (its FamilyState) are shared by every family.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import weakref
+import sys
 from functools import partial
 
 import paddle
-from paddle import nn
 
 from .. import ops
 from ..core import decoder as core_decoder
 from ..core.residual import ResidualAdd
 from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
-from ..ops._fallback import raise_if_strict
-from . import state
-from .fused_projections import (FusedLayout, distributed_layers, init_weights_like_stock, keeps_distributed_layers,
+from . import lm_head, masks, state
+from .fused_projections import (FusedLayout, init_weights_like_stock, keeps_distributed_layers,
                                 mark_fused, remember_stock, save_pretrained_stock, set_state_dict_fusing,
                                 stock_config_values)
 from .lora import install_lora_hooks
@@ -69,14 +70,10 @@ FUSED_LAYOUTS = {
     "ffn": FusedLayout("gate_up_fused_proj", ("gate_proj", "up_proj"), "fuse_attention_ffn"),
 }
 
-_ORIGINALS: dict = {}
-# The options the patched forwards run with, as apply() was given them: state.current() (the one
-# store) mirrored for the forwards that other open branches are editing (fast_mlp_forward,
-# _can_fuse_add_norm, fast_prepare_decoder_attention_mask, the FP8 attachment); they move to
-# state.current() when those land, and this mirror goes.
-_ACTIVE: FastFFNOptions | None = None
-_HOOKS: dict = {}
-_FP8 = None  # the Fp8Recipe while FP8 GEMMs are active (FastFFNOptions.precision == "fp8" and they can run)
+# This family's patch state (state.FamilyState): the stock attributes it replaced, its install-once
+# hooks, the FP8 recipe while FP8 GEMMs run, the options it was applied with. The patched forwards
+# read the options from state.current().
+_STATE = state.for_family(__name__.rpartition(".")[2])
 
 
 def _modeling():
@@ -92,7 +89,7 @@ def _same_dtype(x: paddle.Tensor, weight: paddle.Tensor) -> bool:
     return x.dtype == weight.dtype
 
 
-def _device_fused_rms_norm(config) -> bool:
+def device_keeps_norm(config) -> bool:
     """use_fused_rms_norm on NPU / XPU: PaddleNLP's device kernels stay. On CPU and GPU our fused
     kernel serves the flag, in place of PaddleNLP's fused_ln (an extra package, absent on CPU,
     where stock then fails at the first forward)."""
@@ -105,21 +102,19 @@ def fast_rms_norm_forward(self, hidden_states):
     """LlamaRMSNorm.forward through the fused kernel (same numerics); stock for the NPU and XPU
     fused norms the config asks for, and when the input and weight dtypes differ."""
     if self.config.use_fused_rms_norm:
-        if _device_fused_rms_norm(self.config):
+        if device_keeps_norm(self.config):
             _info_once("device_rms_norm", "use_fused_rms_norm on this device: LlamaRMSNorm keeps its device kernel")
-            return _ORIGINALS["rms_norm"](self, hidden_states)
+            return _STATE.originals["rms_norm"](self, hidden_states)
         _info_once("fused_ln", "use_fused_rms_norm: paddle_fastffn's fused RMSNorm serves it (PaddleNLP's fused_ln "
                                "package is not needed)")
     if not _same_dtype(hidden_states, self.weight):
         _warn_once("norm_dtype", f"RMSNorm input {hidden_states.dtype} and weight {self.weight.dtype} differ "
                                  f"(AMP O1): those norms keep PaddleNLP's math")
-        return _ORIGINALS["rms_norm"](self, hidden_states)
+        return _STATE.originals["rms_norm"](self, hidden_states)
     return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
-def _is_plain_linear(layer) -> bool:
-    """A Linear whose math is exactly x @ weight (no LoRA adapters, no tensor-parallel comms)."""
-    return type(layer) is nn.Linear and getattr(layer, "bias", None) is None
+is_plain_linear = lm_head.is_plain_linear  # the ModelFamily member
 
 
 class _MLPParts:
@@ -156,14 +151,15 @@ def _mlp_variant(mlp, tokens: int, ffn) -> str:
     swiglu_recompute cannot apply)."""
     if ffn is not None and ffn.uses_fp8(tokens):
         return "fp8"
-    recompute = _ACTIVE is not None and _ACTIVE.swiglu_recompute
+    options = state.current()
+    recompute = options is not None and options.swiglu_recompute
     if not mlp.fuse_attention_ffn:
         if recompute:
             _info_once("recompute_unfused", "swiglu_recompute needs the fused gate/up projection (a model built "
                                             "while the fast path is enabled, fast_ffn_fuse_projections): this "
                                             "model's MLP keeps gate_proj/up_proj and stores the SwiGLU output")
         return "unfused"
-    if recompute and _is_plain_linear(mlp.down_proj) and not _fp8_attached(mlp.down_proj):
+    if recompute and is_plain_linear(mlp.down_proj) and not _fp8_attached(mlp.down_proj):
         return "fused"
     if recompute and _fp8_attached(mlp.down_proj):
         _info_once("recompute_fp8", "fast_ffn_precision=fp8: this MLP's down_proj runs through Fp8Linear (per "
@@ -184,7 +180,7 @@ def fast_mlp_forward(self, x):
     With swiglu_recompute, a fused gate/up projection and a plain down_proj, the SwiGLU output is
     not stored for backward; elsewhere it is (one info line per reason). Under FP8 an MLP with the
     FP8 FFN attached (attach_fp8) runs it: the FFN recomputes SwiGLU in backward by construction."""
-    ffn = self.__dict__.get("_fast_ffn_fp8") if _FP8 is not None else None
+    ffn = self.__dict__.get("_fast_ffn_fp8") if _STATE.fp8 is not None else None
     return core_decoder.mlp(_MLPParts(self, ffn), x, _mlp_variant(self, math.prod(x.shape[:-1]), ffn))
 
 
@@ -194,10 +190,10 @@ def fast_apply_rotary_pos_emb(q, k, cos, sin, position_ids):
 
 
 def _can_fuse_add_norm(layer) -> bool:
-    norm = layer.post_attention_layernorm
+    norm, options = layer.post_attention_layernorm, state.current()
     return (
-        _ACTIVE is not None and _ACTIVE.rms_norm and not layer.sequence_parallel
-        and type(norm).__name__ == "LlamaRMSNorm" and not _device_fused_rms_norm(norm.config)
+        options is not None and options.rms_norm and not layer.sequence_parallel
+        and type(norm).__name__ == "LlamaRMSNorm" and not device_keeps_norm(norm.config)
     )
 
 
@@ -254,7 +250,7 @@ def fast_decoder_layer_forward(self, hidden_states, position_ids=None, attention
         if self.sequence_parallel:
             _warn_once("sequence_parallel", "sequence-parallel decoder layers keep PaddleNLP's residual add "
                                             "and norms (the fused MLP, rotary and attention still apply)")
-        return _ORIGINALS["decoder_layer"](self, hidden_states, position_ids, attention_mask,
+        return _STATE.originals["decoder_layer"](self, hidden_states, position_ids, attention_mask,
                                            output_attentions, past_key_value, use_cache, alibi,
                                            npu_is_casual)
     parts = _DecoderLayerParts(self, (position_ids, past_key_value, attention_mask, output_attentions, use_cache,
@@ -306,9 +302,9 @@ def _takes_fused_attention(attention, past_key_value, output_attentions, use_cac
     """Whether stock would take its plain fused-QKV path here (one qkv_proj Linear, no cache,
     attention weights, alibi, sequence / sep parallel, KV-head gathering, fused or long-sequence
     rope): that path is the one the fast attention forward replaces."""
-    config = attention.config
-    return (_ACTIVE is not None and _ACTIVE.rotary and attention.fuse_attention_qkv
-            and _is_plain_linear(attention._sub_layers.get("qkv_proj"))
+    config, options = attention.config, state.current()
+    return (options is not None and options.rotary and attention.fuse_attention_qkv
+            and is_plain_linear(attention._sub_layers.get("qkv_proj"))
             and past_key_value is None and not output_attentions and not use_cache and alibi is None
             and not attention.sequence_parallel and attention.reshard_layer is None and attention.kv_indices is None
             and config.rope and not config.use_long_sequence_strategies and not attention.use_fused_rope)
@@ -320,93 +316,26 @@ def fast_attention_forward(self, hidden_states, position_ids=None, past_key_valu
     from PaddleNLP's interleaved qkv_proj output by ops.qkv_rotary (no paddle.split copies, and one
     d_qkv written in backward, no concat). Every other path (and fast_ffn_rotary off) is stock's."""
     if not _takes_fused_attention(self, past_key_value, output_attentions, use_cache, alibi):
-        return _ORIGINALS["attention"](self, hidden_states, position_ids, past_key_value, attention_mask,
+        return _STATE.originals["attention"](self, hidden_states, position_ids, past_key_value, attention_mask,
                                        output_attentions, use_cache, alibi, npu_is_casual)
     parts = _AttentionParts(self, position_ids, attention_mask, npu_is_casual)
     return core_decoder.attention(_PADDLE, parts, hidden_states)
 
 
-def prepare_attention_mask_for_generation(input_ids, pad_token_id, eos_token_id):
-    """The 2-D [batch, seq] keep-mask (1 = attend) that LLaMA's generation path expects.
-
-    PaddleNLP 2.8.1's generic GenerationMixin builds an additive float 4-D mask instead; LLaMA's
-    _prepare_decoder_attention_mask then hands it to paddle.where as the condition, which Paddle
-    3.x rejects ("The `condition` is expected to be a boolean Tensor"), and LLaMA's
-    update_model_kwargs_for_generation could not extend a 4-D mask anyway."""
-    has_pad = pad_token_id is not None and bool(paddle.any(input_ids == pad_token_id).item())
-    if has_pad and pad_token_id != eos_token_id:
-        return (input_ids != pad_token_id).astype("int64")
-    return paddle.ones_like(input_ids, dtype="int64")
+prepare_attention_mask_for_generation = masks.prepare_attention_mask_for_generation
 
 
-def _bottom_right_causal_mask(q_len: int, kv_len: int, dtype) -> paddle.Tensor:
-    """Additive [1, 1, q_len, kv_len] mask: query i (the (kv_len - q_len + i)-th token) sees keys
-    0 .. kv_len - q_len + i. is_causal=True aligns the triangle top-left instead, which is only
-    right when q_len == kv_len."""
-    rows = paddle.arange(q_len, dtype="int64").unsqueeze(1) + (kv_len - q_len)
-    allowed = paddle.arange(kv_len, dtype="int64").unsqueeze(0) <= rows
-    blocked = paddle.full([q_len, kv_len], paddle.finfo(dtype).min, dtype=dtype)
-    return paddle.where(allowed, paddle.zeros([q_len, kv_len], dtype=dtype), blocked).reshape([1, 1, q_len, kv_len])
-
-
-def fast_scaled_dot_product_attention(query_states, config, key_states, value_states, attention_mask,
-                                      output_attentions, alibi=None, sequence_parallel=False,
-                                      reshard_layer=None, npu_is_casual=False):
-    """modeling.scaled_dot_product_attention, with the causal mask made explicit where PaddleNLP's
-    use_flash_attention path drops it (a causal-looking mask becomes None -> is_causal=True) while
-    fewer queries than keys are present (decoding with a KV cache): there is_causal=True would let
-    the new token see only the first keys. Training (q_len == kv_len) keeps is_causal=True.
-    A packed batch's segments (ops.PackedSegments, in the mask's place) run ops.packed_attention:
-    each example attends to itself, with no [seq, seq] mask (flash_attn_unpadded on GPU)."""
-    if isinstance(attention_mask, ops.PackedSegments):
-        return _packed_sdpa(query_states, key_states, value_states, attention_mask, output_attentions, alibi,
-                            sequence_parallel, reshard_layer)
-    q_len, kv_len = query_states.shape[1], key_states.shape[1]
-    if config.use_flash_attention and attention_mask is None and q_len != kv_len:
-        attention_mask = _bottom_right_causal_mask(q_len, kv_len, query_states.dtype)
-    return _ORIGINALS["sdpa"](query_states, config, key_states, value_states, attention_mask,
-                              output_attentions, alibi, sequence_parallel, reshard_layer=reshard_layer,
-                              npu_is_casual=npu_is_casual)
-
-
-def _packed_sdpa(query_states, key_states, value_states, segments, output_attentions, alibi, sequence_parallel,
-                 reshard_layer):
-    bsz, q_len, num_heads, head_dim = query_states.shape
-    unsupported = [name for name, used in (("a KV cache", key_states.shape[1] != q_len),
-                                           ("output_attentions", output_attentions), ("alibi", alibi is not None),
-                                           ("sequence parallel", sequence_parallel),
-                                           ("sep parallel", reshard_layer is not None)) if used]
-    if unsupported:
-        raise ValueError(f"paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support "
-                         f"{', '.join(unsupported)}; pass a dense 4-D attention_mask instead")
-    out = ops.packed_attention(query_states, key_states, value_states, segments)
-    return out.reshape([bsz, q_len, num_heads * head_dim])
+def fast_scaled_dot_product_attention(*args, **kwargs):
+    return masks.scaled_dot_product_attention(_STATE.originals["sdpa"], *args, **kwargs)
 
 
 def fast_prepare_decoder_attention_mask(attention_mask, input_shape, past_key_values_length, dtype):
-    """LlamaModel._prepare_decoder_attention_mask, passing a packed batch's segments through to
-    attention (they replace the [batch, 1, seq, seq] mask); other masks as stock. With
-    fast_ffn_attention off, attention is PaddleNLP's own: the segments become its dense
-    block-causal mask (one info line)."""
-    if attention_mask is CAUSAL_MASK:
-        return attention_mask
-    if isinstance(attention_mask, ops.PackedSegments):
-        if _ACTIVE is not None and _ACTIVE.attention:
-            return attention_mask
-        _info_once("packed_dense", "fast_ffn_attention is off: packed batches reach PaddleNLP's attention as its "
-                                   "dense [batch, 1, seq, seq] block-causal mask")
-        attention_mask = paddle.to_tensor(attention_mask.dense_mask())
-    return _ORIGINALS["prepare_mask"].__func__(attention_mask, input_shape, past_key_values_length, dtype)
+    return masks.prepare_decoder_attention_mask(_STATE.originals["prepare_mask"], attention_mask, input_shape,
+                                                past_key_values_length, dtype)
 
 
 def fast_is_casual_mask(attention_mask):
-    """modeling.is_casual_mask (LlamaModel asks it on the flash path): a packed batch's segments
-    are not one causal mask."""
-    if attention_mask is CAUSAL_MASK:
-        return True
-    if isinstance(attention_mask, ops.PackedSegments):
-        return False
-    return _ORIGINALS["is_casual_mask"](attention_mask)
+    return masks.is_casual_mask(_STATE.originals["is_casual_mask"], attention_mask)
 
 
 def _enable_sdpa(config) -> None:
@@ -480,16 +409,25 @@ def unfused_linear_class() -> type:
     return _modeling().Linear
 
 
+def causal_lm_class() -> type:
+    return _modeling().LlamaForCausalLM
+
+
+def fp8_recipe():
+    """The Fp8Recipe the FP8 GEMMs run with, None while they do not."""
+    return _STATE.fp8
+
+
 def fp8_checkpoint_layers(model):
     """(recipe, {sub-layer name: Fp8Linear or Fp8FFN}) of what computes in FP8 in `model`, attached
     now where the first forward has not attached it yet (a resume restores the scaling states
     before any forward); (None, {}) while FP8 is off. A checkpoint saves and restores these."""
-    if _FP8 is None:
+    if _STATE.fp8 is None:
         return None, {}
     for layer in model.sublayers(include_self=True):
         if isinstance(layer, _modeling().LlamaModel):
-            attach_fp8(layer, _FP8)
-    return _FP8, fp8_layers(model)
+            attach_fp8(layer, _STATE.fp8)
+    return _STATE.fp8, fp8_layers(model)
 
 
 def install_hooks(enabled_options) -> None:
@@ -497,7 +435,7 @@ def install_hooks(enabled_options) -> None:
     (config changes and fused-layer records for models built while `enabled_options()` is not
     None), the checkpoint hooks of fused_projections on LlamaPretrainedModel, from_pretrained for
     Hub folders, and the family-neutral LoRA hooks. Each acts only on what the fast path built."""
-    if _HOOKS:
+    if _STATE.hooks:
         return
     modeling = _modeling()
     decoder_init = modeling.LlamaDecoderLayer.__init__
@@ -511,131 +449,62 @@ def install_hooks(enabled_options) -> None:
             mark_fast_built(self, config)
 
     pretrained = modeling.LlamaPretrainedModel
-    _HOOKS.update(decoder_init=decoder_init, init_weights=pretrained._init_weights,
+    _STATE.hooks.update(decoder_init=decoder_init, init_weights=pretrained._init_weights,
                   save_pretrained=pretrained.save_pretrained, set_state_dict=pretrained.set_state_dict)
     modeling.LlamaDecoderLayer.__init__ = init_with_fast_config
-    pretrained._init_weights = init_weights_like_stock(_HOOKS["init_weights"])
-    pretrained.save_pretrained = save_pretrained_stock(_HOOKS["save_pretrained"], FUSED_LAYOUTS)
-    pretrained.set_state_dict = set_state_dict_fusing(_HOOKS["set_state_dict"])
+    pretrained._init_weights = init_weights_like_stock(_STATE.hooks["init_weights"])
+    pretrained.save_pretrained = save_pretrained_stock(_STATE.hooks["save_pretrained"], FUSED_LAYOUTS)
+    pretrained.set_state_dict = set_state_dict_fusing(_STATE.hooks["set_state_dict"])
     causal_lm = modeling.LlamaForCausalLM
-    _HOOKS["from_pretrained"] = causal_lm.from_pretrained.__func__
-    causal_lm.from_pretrained = classmethod(_from_pretrained_hub_folders(_HOOKS["from_pretrained"]))
+    _STATE.hooks["from_pretrained"] = causal_lm.from_pretrained.__func__
+    causal_lm.from_pretrained = classmethod(_from_pretrained_hub_folders(_STATE.hooks["from_pretrained"]))
     install_lora_hooks()
 
 
 def _from_pretrained_hub_folders(original):
     """LlamaForCausalLM.from_pretrained on a Hugging Face Hub LLaMA folder, while the fast path is
-    enabled, through paddle_fastffn.finetune.checkpoint (PaddleNLP 2.8.1 fails on sharded Hub
-    checkpoints and on the Hub's tokenizer.model; see that module). Everything else, and every
-    call while the fast path is off, is PaddleNLP's own from_pretrained."""
+    enabled, through the Hub loader the fine-tune layer offers (state.set_hub_loader:
+    paddle_fastffn.finetune.checkpoint, since PaddleNLP 2.8.1 fails on sharded Hub checkpoints and
+    on the Hub's tokenizer.model). Everything else, every call while the fast path is off, and
+    every call while no loader is offered, is PaddleNLP's own from_pretrained."""
     def from_pretrained(cls, pretrained_model_name_or_path=None, *args, **kwargs):
-        if (state.current() is not None and cls is _modeling().LlamaForCausalLM and not args
-                and isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+        load = state.hub_loader()
+        if (load is not None and state.current() is not None and cls is _modeling().LlamaForCausalLM
+                and not args and isinstance(pretrained_model_name_or_path, (str, os.PathLike))
                 and os.path.isdir(pretrained_model_name_or_path)):
-            from ..finetune import checkpoint
-
-            if checkpoint.hf_weight_files(pretrained_model_name_or_path):
-                kwargs.pop("convert_from_torch", None)  # the conversion happens in memory
-                return checkpoint.load_model(pretrained_model_name_or_path, kwargs.pop("dtype", None), **kwargs)
+            model = load(pretrained_model_name_or_path, kwargs)
+            if model is not None:
+                return model
         return original(cls, pretrained_model_name_or_path, *args, **kwargs)
     return from_pretrained
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused LM head + cross-entropy (FastFFNOptions.fused_cross_entropy). LlamaForCausalLM.forward with
-# labels in training mode computes the hidden states, then ops.linear_cross_entropy on the head's
-# weight: PaddleNLP's loss without the [tokens, vocab] logits, which that forward does not return
-# (logits=None; the Trainer's compute_loss reads only the loss). Forwards without labels
-# (generation) and in eval mode (the Trainer's evaluate/predict, whose prediction_step hands the
-# logits to compute_metrics) take the stock forward, as does a head the fused loss cannot read
-# (one info line).
+# The fused LM head + cross-entropy (lm_head.py) over LLaMA's classes.
 
-def _fused_head_weight(model):
-    """(weight, transpose_weight, None) when model's LM head is a plain weight and its criterion
-    PaddleNLP's own, else (None, False, why not)."""
+def fused_head_weight(model):
+    """lm_head.fused_head_weight for a LlamaForCausalLM."""
     modeling = _modeling()
-    config, head = model.config, model.lm_head
-    if type(getattr(model, "criterion", None)) is not modeling.LlamaPretrainingCriterion:
-        return None, False, f"the criterion is {type(getattr(model, 'criterion', None)).__name__}"
-    distributed = distributed_layers(config)
-    if distributed or getattr(model.criterion, "enable_parallel_cross_entropy", False):
-        return None, False, f"{distributed or 'tensor parallel'}: the head is sharded over the vocabulary"
-    if getattr(config, "sequence_parallel", False) or (getattr(config, "sep_parallel_degree", 1) or 1) > 1:
-        return None, False, "sequence parallel gathers the hidden states inside the head"
-    if type(head) is not modeling.LlamaLMHead and not _is_plain_linear(head):
-        return None, False, f"the LM head is {type(head).__name__}, not LlamaLMHead or a plain Linear"
-    if modeling.get_env_device() not in ("cpu", "gpu"):
-        return None, False, f"the head runs {modeling.get_env_device()}'s own matmul"
-    weight = head.weight
-    if getattr(weight, "is_distributed", False):
-        return None, False, "the head's weight is distributed"
-    embedding = getattr(model.get_input_embeddings(), "weight", None)
-    # Tied: PaddleNLP's later LlamaLMHead(transpose_y=True), or 2.8.1's tie_weights(), which sets
-    # the head's weight to the [V, H] embedding; 2.8.1's own head then fails on its matmul (it
-    # applies [H, V] weights only), so the fused loss gives it the tied meaning, hidden @ E^T.
-    # (A square tied weight, V == H, keeps what 2.8.1's head computes, hidden @ E.)
-    transpose = bool(getattr(head, "transpose_y", False)) or (weight is embedding and weight.shape[0] != weight.shape[1])
-    if list(weight.shape) != ([config.vocab_size, config.hidden_size] if transpose else [config.hidden_size, config.vocab_size]):
-        return None, False, f"the head's weight {list(weight.shape)} is not [hidden, vocab] or a tied [vocab, hidden]"
-    return weight, transpose, None
+    return lm_head.fused_head_weight(model, modeling, modeling.LlamaLMHead, modeling.LlamaPretrainingCriterion)
 
 
-def _packed_segments(model, attn_mask_startend_row_indices, attention_mask):
-    """The segments of a packed batch (the collator's attn_mask_startend_row_indices), which travel
-    in attention_mask's place through LlamaModel and its decoder layers (recompute included) to
-    fast_scaled_dot_product_attention."""
-    if attention_mask is not None:
-        raise ValueError("paddle_fastffn: pass either attention_mask or attn_mask_startend_row_indices (a packed "
-                         "batch's segments), not both")
-    if getattr(model.config, "alibi", False):
-        raise ValueError("paddle_fastffn: packed batches (attn_mask_startend_row_indices) do not support alibi")
-    return ops.PackedSegments.from_startend_row_indices(attn_mask_startend_row_indices)
+def base_model(causal_lm):
+    return causal_lm.llama
+
+
+def output_class() -> type:
+    return _modeling().CausalLMOutputWithCrossAttentions
 
 
 def fast_causal_lm_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                            labels=None, use_cache=False, past_key_values=None, output_attentions=None,
                            output_hidden_states=None, return_dict=None, attn_mask_startend_row_indices=None):
-    """LlamaForCausalLM.forward with the loss of a training step through ops.linear_cross_entropy
-    (logits=None in the result), where fused_cross_entropy is on; everything else is the stock
-    forward. attn_mask_startend_row_indices (PaddleNLP's packed-batch key, the causal FlashMask
-    form [batch, 1, seq, 1]) marks where each packed example ends: attention keeps the examples
-    apart without a dense mask (position_ids should restart at each example, as the packing
-    collator gives them)."""
-    stock = _ORIGINALS["causal_lm_forward"]
-    if attn_mask_startend_row_indices is not None:
-        attention_mask = _packed_segments(self, attn_mask_startend_row_indices, attention_mask)
-    arguments = (input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache, past_key_values,
-                 output_attentions, output_hidden_states, return_dict)
-    options = state.current()
-    if labels is None or not self.training or options is None or not options.fused_cross_entropy:
-        return stock(self, *arguments)
-    weight, transpose, reason = _fused_head_weight(self)
-    if weight is None:
-        _info_once(f"fused_ce:{reason}", f"fused_cross_entropy: {reason}; the LM head and loss stay stock")
-        return stock(self, *arguments)
-    config = self.config
-    output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-    output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-    return_dict = return_dict if return_dict is not None else config.use_return_dict
-    outputs = self.llama(input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=return_dict)
-    hidden_states = outputs[0]
-    if hidden_states.dtype == weight.dtype:
-        loss = ops.linear_cross_entropy(hidden_states, weight, labels, ignore_index=self.criterion.ignore_index,
-                                        transpose_weight=transpose)
-        logits = None  # never materialised
-    else:  # AMP O1 mixes: the stock head (autocast casts its matmul) and criterion
-        _info_once("fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head weight "
-                                     f"{weight.dtype} differ (AMP O1): the LM head and loss stay stock")
-        logits = paddle.matmul(hidden_states, weight, transpose_y=True) if transpose else self.lm_head(hidden_states)
-        loss = self.criterion(logits, labels)
-    if not return_dict:
-        return (loss, logits) + tuple(outputs[1:])
-    return _modeling().CausalLMOutputWithCrossAttentions(
-        loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
-        attentions=outputs.attentions)
+    """LlamaForCausalLM.forward: lm_head.causal_lm_forward (the fused loss, packed batches). PaddleNLP
+    2.8.1's signature spelled out (its Layer wraps class-level forward patches by signature)."""
+    return lm_head.causal_lm_forward(
+        sys.modules[__name__], _STATE.originals["causal_lm_forward"], self, input_ids, position_ids, attention_mask,
+        inputs_embeds, labels, use_cache, past_key_values, output_attentions, output_hidden_states, return_dict,
+        attn_mask_startend_row_indices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,7 +537,7 @@ def resolve_fp8(options: FastFFNOptions):
 
 
 def _fp8_attached(linear) -> bool:
-    return _FP8 is not None and fp8_attach.fp8_of(linear) is not None
+    return _STATE.fp8 is not None and fp8_attach.fp8_of(linear) is not None
 
 
 def _mlp_without_fp8_ffn(mlp) -> str | None:
@@ -676,7 +545,8 @@ def _mlp_without_fp8_ffn(mlp) -> str | None:
     stock GEMMs where tensor parallel), or None where it runs it."""
     from ..fp8.ffn import plain_linear
 
-    if _ACTIVE is None or not _ACTIVE.swiglu:
+    options = state.current()
+    if options is None or not options.swiglu:
         return "fast_ffn_swiglu is off (PaddleNLP's MLP forward)"
     if not getattr(mlp, "fuse_attention_ffn", False):
         return "MLPs with unfused gate_proj/up_proj (a model built before the fast path was enabled, or LoRA on them)"
@@ -705,29 +575,7 @@ def attach_fp8(llama_model, recipe) -> int:
 fp8_layers = fp8_attach.fp8_layers
 
 
-class _Implied:
-    """An argument LlamaModel.forward would otherwise build on every step; the fast forwards it
-    reaches read the sentinel for what it stands for (see fast_llama_model_forward)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self):
-        return f"<paddle_fastffn: {self.name}>"
-
-
-# No attention_mask (and no cache) on the flash path: stock builds a [batch, 1, seq, seq] mask, asks
-# is_casual_mask (a device reduction and a blocking read to the host, every step) and drops it for
-# is_causal=True. The trace test saw those 18 ops at the head of every training step.
-CAUSAL_MASK = _Implied("causal attention, no mask built")
-# No position_ids (and no cache): stock builds arange(seq).expand([batch, seq]) and every layer
-# expands it again for rotary, whose kernel then reads and range-checks the ids; positions 0..seq-1
-# are the token index, which the kernels take from position_ids=None.
-IMPLICIT_POSITIONS = _Implied("positions 0..seq-1")
-
-
-def _positions(position_ids):
-    return None if position_ids is IMPLICIT_POSITIONS else position_ids
+CAUSAL_MASK, IMPLICIT_POSITIONS, _positions = masks.CAUSAL_MASK, masks.IMPLICIT_POSITIONS, masks.positions
 
 
 def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
@@ -739,9 +587,9 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
     FP8 the decoder layers' linears get their Fp8Linear first. PaddleNLP 2.8.1's signature spelled
     out: its Layer.__setattr__ wraps a class-level forward patch that lacks output_* / return_dict
     and drops those arguments."""
-    if _FP8 is not None:
-        attach_fp8(self, _FP8)
-    config, options = self.config, _ACTIVE
+    if _STATE.fp8 is not None:
+        attach_fp8(self, _STATE.fp8)
+    config, options = self.config, state.current()
     fresh = (options is not None and not use_cache
              and (past_key_values is None or all(p is None for p in past_key_values)))
     if (fresh and attention_mask is None and options.attention and config.use_flash_attention
@@ -750,7 +598,7 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
     if (fresh and position_ids is None and options.rotary and not getattr(config, "use_fused_rope", False)
             and not getattr(config, "use_long_sequence_strategies", False)):
         position_ids = IMPLICIT_POSITIONS
-    return _ORIGINALS["llama_model_forward"](
+    return _STATE.originals["llama_model_forward"](
         self, input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
@@ -758,36 +606,45 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
 
 
 def _apply_fp8(recipe) -> None:
-    global _FP8
     modeling = _modeling()
-    _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
-    _ORIGINALS.setdefault("recompute", modeling.recompute)
-    _FP8 = recipe
+    _STATE.originals.setdefault("llama_model_forward", modeling.LlamaModel.forward)
+    _STATE.originals.setdefault("recompute", modeling.recompute)
+    _STATE.fp8 = recipe
     if recipe is None:
         _revert_fp8()
         return
     # PaddleNLP's layer (and attention) recompute: the replay reuses the forward's FP8 scales.
     from ..fp8.recompute import fp8_recompute
 
-    modeling.recompute = fp8_recompute(_ORIGINALS["recompute"])
+    modeling.recompute = fp8_recompute(_STATE.originals["recompute"])
 
 
 def _revert_fp8() -> None:
-    global _FP8
-    _FP8 = None
+    _STATE.fp8 = None
     fp8_attach.detach_all_fp8_linears()
-    if "recompute" in _ORIGINALS:
-        _modeling().recompute = _ORIGINALS["recompute"]
+    if "recompute" in _STATE.originals:
+        _modeling().recompute = _STATE.originals["recompute"]
 
 
 # ---------------------------------------------------------------------------------------------
 
 def apply(options: FastFFNOptions, model=None) -> None:
-    """Patch the LLaMA classes (every layer built from now on, and every existing one)."""
-    global _ACTIVE
+    """Patch the LLaMA classes (every layer built from now on, and every existing one) and, when
+    given, `model`'s instance settings. The class-level patch happens once for given options:
+    applying the same options again (the TrainingArguments, then the script's apply_to_model)
+    changes no class attribute."""
+    if _STATE.applied != options:
+        _patch_classes(options)
+        _STATE.applied = options
+        _STATE.applications += 1
+    if model is not None:
+        _configure_model(model, options)
+
+
+def _patch_classes(options: FastFFNOptions) -> None:
     modeling = _modeling()
-    if not _ORIGINALS:
-        _ORIGINALS.update(
+    if not _STATE.originals:
+        _STATE.originals.update(
             rms_norm=modeling.LlamaRMSNorm.forward,
             mlp=modeling.LlamaMLP.forward,
             decoder_layer=modeling.LlamaDecoderLayer.forward,
@@ -797,73 +654,75 @@ def apply(options: FastFFNOptions, model=None) -> None:
             prepare_mask=own_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask"),
             is_casual_mask=modeling.is_casual_mask,
         )
-    _ORIGINALS.setdefault("attention", modeling.LlamaAttention.forward)
-    _ACTIVE = options
-    _ORIGINALS.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
+    _STATE.originals.setdefault("attention", modeling.LlamaAttention.forward)
+    _STATE.originals.setdefault("causal_lm_forward", modeling.LlamaForCausalLM.forward)
     # Always the fast forward: it takes packed batches' segments; the fused loss is its own option.
     modeling.LlamaForCausalLM.forward = fast_causal_lm_forward
-    _ORIGINALS.setdefault("llama_model_forward", modeling.LlamaModel.forward)
+    _STATE.originals.setdefault("llama_model_forward", modeling.LlamaModel.forward)
     modeling.LlamaModel.forward = fast_llama_model_forward
     modeling.LlamaModel._prepare_decoder_attention_mask = staticmethod(fast_prepare_decoder_attention_mask)
     modeling.is_casual_mask = fast_is_casual_mask
-    modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _ORIGINALS["rms_norm"]
-    modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _ORIGINALS["mlp"]
-    modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _ORIGINALS["decoder_layer"]
-    modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _ORIGINALS["rotary"]
+    modeling.LlamaRMSNorm.forward = fast_rms_norm_forward if options.rms_norm else _STATE.originals["rms_norm"]
+    modeling.LlamaMLP.forward = fast_mlp_forward if options.swiglu else _STATE.originals["mlp"]
+    modeling.LlamaDecoderLayer.forward = fast_decoder_layer_forward if options.rms_norm else _STATE.originals["decoder_layer"]
+    modeling.apply_rotary_pos_emb = fast_apply_rotary_pos_emb if options.rotary else _STATE.originals["rotary"]
     # The plain fused-QKV attention reads q, k, v through the rotary op; other paths stay stock's.
-    modeling.LlamaAttention.forward = fast_attention_forward if options.rotary else _ORIGINALS["attention"]
+    modeling.LlamaAttention.forward = fast_attention_forward if options.rotary else _STATE.originals["attention"]
     # The attention path: SDPA with the decode-time causal mask, and generate()'s mask on Paddle 3.x
     # (both only where fast_ffn_attention puts the model on PaddleNLP's flash-attention path).
     attention = options.attention
     if attention:
         modeling.LlamaForCausalLM.prepare_attention_mask_for_generation = staticmethod(prepare_attention_mask_for_generation)
     else:
-        restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
-    modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention if attention else _ORIGINALS["sdpa"]
+        restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _STATE.originals["generation_mask"])
+    modeling.scaled_dot_product_attention = fast_scaled_dot_product_attention if attention else _STATE.originals["sdpa"]
     _apply_fp8(resolve_fp8(options))
-    if model is not None:
-        configs = [layer.config for layer in model.sublayers(include_self=True)
-                   if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES]
-        for config in configs:
-            remember_stock(config, options.save_fused_checkpoint)
-            if options.attention:
-                _enable_sdpa(config)
-        config = model.config
-        unfused = [layout.parts for layout in FUSED_LAYOUTS.values() if not getattr(config, layout.config_flag, False)]
-        if options.fuse_projections and unfused and not keeps_distributed_layers(config):
-            names = " and ".join("/".join(parts) for parts in unfused)
-            stored = ", and the SwiGLU output is stored" if not config.fuse_attention_ffn else ""
-            _info_once("built_unfused", f"this model was built before the fast path was enabled: its {names} "
-                                        f"projections stay unfused{stored} (enable it first, e.g. use_fast_ffn in "
-                                        f"the TrainingArguments, to build fused projections)",
-                       covers=("recompute_unfused",))
+
+
+def _configure_model(model, options: FastFFNOptions) -> None:
+    """`model`'s instance settings: its configs' SDPA switch and stock values (a model built before
+    the fast path was enabled keeps its projections, one info line)."""
+    configs = [layer.config for layer in model.sublayers(include_self=True)
+               if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES]
+    for config in configs:
+        remember_stock(config, options.save_fused_checkpoint)
+        if options.attention:
+            _enable_sdpa(config)
+    config = model.config
+    unfused = [layout.parts for layout in FUSED_LAYOUTS.values() if not getattr(config, layout.config_flag, False)]
+    if options.fuse_projections and unfused and not keeps_distributed_layers(config):
+        names = " and ".join("/".join(parts) for parts in unfused)
+        stored = ", and the SwiGLU output is stored" if not config.fuse_attention_ffn else ""
+        _info_once("built_unfused", f"this model was built before the fast path was enabled: its {names} "
+                                    f"projections stay unfused{stored} (enable it first, e.g. use_fast_ffn in "
+                                    f"the TrainingArguments, to build fused projections)",
+                   covers=("recompute_unfused",))
 
 
 def revert() -> None:
     """Restore PaddleNLP's own forwards. (The construction and checkpoint hooks stay: they act
     only on layers the fast path built, which keep their stock checkpoint contract.)"""
-    global _ACTIVE
-    _ACTIVE = None
-    if not _ORIGINALS:
+    _STATE.forget()
+    if not _STATE.originals:
         return
     _revert_fp8()
     modeling = _modeling()
-    modeling.LlamaRMSNorm.forward = _ORIGINALS["rms_norm"]
-    modeling.LlamaMLP.forward = _ORIGINALS["mlp"]
-    modeling.LlamaDecoderLayer.forward = _ORIGINALS["decoder_layer"]
-    modeling.apply_rotary_pos_emb = _ORIGINALS["rotary"]
-    modeling.LlamaAttention.forward = _ORIGINALS["attention"]
-    restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _ORIGINALS["generation_mask"])
-    modeling.scaled_dot_product_attention = _ORIGINALS["sdpa"]
-    modeling.LlamaForCausalLM.forward = _ORIGINALS["causal_lm_forward"]
-    modeling.LlamaModel.forward = _ORIGINALS["llama_model_forward"]
-    restore_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask", _ORIGINALS["prepare_mask"])
-    modeling.is_casual_mask = _ORIGINALS["is_casual_mask"]
+    modeling.LlamaRMSNorm.forward = _STATE.originals["rms_norm"]
+    modeling.LlamaMLP.forward = _STATE.originals["mlp"]
+    modeling.LlamaDecoderLayer.forward = _STATE.originals["decoder_layer"]
+    modeling.apply_rotary_pos_emb = _STATE.originals["rotary"]
+    modeling.LlamaAttention.forward = _STATE.originals["attention"]
+    restore_attribute(modeling.LlamaForCausalLM, "prepare_attention_mask_for_generation", _STATE.originals["generation_mask"])
+    modeling.scaled_dot_product_attention = _STATE.originals["sdpa"]
+    modeling.LlamaForCausalLM.forward = _STATE.originals["causal_lm_forward"]
+    modeling.LlamaModel.forward = _STATE.originals["llama_model_forward"]
+    restore_attribute(modeling.LlamaModel, "_prepare_decoder_attention_mask", _STATE.originals["prepare_mask"])
+    modeling.is_casual_mask = _STATE.originals["is_casual_mask"]
 
 
 def patched_layer_count(model) -> int:
     """How many decoder layers of `model` run the fast forward (for tests and the run log)."""
-    if _ACTIVE is None:
+    if state.current() is None:
         return 0
     return len(decoder_layers(model))
 

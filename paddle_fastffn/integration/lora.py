@@ -13,6 +13,7 @@ import re
 import paddle
 from paddle import nn
 
+from .family import family_for
 from .fused_projections import fast_fused_layers, saves_fused_layout, stock_checkpoint, stock_config_values
 from .messages import info_once
 
@@ -21,8 +22,6 @@ _HOOKS: dict = {}
 
 def _family_of(model):
     """The ModelFamily (family.py) of a model the fast path fused, by its config's model_type."""
-    from .registry import family_for
-
     return family_for(model.config.model_type)
 
 

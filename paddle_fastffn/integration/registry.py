@@ -1,48 +1,22 @@
-"""model_type -> the module that patches that model family (one file per family, each a
-family.ModelFamily); enabling and disabling the fast path for all of them. Nothing here knows a
-family's classes: only the contract of family.py."""
+"""The families the fast path serves (one file per family, each a family.ModelFamily, registered
+into family.py's table here) and their state; enabling and disabling the fast path for all of them.
+Nothing here knows a family's classes: only the contract of family.py."""
 
 from __future__ import annotations
 
 import warnings
 
 from . import fp8_attach, llama, messages, state, trainer
-from .family import ModelFamily, check_family
+from .family import FAMILIES, family_for, register, registered_families, supported_model_types  # noqa: F401
 from .options import FastFFNOptions
-
-FAMILIES: dict = {}
-
-
-def register(family: ModelFamily) -> None:
-    """Serve `family`'s model types (checked against the contract first)."""
-    check_family(family)
-    for model_type in family.MODEL_TYPES:
-        if FAMILIES.get(model_type, family) is not family:
-            raise ValueError(f"paddle_fastffn: model_type {model_type!r} is served by "
-                             f"{FAMILIES[model_type].__name__} already")
-        FAMILIES[model_type] = family
-
+from .state import FamilyState
 
 register(llama)
 
 
-def registered_families() -> list:
-    """Each registered family once, in registration order."""
-    return list(dict.fromkeys(FAMILIES.values()))
-
-
-def supported_model_types() -> tuple[str, ...]:
-    return tuple(sorted(FAMILIES))
-
-
-def family_for(model_type: str) -> ModelFamily:
-    try:
-        return FAMILIES[model_type]
-    except KeyError:
-        raise ValueError(
-            f"paddle_fastffn: use_fast_ffn supports LLaMA-style decoder layers (model_type in "
-            f"{supported_model_types()}); this model has model_type={model_type!r}. Remove "
-            f"use_fast_ffn or use a LLaMA-architecture checkpoint.") from None
+def family_state(model_type: str) -> FamilyState:
+    """The patch state (state.FamilyState) of the family serving `model_type`."""
+    return state.for_family(family_for(model_type).__name__.rpartition(".")[2])
 
 
 def _install_construction_hook() -> None:

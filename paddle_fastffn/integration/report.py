@@ -4,7 +4,8 @@ when the Trainer is built, paddle_fastffn/plugin.py), and a dict for tests and r
 
 from __future__ import annotations
 
-from . import fp8_attach, llama
+from . import fp8_attach
+from .family import FAMILIES
 from .fused_projections import distributed_layers, stock_config_values
 from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
@@ -26,11 +27,11 @@ def fast_path_report(model, args=None) -> dict:
     """{use_fast_ffn, decoder_layers, fast_path_layers, off: {switch: why}, notes: [...]} for
     `model` (wrappers included) and the Trainer's `args` (FastFFNTrainingArguments or None)."""
     options = enabled_options()
-    modeling = llama._modeling()
     base = _unwrap(model)
-    decoders = llama.decoder_layers(base)
+    family = FAMILIES.get(getattr(getattr(base, "config", None), "model_type", None))  # family.py's contract
+    decoders = family.decoder_layers(base) if family is not None else []
     report = {"use_fast_ffn": options is not None, "decoder_layers": len(decoders),
-              "fast_path_layers": llama.patched_layer_count(base) if options is not None else 0,
+              "fast_path_layers": family.patched_layer_count(base) if options is not None and decoders else 0,
               "off": {}, "notes": []}
     if options is None:
         return report
@@ -61,7 +62,7 @@ def fast_path_report(model, args=None) -> dict:
             off["fuse_projections"] = (f"qkv fused in {fused_qkv}/{len(decoders)} layers, gate_up in "
                                        f"{fused_ffn}/{len(decoders)}: {why_stock_layers}")
     if "swiglu_recompute" not in off and "swiglu" not in off:
-        recomputed = _count(mlps, lambda m: getattr(m, "fuse_attention_ffn", False) and llama._is_plain_linear(m.down_proj))
+        recomputed = _count(mlps, lambda m: getattr(m, "fuse_attention_ffn", False) and family.is_plain_linear(m.down_proj))
         if recomputed < len(mlps):
             off["swiglu_recompute"] = (f"{recomputed}/{len(mlps)} MLPs: it needs the fused gate/up projection and a "
                                        f"plain Linear down_proj ({why_stock_layers})")
@@ -70,17 +71,17 @@ def fast_path_report(model, args=None) -> dict:
         if paddle_rope:
             off["rotary"] = (f"use_fused_rope: {paddle_rope}/{len(decoders)} attention layers call Paddle's "
                              f"fused_rotary_position_embedding themselves")
-    if "rms_norm" not in off and llama._device_fused_rms_norm(config):
+    if "rms_norm" not in off and family.device_keeps_norm(config):
         off["rms_norm"] = "use_fused_rms_norm on this device: LlamaRMSNorm keeps its device kernel"
     if "rms_norm" not in off and getattr(config, "sequence_parallel", False):
         notes.append("sequence_parallel: the residual add and post-attention norm stay PaddleNLP's")
     if "fused_cross_entropy" not in off:
-        if isinstance(base, modeling.LlamaForCausalLM):
-            weight, _transpose, reason = llama._fused_head_weight(base)
+        if isinstance(base, family.causal_lm_class()):
+            weight, _transpose, reason = family.fused_head_weight(base)
             if weight is None:
                 off["fused_cross_entropy"] = reason
         else:
-            off["fused_cross_entropy"] = f"{type(base).__name__} computes its own loss (LlamaForCausalLM only)"
+            off["fused_cross_entropy"] = f"{type(base).__name__} computes its own loss ({family.causal_lm_class().__name__} only)"
     optim = str(getattr(args, "optim", "adamw")).split(".")[-1].lower()
     if "fused_optimizer" not in off and optim != "adamw":
         off["fused_optimizer"] = f"optim={optim}: the fused update replaces AdamW only"
@@ -92,7 +93,7 @@ def fast_path_report(model, args=None) -> dict:
     if fused_here:
         notes.append(f"projections fused where the config says {'/'.join(fused_here)}=false (checkpoints stay "
                      f"unfused)")
-    if options.precision == "fp8" and llama._FP8 is None:
+    if options.precision == "fp8" and family.fp8_recipe() is None:
         notes.append(fp8_attach.fp8_fallback_reason() or "fast_ffn_precision=fp8 cannot run here: bf16")
     if getattr(config, "use_recompute", False):
         notes.append(f"recompute granularity {getattr(config, 'recompute_granularity', 'full')!r} "

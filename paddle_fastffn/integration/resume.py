@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from .family import FAMILIES, family_for
+
 FP8_STATE_FILE = "fast_ffn_fp8_state.pdparams"
 # What a Trainer checkpoint folder holds whatever wrote it (PaddleNLP's TRAINER_STATE_NAME): a
 # folder without it is not a Trainer checkpoint.
@@ -72,8 +74,6 @@ class StockOptimizerLayout:
     def __init__(self, model):
         self.fused: dict[str, _FusedParameter] = {}
         self.to_stock_name: dict[str, str] = {}  # fast parameter name -> stock name (same tensor)
-        from .registry import family_for
-
         family = family_for(_base_config(model).model_type)  # its ModelFamily (family.py)
         fused = _fused_linears(model, family.FUSED_LAYOUTS)
         shift = 0
@@ -318,11 +318,17 @@ def fp8_state_file(folder: str, world_size: int = 1, process_index: int = 0) -> 
     return os.path.join(folder, name)
 
 
+def fp8_checkpoint_layers(model):
+    """(recipe, {sub-layer name: FP8 object}) of `model`, through its family (family.py); (None, {})
+    for a model no family serves (the Trainer hooks see every model)."""
+    config = _base_config(model)
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    return family.fp8_checkpoint_layers(model) if family is not None else (None, {})
+
+
 def fp8_state_dict(model) -> dict | None:
     """{"recipe": Fp8Recipe fields, "layers": {sub-layer name: its FP8 states}} of `model`, or None
     where nothing in it computes in FP8."""
-    from .llama import fp8_checkpoint_layers
-
     recipe, layers = fp8_checkpoint_layers(model)
     if not layers:
         return None
@@ -332,8 +338,6 @@ def fp8_state_dict(model) -> dict | None:
 def set_fp8_state_dict(model, state: dict, source: str = "the FP8 state") -> None:
     """Restore fp8_state_dict's output into `model`'s FP8 objects (attached first where the first
     forward has not attached them yet). The same layers must compute in FP8 with the same recipe."""
-    from .llama import fp8_checkpoint_layers
-
     recipe, layers = fp8_checkpoint_layers(model)
     saved = state["layers"]
     if set(saved) != set(layers):
@@ -362,8 +366,6 @@ def load_fp8_state(model, folder: str, world_size: int = 1, process_index: int =
     """Restore the FP8 states saved in checkpoint `folder`; False (FP8 starts fresh, one info line)
     where it has none, or where the model computes nothing in FP8."""
     from paddlenlp.utils.log import logger
-
-    from .llama import fp8_checkpoint_layers
 
     _, layers = fp8_checkpoint_layers(model)
     if not layers:

@@ -448,19 +448,20 @@ def _counting_causal_mask_checks(fast: bool):
     if not fast:
         yield count
         return
-    from paddle_fastffn.integration import llama as fast_llama
+    from paddle_fastffn.integration.registry import family_state
 
-    original = fast_llama._ORIGINALS["is_casual_mask"]
+    originals = family_state("llama").originals
+    original = originals["is_casual_mask"]
 
     def counted(mask):
         count[0] += 1
         return original(mask)
 
-    fast_llama._ORIGINALS["is_casual_mask"] = counted
+    originals["is_casual_mask"] = counted
     try:
         yield count
     finally:
-        fast_llama._ORIGINALS["is_casual_mask"] = original
+        originals["is_casual_mask"] = original
 
 
 LAUNCH_MODES = ("dp", "sharding1", "sharding2")

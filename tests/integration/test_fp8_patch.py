@@ -44,7 +44,7 @@ def test_precision_and_recipe_parse_from_json_and_command_line(tmp_path, monkeyp
     options = args.fast_ffn_options()
     assert options.precision == "fp8" and options.fp8_emulate and enabled_options() == options
     assert options.fp8_recipe() == Fp8Recipe(scaling="current", amax_history_len=16)
-    assert fast_llama._FP8 == options.fp8_recipe()  # the patch runs FP8 (emulated)
+    assert fast_llama.fp8_recipe() == options.fp8_recipe()  # the patch runs FP8 (emulated)
     paddle_fastffn.revert_fast_ffn()
     args = _parse([str(config), "--fast_ffn_fp8_scaling", "delayed", "--fast_ffn_fp8_margin", "1",
                    "--fast_ffn_fp8_amax_compute_algo", "most_recent", "--fast_ffn_fp8_first_last_bf16", "true",
@@ -56,7 +56,7 @@ def test_precision_and_recipe_parse_from_json_and_command_line(tmp_path, monkeyp
     paddle_fastffn.revert_fast_ffn()
     defaults = _parse(["--output_dir", str(tmp_path), "--use_fast_ffn", "true"], monkeypatch).fast_ffn_options()
     assert defaults.precision == "bf16" and not defaults.fp8_emulate and defaults.fp8_recipe() == Fp8Recipe()
-    assert fast_llama._FP8 is None
+    assert fast_llama.fp8_recipe() is None
     paddle_fastffn.revert_fast_ffn()
     for bad in (["--fast_ffn_precision", "fp4"], ["--fast_ffn_fp8_scaling", "sometimes"],
                 ["--fast_ffn_fp8_amax_history_len", "0"], ["--fast_ffn_fp8_saved_gate_up", "bf16"]):
@@ -72,7 +72,7 @@ def test_fp8_on_cpu_without_emulation_is_an_error_before_anything_is_patched():
     with pytest.raises(Fp8UnavailableError, match=r"^fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU \(sm_90\) "
                                                   r"and this Paddle build has no GPU: set fast_ffn_fp8_emulate=true"):
         paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8")
-    assert state.current() is None and fast_llama._FP8 is None  # nothing enabled
+    assert state.current() is None and fast_llama.fp8_recipe() is None  # nothing enabled
 
 
 def test_fp8_fallback_bf16_on_cpu_warns_once_keeps_the_bf16_path_and_says_why():
@@ -95,7 +95,7 @@ def test_fp8_fallback_bf16_on_cpu_warns_once_keeps_the_bf16_path_and_says_why():
     fp8_warnings = [str(w.message) for w in caught if "fast_ffn_precision=fp8" in str(w.message)]
     assert len(fp8_warnings) == 1 and "needs an NVIDIA Hopper GPU" in fp8_warnings[0], fp8_warnings
     assert "bf16/fp32" in fp8_warnings[0] and "fast_ffn_fp8_emulate" in fp8_warnings[0]
-    assert fast_llama._FP8 is None and not fast_llama.fp8_layers(model)
+    assert fast_llama.fp8_recipe() is None and not fast_llama.fp8_layers(model)
     np.testing.assert_array_equal(got, reference)
     assert fp8_fallback_reason() == ("fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
                                      "build has no GPU: training in bf16/fp32 (fast_ffn_fp8_fallback=bf16)")

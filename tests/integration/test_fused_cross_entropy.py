@@ -227,5 +227,5 @@ def test_tensor_parallel_config_keeps_the_stock_head(info_lines):
     model.config.tensor_parallel_degree = 2  # what a sharded head's config says (not run: no TP on CPU)
     from paddle_fastffn.integration import llama as llama_patch
 
-    weight, _, reason = llama_patch._fused_head_weight(model)
+    weight, _, reason = llama_patch.fused_head_weight(model)
     assert weight is None and "tensor_parallel_degree=2" in reason

@@ -24,6 +24,36 @@ def test_layers_built_after_enabling_are_patched_at_construction():
     assert model.config.fuse_attention_qkv and model.config.fuse_attention_ffn  # fused by default
 
 
+def test_the_patch_is_applied_once_for_the_same_options():
+    """As a run does: the TrainingArguments enable the fast path, the script then applies it to the
+    model it built. The class attributes and hooks are set once; later applications change none."""
+    from paddlenlp.peft import LoRAModel
+    from paddlenlp.transformers.llama import modeling
+
+    from paddle_fastffn.integration import registry
+    from paddle_fastffn.integration.options import FastFFNOptions
+
+    family_state = registry.family_state("llama")
+    before = family_state.applications
+    registry.enable(FastFFNOptions())
+    patched = {(owner, name): owner.__dict__.get(name) for owner, name in llama_patch.patched_attributes()}
+    hooked = {(owner, name): owner.__dict__.get(name) for owner, name in llama_patch.hooked_attributes()}
+    lora_hooks = (LoRAModel.__init__, LoRAModel.save_pretrained)
+    model = tiny_model()
+    registry.enable(FastFFNOptions())
+    assert registry.apply_to_model(model, FastFFNOptions()) == 2
+    assert family_state.applications == before + 1
+    assert {(o, n): o.__dict__.get(n) for o, n in llama_patch.patched_attributes()} == patched
+    assert {(o, n): o.__dict__.get(n) for o, n in llama_patch.hooked_attributes()} == hooked
+    assert (LoRAModel.__init__, LoRAModel.save_pretrained) == lora_hooks
+    assert modeling.LlamaMLP.forward is llama_patch.fast_mlp_forward
+    registry.enable(FastFFNOptions(swiglu=False))  # other options: patched again
+    assert family_state.applications == before + 2
+    paddle_fastffn.revert_fast_ffn()
+    registry.enable(FastFFNOptions())  # after a revert: patched again
+    assert family_state.applications == before + 3
+
+
 @pytest.mark.parametrize("mask", [False, True], ids=["causal", "padding_mask"])
 def test_logits_and_all_gradients_match_stock_in_fp32(mask):
     model = tiny_model()

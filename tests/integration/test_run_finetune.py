@@ -49,6 +49,9 @@ def test_fast_and_stock_finetunes_match_step_by_step(demo, tmp_path):
     fast = run(demo, tmp_path / "fast")
     stock = run(demo, tmp_path / "stock", "--use_fast_ffn", "false")
     assert fast["use_fast_ffn"] and not stock["use_fast_ffn"]
+    # The TrainingArguments enable the fast path and the script's apply_to_model sets the model's own
+    # settings: the class-level patch is applied once per run.
+    assert (fast["patch_applications"], stock["patch_applications"]) == (1, 0)
     assert (fast["optimizer"], stock["optimizer"]) == ("FastAdamW", "AdamW")  # fast_ffn_fused_optimizer's default
     assert len(losses(fast)) == 6
     # fp32 on CPU both ways; see test_checkpoints_and_convergence for the tolerance's reasoning.
