@@ -35,25 +35,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .formats import FP8_MAX, check_format  # noqa: F401  (part of the recipe's API)
+
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SAVED_GATE_UP = ("fp8", "activation")
 FP8_FORMATS = ("e4m3", "e5m2")
-# Largest finite values: e4m3 (OCP "fn": no Inf, one NaN per sign) S.1111.110 = 448;
-# e5m2 (IEEE-like) S.11110.11 = 57344.
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
 FP32_MAX = float(np.finfo(np.float32).max)
 # cuBLASLt's fast accumulation (no periodic fp32 promotion) for the forward GEMMs only, as
 # Transformer Engine does; dgrad and wgrad accumulate with promotion.
 FAST_ACCUM_FORWARD = True
-
-
-def check_format(fmt: str) -> str:
-    if fmt not in FP8_MAX:
-        raise ValueError(f"unknown FP8 format {fmt!r}; expected one of {sorted(FP8_MAX)}")
-    return fmt
 
 
 def scale_numerator(fmt_max: float, margin: float) -> float:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import state_backend
-from .recipe import FP8_MAX, check_format
+from .formats import FP8_MAX, check_format
 from .recompute import FORWARD, REPLAY, current_phase, recompute_phase
 
 
