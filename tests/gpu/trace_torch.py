@@ -169,7 +169,14 @@ def canonical(raw) -> list:
     d_q, d_k, d_v: it also reads q, k, v, out and the log-sum-exp, as Paddle's flash_attn_grad does)."""
     fixed = []
     for op in raw:
-        if op.source == "aten" and "attention" in op.name and op.name.endswith("_backward"):
+        if op.source == "aten" and ("attention" in op.name or "varlen_attn" in op.name) \
+                and op.name.endswith("_backward"):
+            # torch's varlen custom op zero-fills the gradients it has no use for (the log-sum-exp's,
+            # the rng state's) before its backward kernel: part of the one attention backward, as
+            # inside Paddle's flash_attn_unpadded_grad.
+            while fixed and fixed[-1].name in ("zeros", "zeros_like", "new_zeros", "zero_", "fill_", "full") \
+                    and fixed[-1].outputs[:1] and fixed[-1].outputs[0] in op.inputs:
+                fixed.pop()
             op = op._replace(source="region", name="attention", inputs=op.inputs[:1], outputs=op.outputs[:3])
         if op.source == "aten" and op.name in ("index_put", "index_put_", "_index_put_impl_") and fixed \
                 and fixed[-1].name in ("zeros", "zeros_like", "zero_", "fill_", "new_zeros") \
