@@ -174,9 +174,13 @@ def canonical(raw) -> list:
             # torch's varlen custom op zero-fills the gradients it has no use for (the log-sum-exp's,
             # the rng state's) before its backward kernel: part of the one attention backward, as
             # inside Paddle's flash_attn_unpadded_grad.
-            while fixed and fixed[-1].name in ("zeros", "zeros_like", "new_zeros", "zero_", "fill_", "full") \
-                    and fixed[-1].outputs[:1] and fixed[-1].outputs[0] in op.inputs:
-                fixed.pop()
+            back = len(fixed)
+            while back and fixed[back - 1].source == "aten" and (
+                    fixed[back - 1].name in ("detach", "alias")
+                    or (not any(fixed[back - 1].inputs) and fixed[back - 1].outputs[:1]
+                        and fixed[back - 1].outputs[0] in op.inputs)):
+                back -= 1
+            fixed[back:] = [o for o in fixed[back:] if o.name in ("detach", "alias")]
             op = op._replace(source="region", name="attention", inputs=op.inputs[:1], outputs=op.outputs[:3])
         if op.source == "aten" and op.name in ("index_put", "index_put_", "_index_put_impl_") and fixed \
                 and fixed[-1].name in ("zeros", "zeros_like", "zero_", "fill_", "new_zeros") \
