@@ -28,8 +28,8 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
 # contender once, in an order rotated by one per repeat, at least MIN_REPEATS times. A contender's
 # figure is the median of its repeats; its spread is p80 - p20 of them (max - min for 3-5 repeats).
 MIN_REPEATS = 3
-# Decoder-layer wins of ~1% flipped sign between H200 runs 11-14 (2026-12-03/04) while each run's own
-# spread was smaller: a difference under 1% is not a result, whatever one run's spread says.
+# Decoder-layer wins of ~1% flipped sign between four H200 runs while each run's own spread was
+# smaller: a difference under 1% is not a result, whatever one run's spread says.
 TIE_FLOOR = 0.01
 TIE_RULE = (f"Two contenders tie when their medians differ by no more than the larger of their two spreads "
             f"(p80 - p20 of the round-robin repeats, max - min for 3-5 repeats) or by less than "

@@ -207,7 +207,7 @@ def like_for_like_fp8(out, run):
 
 def like_for_like_packed_sft(out, run):
     """bench_packed_sft's table: per length profile, each contender's step on the same examples, and
-    ours packed against each peer in labelled tokens/s with issue 22's targets."""
+    ours packed against each peer in labelled tokens/s with bench_packed_sft's TARGETS."""
     out.append("### Packed SFT step on real length profiles (LLaMA-2-7B width, 8 layers, rows of "
                f"{run['model']['seq']} tokens)\n")
     out.append(_run_line(run))

@@ -1,5 +1,5 @@
 """How fast the whole bf16 training step could be, from committed H200 measurements: why the
-whole-step target (forward+backward >= 1.10x HF + Liger, issue 23) is missed, and what could close it.
+whole-step target (forward+backward >= 1.10x HF + Liger) is missed, and what could close it.
 
     python -m benchmarks.step_floor [--out benchmarks/results/step_floor.json]
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, write_results
 
-TARGET = 1.10  # issue 23: whole step bf16, forward+backward, against HF + Liger
-FP8_TARGET = 1.5  # issue 23: whole step FP8 (either recipe) against HF + Liger bf16
+TARGET = 1.10  # the project's target: whole step bf16, forward+backward, against HF + Liger
+FP8_TARGET = 1.5  # the project's target: whole step FP8 (either recipe) against HF + Liger bf16
 BYTES = 2      # bf16
 
 

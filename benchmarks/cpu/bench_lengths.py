@@ -77,7 +77,7 @@ CONTENDERS = {
     "stock_padded": Contender("stock_padded", padded, use_fast_ffn=False),
     "fast_padded": Contender("fast_padded", padded, use_fast_ffn=True),
 }
-if importlib.util.find_spec("paddle_fastffn.finetune.packing") is not None:  # the packing work (issue 22)
+if importlib.util.find_spec("paddle_fastffn.finetune.packing") is not None:  # packed contenders where packing exists
     CONTENDERS["stock_zero_padding"] = Contender("stock_zero_padding", packed("dense_mask"), use_fast_ffn=False)
     CONTENDERS["fast_packed"] = Contender("fast_packed", packed("segments"), use_fast_ffn=True)
     CONTENDERS["fast_packed_rows"] = Contender("fast_packed_rows", packed("segments", flatten=False),

@@ -1,4 +1,4 @@
-"""Packed SFT on the H200 (issue 22 item 4): a whole training step on real SFT length profiles,
+"""Packed SFT on the H200: a whole training step on real SFT length profiles,
 every contender in the same run:
 
     python3 -m benchmarks.gpu.bench_packed_sft --out packed_sft.json [--profiles gsm8k oasst1_zh]
@@ -64,7 +64,7 @@ MODEL = dict(hidden=4096, inter=11008, heads=32, kv_heads=32, layers=8, vocab=32
 PROFILES = ("gsm8k", "oasst1_zh")
 # Each contender and the layout of the step it trains (sft_packed_steps.StepBatches).
 CONTENDERS = {"ours_packed": "packed", "hf_liger_padding_free": "flattened", "hf_liger_padded": "padded"}
-# Issue 22's targets for ours_packed in labelled tokens/s (ratios of step times on equal work).
+# The project's targets for ours_packed in labelled tokens/s (ratios of step times on equal work).
 TARGETS = {"hf_liger_padded": 1.8, "hf_liger_padding_free": 1.15}
 
 
@@ -201,7 +201,7 @@ def profile_section(profile, args, report, save, started):
 
 def compare_contenders(results: dict) -> dict:
     """ours_packed against each peer on equal work: speedup in labelled tokens/s (= the peer's
-    step time / ours), the tie rule's verdict, issue 22's target, and the first-step losses'
+    step time / ours), the tie rule's verdict, the TARGETS entry, and the first-step losses'
     relative difference (the same weights and examples: a check that the work is the same)."""
     ours = results.get("ours_packed", {})
     out = {}

@@ -295,7 +295,7 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                 finally:
                     if contender == "hf_torch_compile":
                         torch._dynamo.reset()  # frees the compiled graphs and the model they hold
-                # The docstring's first paragraph (its first line alone cut run 10's text mid-sentence).
+                # The docstring's first paragraph (its first line alone can end mid-sentence).
                 row["optimizer_used"] = " ".join(make_optimizer.__doc__.split("\n\n")[0].split())
                 return row
             return run

@@ -11,7 +11,8 @@ Reports per-step training losses, held-out losses every --eval-every steps, the 
 the same batches, so a spike is measured against bf16 on the same batch: a step after warm-up
 whose loss exceeds bf16's by more than benchmarks.common.SPIKE_RATIO. (A rule against the mean of
 the previous 50 steps flagged 230 of 2000 steps in bf16 itself, because batches of different
-source files differ in loss by more than 10%; run8/convergence.json still carries its "spikes".)
+source files differ in loss by more than 10%: that rule's "spikes" are in benchmarks/results/run8/convergence.json
+at commit 8c5140e.)
 """
 
 from __future__ import annotations

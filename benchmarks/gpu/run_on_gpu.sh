@@ -34,10 +34,10 @@
 #                this section only; bench_full_depth names what is missing and stops
 #                (FASTFFN_ALLOW_MISSING_PEERS=1: runs without it, its rows saying so).
 #   remeasure    = tests,step,optimizer,decoder,kernels,fp8: every table round-robin with median and spread
-#                (issue 20 item 6), the report's run-15 files.
+#                (the files of benchmarks/results/run15/).
 # Every table is timed round-robin (benchmarks/gpu/bench_gpu.py: round_robin, round_robin_rebuilt).
-# A device command may run 10 minutes: a section whose estimate (SECONDS_ESTIMATE, from runs 12-14 and the
-# round-robin repeats added since) would end after FASTFFN_DEADLINE_S (default 570 s from the start) is
+# A device command may run 10 minutes: a section whose estimate (SECONDS_ESTIMATE, from measured section times
+# with their round-robin repeats) would end after FASTFFN_DEADLINE_S (default 570 s from the start) is
 # not started; it is listed in $OUT/skipped.txt and at the end, for the next call's FASTFFN_RUN.
 # Peers come from wheels carried in .whl (liger-kernel==0.8.5, torchao==0.18.0; shared/gpu.md says how to
 # download them); without them the comparison sections would silently lose their peers, so the run stops
@@ -52,8 +52,8 @@ RUN=${RUN//remeasure/tests,step,optimizer,decoder,kernels,fp8}
 DEADLINE=${FASTFFN_DEADLINE_S:-570}
 FULL_DEPTH_WORKLOADS=${FASTFFN_FULL_DEPTH_WORKLOADS:-lora,full}
 IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
-# tests: run 16 call 3 ran the GPU tests in 236 s (767 tests on the shared layer), plus three full builds for the
-# rotary sweep's variants (run 10's build: 48 s each, in parallel; the rope_sweep section then finds them built).
+# tests: the GPU tests took 236 s on an H200 (767 tests on the shared layer), plus three full builds for the
+# rotary sweep's variants (48 s each, in parallel; the rope_sweep section then finds them built).
 # rms_sweep: four full builds one after another (~50 s each), the timing a few seconds. rope_sweep: the three variant
 # builds in parallel when `tests` has not built them (~120 s), Liger's Triton compilation and 3 widths x 2 passes of
 # 5 contenders (~30 s); neither sweep measured yet.

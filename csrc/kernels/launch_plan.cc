@@ -7,7 +7,8 @@ namespace {
 
 // Persistent backward blocks per SM: each block keeps one [cols] fp32 partial of the weight
 // gradient; 4 per SM keeps every SM busy while the partials stay few (the final reduction reads
-// blocks x cols floats). Measured on the H200 with 132 SMs (528 blocks), gpu_h200.json.
+// blocks x cols floats). Measured on the H200 with 132 SMs (528 blocks):
+// benchmarks/results/gpu_h200.json at commit 8c5140e.
 constexpr int64_t kRmsNormBwdBlocksPerSm = 4;
 // The block's static shared memory beside the dynamic partials (block_sum's 32-float scratch).
 constexpr int64_t kRmsNormBwdStaticShared = 32 * sizeof(float);

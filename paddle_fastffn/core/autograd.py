@@ -34,7 +34,7 @@ class Saved:
     needs: per tensor input, whether it wants a gradient. Recorded in forward by the adapter and
     never read off saved tensors: under Paddle's non-reentrant recompute (PaddleNLP's default) the
     backward's saved tensors are the replay's detached copies, whose stop_gradient is True even
-    for a trained weight (issue 19: down_proj lost its gradient that way).
+    for a trained weight (read there, down_proj loses its gradient).
     tensors: set by save() in forward; the adapter replaces them with the framework's saved copies
     before backward runs. None entries are allowed (the adapter keeps their positions)."""
 

@@ -21,8 +21,8 @@ from .rotary import POSITION_CHECK
 # Budget of one chunk's logits counted in fp32, chunk_tokens * vocab * 4 bytes, when chunk_tokens
 # is None.
 # GPU: 1 GiB (2093 tokens at LLaMA-3's 128256 vocabulary). From a one-off probe through the harness
-# on the H200, not yet a committed benchmark (2026-12-02; bf16, T=8192, H=4096, V=128256,
-# forward+backward, median of 7; re-measure with a committed benchmark before relying on it): 523-token
+# on the H200, not a committed benchmark (bf16, T=8192, H=4096, V=128256, forward+backward, median
+# of 7; re-measure with a committed benchmark before relying on it): 523-token
 # chunks (256 MiB) 55.1 ms, 1024 46.1 ms, 2048 44.0 ms, 4096 42.3 ms, torch eager 47.6 ms; each
 # chunk re-reads and re-writes the fp32 d_weight, so small chunks cost bandwidth. The peak (3.12
 # GiB above the inputs at every chunk size, eager 11.7 GiB) is set by the fp32 d_weight (2 GiB)

@@ -1,6 +1,6 @@
 """The optimizer part of a training step, written once: what Paddle's FastAdamW
 (paddle_fastffn/optim/adamw.py) and the GPU harness's FusedMasterAdamW (paddle_fastffn/torch/llama.py)
-both execute (issue 20: the trace of one training step must be the same on both sides).
+both execute (the trace of one training step must be the same on both sides).
 
 One step, in order:
 1. the global-norm clip coefficient (`clip_coefficient`), as paddle.nn.ClipGradByGlobalNorm computes

@@ -32,7 +32,8 @@ class SwiGLU(FusedOp):
     before writing it), so it allocates no [tokens, 2I] of its own; only for inputs nothing else
     reads after this op (the unfused MLP's gate_proj and up_proj outputs, under LoRA). Liger's
     SiLU-mul backward works in place the same way: without it the LoRA step's peak held these two
-    extra [tokens, I] (run 16's full-depth LoRA row: +0.17 GiB against HF + Liger + PEFT)."""
+    extra [tokens, I] (full-depth LoRA row, benchmarks/results/run16/full_depth.json: +0.17 GiB
+    against HF + Liger + PEFT)."""
 
     inputs = ("x", "y")
     options = ("reuse_input_memory",)
@@ -96,6 +97,6 @@ class SwiGLUDownProj(FusedOp):
         d_hidden = be.contiguous(be.linear_grad_input(d_out, weight))
         d_gate_up, _, hidden = down_proj_swiglu_grad(be, gate_up, None, d_hidden, hidden,
                                                      saved.reuse_gate_up_memory)
-        # needs, not the saved weight's own flag: a recompute replay's copy is detached (issue 19).
+        # needs, not the saved weight's own flag: a recompute replay's copy is detached.
         d_weight = be.linear_grad_weight(hidden, d_out) if saved.need("weight", SwiGLUDownProj.inputs) else None
         return saved.only_needed(d_gate_up, d_weight)

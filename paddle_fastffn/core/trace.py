@@ -1,5 +1,5 @@
-"""The trace format both sides record and the canonicaliser that makes them comparable (issue 20,
-item 3: what the harness times must be what Paddle executes, copies and host reads included).
+"""The trace format both sides record and the canonicaliser that makes them comparable (what the
+harness times must be what Paddle executes, copies and host reads included).
 
 A recorder (Paddle: tests/integration/trace_paddle.py; torch: tests/gpu/trace_torch.py) turns
 everything a framework executes into RawOps, in order; `canonicalise` maps each to zero, one or

@@ -30,7 +30,7 @@ def pylayer(op: type[FusedOp], backend=BACKEND, name: str | None = None) -> type
             tensors = args[:n_inputs]
             # needs recorded here, never read off saved tensors in backward: under non-reentrant
             # recompute (PaddleNLP's default) ctx.saved_tensor() returns the replay's detached
-            # copies, whose stop_gradient is True even for a trained weight (issue 19).
+            # copies, whose stop_gradient is True even for a trained weight.
             needs = [grad_enabled and t is not None and not t.stop_gradient for t in tensors]
             # Paddle wants one gradient per Tensor input: None inputs get no slot.
             ctx.tensor_inputs = tuple(t is not None for t in tensors)

@@ -72,16 +72,17 @@ def paddle_openmp_link_flags(paddle_libs: Path) -> list[str]:
 
     Paddle's x86 wheels (3.3.1) ship Intel's libiomp5 in paddle/libs, and libpaddle, libphi_core,
     libdnnl and MKL bind their GOMP_*/omp_* calls to it (LD_DEBUG=bindings). Linked with plain
-    -fopenmp, our kernels bound to the system libgomp instead: a second pool whose workers spin
+    -fopenmp, our kernels bind to the system libgomp instead: a second pool whose workers spin
     (GOMP_SPINCOUNT) while Paddle's iomp5 workers spin for KMP_BLOCKTIME (200 ms) after each of its
     regions, each set stealing cores from the other between the many small kernels of a step. It
-    also ignored Paddle's thread count: Paddle sets OMP_NUM_THREADS=1 when unset, after libgomp has
+    also ignores Paddle's thread count: Paddle sets OMP_NUM_THREADS=1 when unset, after libgomp has
     already read the environment (libgomp: 2 threads, iomp5: 1 on the 2-core machine).
     Measured (benchmarks/cpu/bench_lengths.py, 2-core dev machine, OMP_NUM_THREADS=2, demo-size
     model, batches of 4 padded, stock and fast alternated, median of 5; the machine was shared):
-    the libgomp build trained 24 GSM8K-length examples in 15.7 s vs stock's 11.8 s (0.75x,
-    results/cpu_lengths_before_libgomp.json); this build, right after, 9.3 s vs 11.2 s (1.21x) and
-    12 oasst1-zh-length examples 33.8 s vs 40.6 s (1.20x; results/cpu_lengths_after_2t.json).
+    a libgomp build trained 24 GSM8K-length examples in 15.7 s vs stock's 11.8 s (0.75x); this
+    build, right after, 9.3 s vs 11.2 s (1.21x) and 12 oasst1-zh-length examples 33.8 s vs 40.6 s
+    (1.20x). Files: benchmarks/results/cpu_lengths_before_libgomp.json and cpu_lengths_after_2t.json
+    at commit 8c5140e.
     libiomp5 implements GCC's GOMP_* entry points, so -fopenmp code runs on it unchanged. Wheels
     without libiomp5 (OpenBLAS builds) use libgomp themselves: plain -fopenmp is theirs."""
     if (Path(paddle_libs) / "libiomp5.so").is_file():

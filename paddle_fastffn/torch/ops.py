@@ -87,10 +87,10 @@ FusedFFN = function(core_ffn.FusedFFN, BACKEND)
 def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
     """The FFN composition (core.ffn.FusedFFN; torch Linear layout: w_gate_up [2I, H] =
     [W_gate; W_up], w_down [H, I]). split_gemms=False (one [T, 2I] GEMM) is the default because
-    interleaved timing on the H200 (2026-12-02, run 3, gpu_h200_run3_sweep.json) found it faster or
-    level at every shape, e.g. 7B: 2.55 vs 2.66 ms at 2048 tokens, 10.18 vs 10.39 ms at 8192. (A
-    first, sequential run had suggested the split layout at small T; that was drift, see
-    results/history/README.md.)"""
+    interleaved timing on the H200 found it faster or level at every shape, e.g. 7B: 2.55 vs 2.66
+    ms at 2048 tokens, 10.18 vs 10.39 ms at 8192 (benchmarks/results/gpu_h200_run3_sweep.json at
+    commit 8c5140e). Sequential timing that favoured the split layout at small T was drift
+    (benchmarks/results/history/README.md at that commit)."""
     return FusedFFN.apply(x, w_gate_up, w_down, recompute, split_gemms)
 
 

@@ -20,10 +20,10 @@ namespace cpu {
 // the library links Paddle's OpenMP runtime, build_definition.paddle_openmp_link_flags). A parallel
 // region wakes every worker of the pool, and the demo-size model's per-layer kernels at SFT batch
 // shapes are tens of microseconds of work, less than the fork/join and the wake-up they would cost
-// Paddle's pool. Measured (benchmarks/results/cpu_parallel_threshold.json, 2-core dev machine, shared,
-// load 6): SwiGLU fwd+bwd at 180k elements took 0.90 ms on 2 threads vs 0.75 ms on one, RMSNorm
-// fwd+bwd 0.54 vs 0.36 ms at 65k; 2 threads first broke even on SwiGLU near 720k elements. 2^17
-// elements per thread is ~0.4 ms of SwiGLU work, far above a fork/join, so big kernels (7B widths,
+// Paddle's pool. Measured (benchmarks/results/cpu_parallel_threshold.json at commit 8c5140e, 2-core
+// dev machine, shared, load 6): SwiGLU fwd+bwd at 180k elements took 0.90 ms on 2 threads vs 0.75
+// ms on one, RMSNorm fwd+bwd 0.54 vs 0.36 ms at 65k; 2 threads first broke even on SwiGLU near 720k
+// elements. 2^17 elements per thread is ~0.4 ms of SwiGLU work, far above a fork/join, so big kernels (7B widths,
 // many cores) still split.
 constexpr int64_t kMinElementsPerThread = int64_t{1} << 17;
 

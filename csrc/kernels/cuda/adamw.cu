@@ -17,10 +17,10 @@ namespace cuda {
 namespace {
 
 // Build-time knobs for `bench_optimizer --sweep`. H200, the 7B step's 1.88e9 parameters, bf16
-// with fp32 masters, CUDA-graph timing (benchmarks/results/run12/optimizer_sweep.json): 4 blocks
-// per SM 15.41 ms (84.8% of copy bandwidth), 8 blocks 15.30 ms (85.4%), 16 elements per thread
-// 18.31 ms (71.4%, without spills; not pursued); the streaming cache hint (ld/st.global.cs
-// on every vector, commit c67ffb5's sweep) 15.43 ms, no gain, so it was not kept.
+// with fp32 masters, CUDA-graph timing (benchmarks/results/run12/optimizer_sweep.json at commit
+// 8c5140e): 4 blocks per SM 15.41 ms (84.8% of copy bandwidth), 8 blocks 15.30 ms (85.4%), 16
+// elements per thread 18.31 ms (71.4%, without spills); the streaming cache hint (ld/st.global.cs
+// on every vector) 15.43 ms, no gain, so it is not used.
 #ifndef FASTFFN_ADAMW_BLOCKS_PER_SM
 #define FASTFFN_ADAMW_BLOCKS_PER_SM 8
 #endif

@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
 // The amax-only pass of current scaling over a contiguous x: no copy is written, so nothing needs
 // tiles; a flat grid-stride loop with kAmaxSegs 16-element segments per thread and iteration (all
 // loads issued before the max). Measured only a little faster than the tile walk (H200, 8192 x 4096
-// bf16: 27.0 us in run 10, 26.0 us in run 12, 61-64% of copy bandwidth; about 9 us per call does not
-// scale with size, benchmarks/results/run12/fp8_ffn.json). Row-strided views keep the tile kernel.
+// bf16: 26-27 us, 61-64% of copy bandwidth; about 9 us per call does not scale with size,
+// benchmarks/results/run12/fp8_ffn.json at commit 8c5140e). Row-strided views keep the tile kernel.
 constexpr int kAmaxSegs = 2;
 
 template <typename T>

@@ -8,8 +8,8 @@
 // store_tile_transposed gathers 16 rows x 4 columns of bytes per thread, transposes them with byte
 // permutes and writes four 16-byte pieces of transposed rows. The 8 lanes that share 4 columns
 // cover all 128 rows of the tile, so each warp store writes 4 whole 128-byte lines of the
-// transposed copy (the earlier layout, a warp per 16 rows, wrote 32 half sectors per store and ran
-// cast+transpose at 53-60% of copy bandwidth: benchmarks/results/run8).
+// transposed copy (a warp per 16 rows writes 32 half sectors per store: cast+transpose measured
+// 53-60% of copy bandwidth, benchmarks/results/run8/ at commit 8c5140e).
 //
 // amax is a max over the bit patterns of |x| as unsigned integers: for non-negative floats the
 // integer order is the float order, every NaN pattern sorts above Inf (so a NaN wins), and neither
@@ -45,11 +45,11 @@ static_assert(kTileThreads / 32 == kSegsPerRow && kTile / kSeg == 8,
 // compiler cannot move the next segment's loads above this segment's FP8 stores: written as "load,
 // convert, store" per segment, a thread has one segment of loads in flight at a time. The kernels
 // therefore load one segment ahead, the next tile's first after a tile's last, explicitly (tile_seg
-// below). Measured on the H200 against the earlier order in the same run
-// (benchmarks/results/run14/fp8_ffn.json, prefetch_sweep, commit 384e920): SwiGLU forward 6-8%
-// faster, 11-14% with gate_up's FP8 copy; cast + transpose within +-2%. Loading a whole tile ahead
-// instead (four segments; 117-127 registers in a local ptxas, two blocks per SM) made cast +
-// transpose take 17-19% longer (run14/fp8_ffn_call1_quantize_whole_tile_rejected.json).
+// below). Measured on the H200 against "load, convert, store" (benchmarks/results/run14/ at commit
+// 8c5140e: fp8_ffn.json, prefetch_sweep): SwiGLU forward 6-8% faster, 11-14% with gate_up's FP8
+// copy; cast + transpose within +-2%. Loading a whole tile ahead instead (four segments; 117-127
+// registers, two blocks per SM) made cast + transpose take 17-19% longer
+// (fp8_ffn_call1_quantize_whole_tile_rejected.json there).
 
 // sm_80 emulates the FP8 conversion (dozens of instructions per value, and their registers): there
 // the next segment is loaded after this one is converted, so one segment is live (with it ahead,

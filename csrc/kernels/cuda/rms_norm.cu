@@ -7,16 +7,15 @@
 // shared memory where the device's limit allows (each thread owns its columns: no atomics), in
 // the workspace otherwise, and a second small kernel reduces the per-block partials in fp32. The
 // block count and that choice come from fastffn_plan_rms_norm_bwd and the device's limits.
-// Measured and rejected (H200, benchmarks/results/history/gpu_h200_run6_rms_norm_variants.json):
-// a warp-per-row forward with the row in registers (plain 68% vs 73% of copy bandwidth at hidden
-// 4096, fused add 58% vs 93%) and a backward with the row and the weight-gradient partials in
-// registers (61% vs 69% fwd+bwd at 4096): both slower at every LLaMA-2 width. Again in run 11
-// (benchmarks/results/run11/rms_norm_bwd_registers_rejected.json, commit c404b1a, reverted): a
-// persistent backward with the row, the weight slice and the partials in registers and the next
-// row prefetched ran the plain fwd+bwd at 65/53/65% and the fused add at 62/53/63% (7B/13B/70B)
-// against 69/72/66% and 67/70/68% for the loop kernel (run11/gpu_bench.json); at 90-124
-// registers only two 256-thread blocks fit per SM. Run 14 (run14/rms_norm_occupancy_rejected.json,
-// commit 384e920, reverted): the plain forward on the one-row-per-block kernel held to 32
+// Measured and rejected on the H200 (files in benchmarks/results/ at commit 8c5140e:
+// history/gpu_h200_run6_rms_norm_variants.json, run11/rms_norm_bwd_registers_rejected.json,
+// run14/rms_norm_occupancy_rejected.json): a warp-per-row forward with the row in registers (plain
+// 68% vs 73% of copy bandwidth at hidden 4096, fused add 58% vs 93%) and a backward with the row and
+// the weight-gradient partials in registers (61% vs 69% fwd+bwd at 4096): both slower at every
+// LLaMA-2 width. A persistent backward with the row, the weight slice and the partials in registers
+// and the next row prefetched ran the plain fwd+bwd at 65/53/65% and the fused add at 62/53/63%
+// (7B/13B/70B) against 69/72/66% and 67/70/68% for the loop kernel; at 90-124 registers only two
+// 256-thread blocks fit per SM. The plain forward on the one-row-per-block kernel held to 32
 // registers (full occupancy, 2048 threads per SM: 8 blocks of 256 at 7B, Liger's), ran within 2%
 // of the persistent kernel (7B/13B/70B: 42.1/52.4/83.0 against 41.9/53.5/82.8 us; Liger
 // 37.4/57.9/71.6 us): the gap to Liger at 7B and 70B is not occupancy. The forward kernels below
@@ -82,7 +81,8 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
       const int64_t i = threadIdx.x + static_cast<int64_t>(it) * blockDim.x;
       if (i < vecs) {
         // Loaded after the reduction on purpose: loading it with the row was measured slower
-        // (62% vs 73% of copy bandwidth at hidden 4096; gpu_h200_rms_norm_sweep.json).
+        // (62% vs 73% of copy bandwidth at hidden 4096; benchmarks/results/gpu_h200_rms_norm_sweep.json
+        // at commit 8c5140e).
         const Vec<T, V> w = load_vec<V>(weight + i * V);
         Vec<T, V> ov;
 #pragma unroll
@@ -100,7 +100,7 @@ rms_norm_fwd_cached_kernel(const T* __restrict__ x, const T* __restrict__ residu
 // the next row is loaded before this row's reduction, so that loads stay in flight through the
 // barriers and the stores. Why: the plain norm moves half the bytes per row of the fused add, and
 // with one row in flight per block (the kernel above) it sat at 67-73% of copy bandwidth where the
-// fused add reached 92-95% (gpu_h200_run7.json). Two rows and the weight slice in registers: up to
+// fused add reached 92-95% (benchmarks/results/gpu_h200_run7.json at commit 8c5140e). Two rows and the weight slice in registers: up to
 // kMaxPrefetchItems vectors per thread (rows up to 8192 bf16 / 4096 fp32 columns, every LLaMA
 // width; 4 fp32 and 8 bf16 vectors spill under the launch bound's 128 registers). The fused add
 // keeps the kernel above: its two inputs per row already keep twice the loads in flight.
@@ -158,8 +158,8 @@ rms_norm_fwd_prefetch_kernel(const T* __restrict__ x, const T* __restrict__ weig
 // Vectors each thread holds in the cached kernel (a build-time knob so that the GPU benchmark can
 // sweep it: benchmarks/gpu/bench_gpu.py --sections rms_sweep). H200, 8192 rows, bf16, fused
 // add+norm forward as a fraction of copy bandwidth at hidden 4096/5120/8192: 1 -> 91/81/95%,
-// 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json;
-// repeated in gpu_h200_rms_norm_sweep.json). The plain norm reaches 67-73% at every setting while
+// 2 -> 92/93/95%, 4 -> 83/84/86%, 8 -> 70/68/73% (benchmarks/results/gpu_h200_run3_sweep.json,
+// repeated in gpu_h200_rms_norm_sweep.json, at commit 8c5140e). The plain norm reaches 67-73% at every setting while
 // Liger's reaches 70-90%: its time is per-row fixed cost (launch, barriers, reduction), not bytes.
 #ifndef FASTFFN_RMS_NORM_VECS_PER_THREAD
 #define FASTFFN_RMS_NORM_VECS_PER_THREAD 2

@@ -18,8 +18,9 @@ constexpr int64_t kMaxTokenBlocks = int64_t(1) << 30;
 // the harness's library with each value). 1, the default, is the kernel measured so far: one thread
 // per (head, vector j) item, which loads the four fp32 cos/sin vectors of j (c_lo, c_hi, s_lo,
 // s_hi: 128 bytes for a bf16 vector of 8) for 32 bytes of data, and every head of the token loads
-// them again (from L1/L2, but ~4x the data's load instructions and L1 traffic). Run 15 measured it
-// at 85-89% of the copy bandwidth (fwd, fwd+bwd) against Liger's 93-97% (run15/gpu_bench.json),
+// them again (from L1/L2, but ~4x the data's load instructions and L1 traffic). It was measured at
+// 85-89% of the copy bandwidth (fwd, fwd+bwd) against Liger's 93-97% (H200,
+// benchmarks/results/run15/gpu_bench.json),
 // whose Triton program rotates all heads of a token with one load of its cos/sin row. Values > 1
 // take rotary_kernel's kHeads > 1 loop: a thread owns one j and up to this many heads of the token
 // (q, k and v's copy heads), loads j's cos/sin once and reuses it across them. The sweep (7B/13B/70B

@@ -113,7 +113,7 @@ __device__ __forceinline__ void fwd_gate_up_segment(
 // with a runtime test, the plain pass went from 59 to 91 registers per thread (sm_90a, ptxas -v)
 // and lost occupancy it does not need to lose. The kGateUp body keeps its inputs packed. Loading
 // one segment ahead (fp8_common.cuh: load order) took it from 75-79 to 110-114 registers for 16-bit
-// inputs (two blocks per SM instead of three) and made it 11-14% faster (run14, prefetch_sweep);
+// inputs (two blocks per SM instead of three) and made it 11-14% faster on the H200;
 // a minimum of three or four blocks per SM made it spill.
 template <typename T, __nv_fp8_interpretation_t F, bool kGateUp>
 __global__ void __launch_bounds__(kTileThreads)
@@ -322,12 +322,10 @@ __global__ void __launch_bounds__(kTileThreads) swiglu_bwd_fp8_kernel(const BwdP
     // s = i * kTileThreads + threadIdx.x. Its inputs stay in their 16-bit storage (24 registers)
     // and are converted four values at a time, so few fp32 values are live: the next segment's
     // loads are issued before the current one is computed (two segments, 192 bytes, in flight
-    // per thread). The earlier loop held four 16-value fp32 arrays per segment (about 128
-    // registers) and one segment of loads in flight: 65% of copy bandwidth, even with no stores
-    // (swiglu_bwd_fp8_amax_only in benchmarks/results/run9/
-    // fp8_quant_and_ffn_transposed_stores.json; this loop: 85-91%, run9/fp8_quant_and_ffn.json).
-    // Staging the inputs through shared memory with cp.async instead was measured slower (48%:
-    // run9/fp8_quant_and_ffn_cp_async_rejected.json).
+    // per thread). A loop holding four 16-value fp32 arrays per segment (about 128 registers) and
+    // one segment of loads in flight reached 65% of copy bandwidth, even with no stores; this loop
+    // 85-91%. Staging the inputs through shared memory with cp.async was slower (48%). H200;
+    // benchmarks/results/run9/ at commit 8c5140e (fp8_quant_and_ffn*.json).
     SwigluBwdInputs<T, kFp8GateUp, FH> cur, next;
     bool cur_in = cur.load(p, r0, c0, 0);
 #pragma unroll 1

@@ -14,8 +14,9 @@ Scale: quantised = x * scale, dequantised = q * scale_inv, and (TE's formula)
       backward's e5m2 gradients underflow to zero (e5m2 flushes |g * scale| below 2^-17),
       a layer fed a zero gradient records amax 0 and keeps its scale of 1, and calibration crawls
       down the layers about one tensor per step (the H200 whole-step benchmark, LLaMA-2-7B width, 8
-      layers, run 9: FP8 delayed losses 11.18 / 11.17 / 11.15 over the first three steps where
-      bf16 gave 11.17 / 10.88 / 10.05 and FP8 current 11.18 / 10.91 / 10.12).
+      layers: FP8 delayed losses 11.18 / 11.17 / 11.15 over the first three steps where bf16 gave
+      11.17 / 10.88 / 10.05 and FP8 current 11.18 / 10.91 / 10.12; benchmarks/results/run9/step.json
+      at commit 8c5140e).
 
 A tensor role (a linear layer's input, weight, grad_output) has one ScalingState. Formats follow
 TE's HYBRID default: e4m3 (more precision) forward, e5m2 (more range) for gradients.
