@@ -171,6 +171,10 @@ def check_inputs(model_args, data_args, training_args) -> None:
     if not data.is_dir():
         raise InputError(f"dataset_name_or_path={str(data)!r}: no such folder (relative to {os.getcwd()}); expected "
                          f"a folder with train.json and dev.json")
+    resume = getattr(training_args, "resume_from_checkpoint", None)
+    if isinstance(resume, str) and resume and not Path(os.path.expanduser(resume)).is_dir():
+        raise InputError(f"resume_from_checkpoint={resume!r}: no such folder (relative to {os.getcwd()}); expected a "
+                         f"checkpoint-<step> folder that an earlier run wrote into its output_dir")
     chat = local_chat_template(model_args.model_name_or_path, data_args.chat_template)
     for name in ("train.json", "dev.json"):  # run_finetune.py reads both, whatever do_train / do_eval say
         if not (data / name).is_file():

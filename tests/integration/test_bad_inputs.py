@@ -91,6 +91,9 @@ CASES = [
     ("model_folder_without_config", lambda d: (d / "model" / "config.json").unlink(), [],
      "model_name_or_path='model': no config.json in that folder; expected a checkpoint folder with config.json "
      "next to its weights"),
+    ("resume_typo", None, ["--resume_from_checkpoint", "out/checkpoint-20"],
+     "resume_from_checkpoint='out/checkpoint-20': no such folder (relative to {cwd}); expected a checkpoint-<step> "
+     "folder that an earlier run wrote into its output_dir"),
     ("bad_boolean_in_json", lambda d: write_config(d, use_fast_ffn="maybe"), [],
      "use_fast_ffn in config.json: expected a boolean (true/false, yes/no, 1/0), got 'maybe'"),
     ("bad_integer_on_command_line", None, ["--max_steps", "ten"],
