@@ -36,7 +36,7 @@ from . import lm_head, masks, state
 from .fused_projections import remember_stock, save_pretrained_stock
 from .llama import _DecoderLayerParts, fast_apply_rotary_pos_emb
 from .lora import install_lora_hooks
-from .messages import info_once, warn_once
+from .messages import fp8_warn_once, info_once, warn_once
 from .options import FastFFNOptions
 
 MODEL_TYPES = ("mixtral",)
@@ -189,7 +189,7 @@ def fast_model_forward(self, input_ids=None, position_ids=None, attention_mask=N
     read them (masks.CAUSAL_MASK, IMPLICIT_POSITIONS), as llama.fast_llama_model_forward."""
     config, options = self.config, state.current()
     if options is not None and options.precision == "fp8":
-        warn_once("mixtral_fp8", "fast_ffn_precision=fp8: Mixtral's linears keep their 16-bit GEMMs (FP8 is wired "
+        fp8_warn_once("mixtral_fp8", "fast_ffn_precision=fp8: Mixtral's linears keep their 16-bit GEMMs (FP8 is wired "
                                  "for LLaMA only); the rest of the fast path applies")
     fresh = options is not None and not use_cache and (past_key_values is None
                                                        or all(p is None for p in past_key_values))
