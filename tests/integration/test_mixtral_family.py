@@ -95,3 +95,16 @@ def test_mixtral_save_pretrained_keeps_the_stock_config(tmp_path):
         paddle_fastffn.revert_fast_ffn()
     assert MixtralConfig.from_pretrained(str(tmp_path / "fast")).use_flash_attention is False
     assert os.path.exists(tmp_path / "fast" / "model_state.pdparams")
+
+
+def test_mixtral_fast_path_report():
+    from paddlenlp.transformers import MixtralForCausalLM
+
+    from paddle_fastffn.integration import FastFFNOptions, enable, mixtral
+    from paddle_fastffn.integration.report import fast_path_report
+
+    enable(FastFFNOptions())
+    report = fast_path_report(MixtralForCausalLM(mixtral.example_config()))
+    assert (report["decoder_layers"], report["fast_path_layers"]) == (2, 2)
+    assert set(report["off"]) == {"fuse_projections", "swiglu_recompute"}, report["off"]
+    assert "no fused projection" in report["off"]["fuse_projections"]
