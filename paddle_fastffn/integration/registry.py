@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import warnings
 
-from . import fp8_attach, llama, messages, state, trainer
+from . import fp8_attach, llama, messages, mixtral, state, trainer
 from .family import FAMILIES, family_for, register, registered_families, supported_model_types  # noqa: F401
 from .options import FastFFNOptions
 from .state import FamilyState
 
 register(llama)
+register(mixtral)
 
 
 def family_state(model_type: str) -> FamilyState:

@@ -54,14 +54,18 @@ def fast_path_report(model, args=None) -> dict:
                         "LoRA adapts the projections: PaddleNLP's separate sub-layers carry the adapters" if lora else
                         "the model was built before the fast path was enabled")
     attentions = [layer.self_attn for layer in decoders]
-    mlps = [layer.mlp for layer in decoders]
-    if "fuse_projections" not in off:
+    mlps = [layer.mlp for layer in decoders if hasattr(layer, "mlp")]  # a MoE family has experts instead
+    if not family.FUSED_LAYOUTS:
+        for switch in ("fuse_projections", "swiglu_recompute"):
+            off.setdefault(switch, f"{family.causal_lm_class().__name__}: PaddleNLP builds no fused projection for "
+                                   f"this family")
+    elif "fuse_projections" not in off:
         fused_qkv = _count(attentions, lambda a: getattr(a, "fuse_attention_qkv", False))
         fused_ffn = _count(mlps, lambda m: getattr(m, "fuse_attention_ffn", False))
         if fused_qkv < len(decoders) or fused_ffn < len(decoders):
             off["fuse_projections"] = (f"qkv fused in {fused_qkv}/{len(decoders)} layers, gate_up in "
                                        f"{fused_ffn}/{len(decoders)}: {why_stock_layers}")
-    if "swiglu_recompute" not in off and "swiglu" not in off:
+    if "swiglu_recompute" not in off and "swiglu" not in off and family.FUSED_LAYOUTS:
         recomputed = _count(mlps, lambda m: getattr(m, "fuse_attention_ffn", False) and family.is_plain_linear(m.down_proj))
         if recomputed < len(mlps):
             off["swiglu_recompute"] = (f"{recomputed}/{len(mlps)} MLPs: it needs the fused gate/up projection and a "

@@ -57,7 +57,9 @@ def test_family_has_every_member_of_the_contract(family):
     for owner, name in (*family.patched_attributes(), *family.hooked_attributes()):
         assert hasattr(owner, name), f"{_family_id(family)} declares {owner.__name__}.{name}, which does not exist"
     assert not _declared(family.patched_attributes()) & _declared(family.hooked_attributes())
-    assert family.FUSED_LAYOUTS and all(isinstance(layout, FusedLayout) for layout in family.FUSED_LAYOUTS.values())
+    # Empty for a family PaddleNLP builds no fused projection for (Mixtral): nothing to fuse, split or save.
+    assert isinstance(family.FUSED_LAYOUTS, dict)
+    assert all(isinstance(layout, FusedLayout) for layout in family.FUSED_LAYOUTS.values())
     assert family.example_config().model_type in family.MODEL_TYPES
 
 
