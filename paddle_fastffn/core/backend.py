@@ -96,6 +96,27 @@ class Backend(Protocol):
         ignore_index: raises ValueError where the backend can see it at once (CPU), else sets
         label_error (int32 [1], zeroed by the caller) for one later read."""
 
+    # --- rotary (core/rotary.py) ---------------------------------------------------------------
+    def is_cpu(self, t: Tensor) -> bool:
+        """Whether t lives in host memory (the rotary position flag is read at once there)."""
+    def token_stride(self, t: Tensor) -> int:
+        """Elements between consecutive tokens of a [b, s, heads, head_dim] tensor as the kernel
+        will see it (heads dense within a token): a token-strided view passes as it is where the
+        binding hands the kernel its pointer (torch), else the dense heads * head_dim (Paddle's
+        custom-op call copies a strided input dense)."""
+    def position_flag(self, like: Tensor) -> Tensor:
+        """A zeroed int32 [1] on `like`'s device: the rotary kernels' out-of-table position flag."""
+    def read_flag(self, flag: Tensor) -> int:
+        """The flag's value on the host (one copy)."""
+    def rotary(self, sources, outputs, dims, layouts, cos: Tensor, sin: Tensor,
+               position_ids: Tensor | None, position_error: Tensor | None, inverse: bool) -> None:
+        """The rotary kernel, writing into `outputs`: sources (q, k, v) and outputs (q_out, k_out,
+        v_out), one tensor may serve several slots, v and v_out None for no v; dims (b, s, hq, hk,
+        d); six heads layouts (offset, token_stride, group_stride, heads_per_group, head_stride) in
+        elements of their tensor (None for an absent v); cos/sin fp32 [rows, d]; position_ids
+        int64 [b, s] or None; position_error a zeroed position_flag or None; inverse applies the
+        transposed rotation (the backward)."""
+
     # --- GEMMs through the framework's BLAS ------------------------------------------------------
     def gemm_dtype(self, t: Tensor) -> DType:
         """The dtype in which this backend runs t's GEMMs: t's own where the device has GEMMs for

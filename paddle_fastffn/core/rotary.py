@@ -133,7 +133,8 @@ class Rotary(FusedOp):
     def forward(be, saved: Saved, q, k, cos, sin, position_ids):
         b, s, hq, d = be.shape(q)
         hk = be.shape(k)[2]
-        q_out, k_out = be.empty([b, s, hq, d], q), be.empty([b, s, hk, d], k)
+        q_out = be.empty([b, s, hq, d], be.dtype(q), q)
+        k_out = be.empty([b, s, hk, d], be.dtype(k), k)
         flag = None
         if position_ids is not None:
             flag = POSITION_CHECK.flag_for(be, q, be.shape(cos)[0], saved)
@@ -154,7 +155,8 @@ class Rotary(FusedOp):
         d_q_out, d_k_out = be.contiguous(d_q_out), be.contiguous(d_k_out)
         b, s, hq, d = be.shape(d_q_out)
         hk = be.shape(d_k_out)[2]
-        d_q, d_k = be.empty([b, s, hq, d], d_q_out), be.empty([b, s, hk, d], d_k_out)
+        d_q = be.empty([b, s, hq, d], be.dtype(d_q_out), d_q_out)
+        d_k = be.empty([b, s, hk, d], be.dtype(d_k_out), d_k_out)
         be.rotary((d_q_out, d_k_out, None), (d_q, d_k, None), (b, s, hq, hk, d),
                   (dense_heads(hq, d), dense_heads(hk, d), None,
                    dense_heads(hq, d), dense_heads(hk, d), None),
@@ -180,9 +182,9 @@ class QKVRotary(FusedOp):
     def forward(be, saved: Saved, qkv, cos, sin, position_ids, num_heads, num_kv_heads):
         b, s, width = be.shape(qkv)
         d = width // (num_heads + 2 * num_kv_heads)
-        q = be.empty([b, s, num_heads, d], qkv)
-        k = be.empty([b, s, num_kv_heads, d], qkv)
-        v = be.empty([b, s, num_kv_heads, d], qkv)
+        q = be.empty([b, s, num_heads, d], be.dtype(qkv), qkv)
+        k = be.empty([b, s, num_kv_heads, d], be.dtype(qkv), qkv)
+        v = be.empty([b, s, num_kv_heads, d], be.dtype(qkv), qkv)
         flag = None
         if position_ids is not None:
             flag = POSITION_CHECK.flag_for(be, qkv, be.shape(cos)[0], saved)
@@ -204,7 +206,7 @@ class QKVRotary(FusedOp):
         num_heads, num_kv_heads = saved.heads
         d_q, d_k, d_v = be.contiguous(d_q), be.contiguous(d_k), be.contiguous(d_v)
         b, s, _, d = be.shape(d_q)
-        d_qkv = be.empty([b, s, (num_heads + 2 * num_kv_heads) * d], d_q)
+        d_qkv = be.empty([b, s, (num_heads + 2 * num_kv_heads) * d], be.dtype(d_q), d_q)
         q_out, k_out, v_out = interleaved_qkv_heads(num_heads, num_kv_heads, d)
         be.rotary((d_q, d_k, d_v), (d_qkv, d_qkv, d_qkv), (b, s, num_heads, num_kv_heads, d),
                   (dense_heads(num_heads, d), dense_heads(num_kv_heads, d),

@@ -10,6 +10,9 @@ from ..core.backend import IndexingBackend
 from ._loader import run_op
 
 
+_NO_LAYOUT = (0, 1, 1, 1, 1)  # an absent v's heads layout: ignored by the rotary kernel (with_v false)
+
+
 def _on_gpu(t) -> bool:
     return not t.place.is_cpu_place()
 
@@ -33,10 +36,11 @@ class PaddleBackend(IndexingBackend):
     def contiguous(t):
         return t if t.is_contiguous() else t.contiguous()
 
-    # On Paddle's current device, where the op's inputs are (Paddle's ops run on one device).
+    # On `like`'s device: the rotary ops hand these buffers to their kernel as outputs, and a CPU
+    # tensor under a GPU Paddle must not get a buffer on Paddle's current device.
     @staticmethod
     def empty(shape, dtype, like):
-        return paddle.empty(list(shape), dtype=dtype)
+        return paddle.empty(list(shape), dtype=dtype, device=like.place)
 
     @staticmethod
     def zeros(shape, dtype, like):
@@ -118,6 +122,37 @@ class PaddleBackend(IndexingBackend):
         except OSError as error:  # the binding's PD_CHECK / PD_THROW; its first line names the argument
             raise ValueError(str(error).strip().splitlines()[0]) from None
         return loss
+
+    # --- rotary -------------------------------------------------------------------------------
+    @staticmethod
+    def is_cpu(t):
+        return t.place.is_cpu_place()
+
+    @staticmethod
+    def token_stride(t):
+        # Paddle's custom-op call hands a kernel its inputs contiguous (a strided view is copied
+        # there), so the kernel always sees heads * head_dim between tokens.
+        return t.shape[2] * t.shape[3]
+
+    @staticmethod
+    def position_flag(like):
+        return paddle.zeros([1], dtype=paddle.int32, device=like.place)
+
+    @staticmethod
+    def read_flag(flag):
+        return int(flag.numpy()[0])
+
+    @staticmethod
+    def rotary(sources, outputs, dims, layouts, cos, sin, position_ids, position_error, inverse):
+        q, k, v = sources
+        q_out, k_out, v_out = outputs
+        with_v = v is not None
+        flat = [int(x) for layout in layouts for x in (layout or _NO_LAYOUT)]
+        # The binding's optional k/v (and k_out/v_out) slots: absent = the same tensor as q (out).
+        run_op("fastffn_rotary", q, None if k is q else k, None if v is None or v is q else v,
+               cos, sin, position_ids, q_out, None if k_out is q_out else k_out,
+               None if v_out is None or v_out is q_out else v_out, position_error,
+               [int(x) for x in dims], flat, with_v, bool(inverse))
 
     # --- GEMMs --------------------------------------------------------------------------------
     @staticmethod

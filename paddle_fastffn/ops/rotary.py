@@ -2,7 +2,7 @@
 straight out of PaddleNLP's fused, interleaved qkv projection.
 
 Stack: compiled op -> core op (paddle_fastffn/core/rotary.py: Rotary, QKVRotary) -> PyLayer
-adapter (_rotary_backend.pylayer) -> public ``rotary_embedding`` / ``qkv_rotary`` -> ``*_ref``.
+adapter (_autograd.pylayer over PaddleBackend) -> public ``rotary_embedding`` / ``qkv_rotary`` -> ``*_ref``.
 ``rotary_embedding`` has the signature and result of
 ``paddlenlp.transformers.llama.modeling.apply_rotary_pos_emb``; ``qkv_rotary`` that of LlamaAttention's
 fused-qkv reshape + split + apply_rotary_pos_emb, without the split's copies.
@@ -15,7 +15,7 @@ import paddle
 from ..core import rotary as core_rotary
 from . import _checks
 from ._fallback import warn_fallback
-from ._rotary_backend import pylayer
+from ._autograd import pylayer
 
 OP = core_rotary.OP
 _Rotary = pylayer(core_rotary.Rotary)

@@ -3,7 +3,7 @@ kernels with torch, the way the GPU machine (torch, no Paddle) executes it.
 
     c_structs, build      ctypes mirrors of the C API's structs; the build definition (no torch)
     c_api, fp8.c_api      the C API through ctypes (build, load, one method per entry point)
-    backend, rotary_backend, fp8.backend, optimizer
+    backend, fp8.backend, optimizer
                           core's backends over those kernels and torch's GEMMs; backend.function(op)
                           is torch's autograd adapter for a core fused op
     ops, fp8.ffn, fp8.linear

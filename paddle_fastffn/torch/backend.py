@@ -104,6 +104,32 @@ class TorchBackend(IndexingBackend):
     def cross_entropy(self, logits, labels, ignore_index, grad_scale, with_grad, label_error):
         return self._kernels().cross_entropy(logits, labels, ignore_index, grad_scale, with_grad, label_error)
 
+    # --- rotary -------------------------------------------------------------------------------
+    @staticmethod
+    def is_cpu(t):
+        return not t.is_cuda
+
+    @staticmethod
+    def token_stride(t):
+        # A token-strided view (q or k sliced from a fused projection) is passed as it is.
+        b, s, h, d = t.shape
+        if t.stride(3) != 1 or t.stride(2) != d or t.stride(0) != t.stride(1) * s:
+            raise ValueError(f"token_stride: a [b, s, heads, head_dim] tensor with dense heads was "
+                             f"expected, got strides {t.stride()}")
+        return t.stride(1)
+
+    @staticmethod
+    def position_flag(like):
+        return torch.zeros(1, dtype=torch.int32, device=like.device)
+
+    @staticmethod
+    def read_flag(flag):
+        return int(flag.item())
+
+    def rotary(self, sources, outputs, dims, layouts, cos, sin, position_ids, position_error, inverse):
+        self._kernels().rotary(sources, outputs, dims, layouts, cos, sin, position_ids, position_error,
+                               inverse)
+
     # --- GEMMs --------------------------------------------------------------------------------
     @staticmethod
     def gemm_dtype(t):

@@ -92,13 +92,10 @@ class Kernels:
         self.lib.fastffn_rms_norm_bwd_workspace_bytes_cuda.argtypes = [RmsNormArgs]
         self.lib.fastffn_plan_rms_norm_bwd.restype = RmsNormBwdPlan
         self.lib.fastffn_plan_rms_norm_bwd.argtypes = [ctypes.c_int64, ctypes.c_int64, DeviceLimits]
-        for name in ("fastffn_device_limits_cuda", "fastffn_swiglu_fwd_cuda", "fastffn_swiglu_bwd_cuda", "fastffn_rms_norm_fwd_cuda",
-                     "fastffn_rms_norm_bwd_cuda", "fastffn_rotary_cuda"):
-            getattr(self.lib, name).restype = ctypes.c_int
+        for name in ("fastffn_device_limits_cuda", *(f"{e}_cuda" for e in ENTRY_POINTS.values())):
+            getattr(self.lib, name).restype = ctypes.c_int  # a fastffn_status
         ptr = ctypes.c_void_p
-        self.lib.fastffn_adamw_cuda.restype = ctypes.c_int
         self.lib.fastffn_adamw_cuda.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr, ptr]
-        self.lib.fastffn_adamw_update_pows_cuda.restype = ctypes.c_int
         self.lib.fastffn_adamw_update_pows_cuda.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr, ptr]
 
     def _check(self, status: int, op: str):
@@ -198,7 +195,6 @@ class Kernels:
         not ignore_index raise ValueError, read back from the kernel's device flag as the Paddle
         binding does; with `error` (a zeroed device int32 [1]) the flag is left there for the
         caller to read once."""
-        self.lib.fastffn_cross_entropy_cuda.restype = ctypes.c_int
         rows, vocab = logits.shape
         assert logits.stride(1) == 1 and labels.dtype == torch.int64 and labels.is_contiguous()
         loss = self.empty((rows,), torch.float32, logits.device)
@@ -268,6 +264,14 @@ class Kernels:
                                                             beta2_pow.data_ptr(), self._stream()),
                     "adamw_update_pows")
 
+
+# Kernels' methods -> the C entry point each runs: every public method but `empty` runs
+# fastffn_<method>_cuda (fastffn_<method>_cpu in cpu_kernels). Derived, not listed, so a new
+# kernel's method is the one edit here: loading a library resolves each entry point (a method
+# named off the rule fails there), and the trace recorder (tests/gpu/trace_torch.py) records
+# every call of these methods under the entry point's name.
+ENTRY_POINTS = {name: f"fastffn_{name}" for name in vars(Kernels)
+                if not name.startswith("_") and name != "empty"}
 
 _KERNELS: Kernels | None = None
 

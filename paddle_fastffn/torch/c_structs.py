@@ -1,93 +1,77 @@
-"""ctypes mirrors of the C API's structs (csrc/kernels/include/fastffn/*.h), without torch, and
-the check of every mirror against the layout table the library exports (fastffn_abi_* in
-c_api.h): c_api.py runs it when it loads the library, the CPU build check against a g++ build of
-the host code. No torch: the Paddle tests of the C entry points' statuses import these too."""
+"""ctypes mirrors of the C API's structs, read from the headers themselves
+(csrc/kernels/include/fastffn/*.h), and the check of every mirror against the layout table the
+library exports (fastffn_abi_* in c_api.h): c_api.py runs it when it loads the library, the CPU
+build check against a g++ build of the host code. No torch: the Paddle tests of the C entry
+points' statuses import these too.
+
+A struct added to a header gets its mirror here with no edit: `MIRRORS` maps every C typedef to its
+ctypes type, and each struct is also this module's attribute under its C name in CamelCase
+(fastffn_rms_norm_args -> RmsNormArgs). The headers' struct declarations stay plain for that:
+one field per line, `type name;` with an optional `// comment`, the types below or another
+fastffn_* struct. What the parser makes of them is checked against the compiler's layouts
+(check_abi), so a declaration it misreads fails on load instead of shifting arguments.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import re
+
+from paddle_fastffn.torch.build import definition
+
+# C field types -> ctypes; any pointer is c_void_p (the bindings pass addresses as integers).
+_SCALARS = {"int": ctypes.c_int, "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64,
+            "float": ctypes.c_float}
+_TYPEDEF = re.compile(r"typedef\s+(struct|enum)\s*\{(.*?)\}\s*(fastffn_\w+)\s*;", re.S)
+_FIELD = re.compile(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)\s*;$")
 
 
-class SwigluArgs(ctypes.Structure):
-    _fields_ = [("gate", ctypes.c_void_p), ("up", ctypes.c_void_p), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("gate_row_stride", ctypes.c_int64),
-                ("up_row_stride", ctypes.c_int64), ("dtype", ctypes.c_int)]
+def _camel(c_name: str) -> str:
+    return "".join(part.title() for part in c_name[len("fastffn_"):].split("_"))
 
 
-class RmsNormArgs(ctypes.Structure):
-    _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("epsilon", ctypes.c_float),
-                ("dtype", ctypes.c_int)]
+def _field_type(c_type: str, pointer: str, mirrors: dict):
+    if pointer:
+        return ctypes.c_void_p
+    if c_type in _SCALARS:
+        return _SCALARS[c_type]
+    if c_type in mirrors:  # an enum (c_int) or a struct declared before this one
+        return mirrors[c_type]
+    raise ValueError(f"c_structs: no ctypes mirror for the C type {c_type!r}")
 
 
-class DeviceLimits(ctypes.Structure):
-    _fields_ = [("sm_count", ctypes.c_int), ("max_shared_bytes_per_block", ctypes.c_int)]
+def parse_headers(texts: list[str]) -> dict:
+    """{C typedef name: its ctypes mirror} for every `typedef enum {...} fastffn_x;` (c_int: an
+    enum is passed as int) and `typedef struct {...} fastffn_x;` of the headers, in order."""
+    mirrors: dict = {}
+    for text in texts:
+        for kind, body, name in _TYPEDEF.findall(text):
+            if kind == "enum":
+                mirrors[name] = ctypes.c_int
+                continue
+            fields = []
+            for line in body.splitlines():
+                line = line.split("//")[0].strip()
+                if not line:
+                    continue
+                match = _FIELD.match(line)
+                if match is None:
+                    raise ValueError(f"c_structs: {name}: cannot read the field declaration {line!r} "
+                                     f"(one `type name;` per line)")
+                c_type, pointer, field = match.groups()
+                fields.append((field, _field_type(c_type, pointer, mirrors)))
+            mirrors[name] = type(_camel(name), (ctypes.Structure,), {"_fields_": fields, "__doc__": name})
+    return mirrors
 
 
-class RmsNormBwdPlan(ctypes.Structure):
-    _fields_ = [("blocks", ctypes.c_int64), ("shared_bytes", ctypes.c_int64),
-                ("shared_partials", ctypes.c_int), ("workspace_bytes", ctypes.c_int64)]
-
-
-class HeadsLayout(ctypes.Structure):  # fastffn_heads_layout
-    _fields_ = [("token_stride", ctypes.c_int64), ("group_stride", ctypes.c_int64),
-                ("heads_per_group", ctypes.c_int64), ("head_stride", ctypes.c_int64)]
-
-
-class RotaryArgs(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("q_heads", ctypes.c_int64),
-                ("k_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-                ("q_in", HeadsLayout), ("k_in", HeadsLayout), ("v_in", HeadsLayout),
-                ("q_out", HeadsLayout), ("k_out", HeadsLayout), ("v_out", HeadsLayout),
-                ("table_rows", ctypes.c_int64), ("inverse", ctypes.c_int), ("dtype", ctypes.c_int),
-                ("position_error", ctypes.c_void_p)]
-
-
-class CrossEntropyArgs(ctypes.Structure):
-    _fields_ = [("rows", ctypes.c_int64), ("vocab", ctypes.c_int64), ("row_stride", ctypes.c_int64),
-                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_float), ("with_grad", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("label_error", ctypes.c_void_p)]
-
-
-class Scalar(ctypes.Structure):
-    """fastffn_scalar: `value`, or the fp32 at address `ptr` when it is not NULL."""
-    _fields_ = [("value", ctypes.c_float), ("ptr", ctypes.c_void_p)]
-
-
-class AdamwArgs(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("param_dtype", ctypes.c_int), ("grad_dtype", ctypes.c_int),
-                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("epsilon", ctypes.c_float),
-                ("coeff", ctypes.c_float), ("lr_ratio", ctypes.c_float), ("with_decay", ctypes.c_int),
-                ("lr", Scalar), ("beta1_pow", Scalar), ("beta2_pow", Scalar), ("grad_scale", Scalar)]
-
-
-class Tensor(ctypes.Structure):
-    """fastffn_tensor (fastffn/scaled_tensor.h)."""
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64),
-                ("scale", ctypes.c_void_p), ("scale_inv", ctypes.c_void_p), ("amax", ctypes.c_void_p)]
-
-
-class GemmConfig(ctypes.Structure):
-    _fields_ = [("transpose_a", ctypes.c_int), ("transpose_b", ctypes.c_int),
-                ("accumulate", ctypes.c_int), ("fast_accum", ctypes.c_int), ("alpha", ctypes.c_float)]
+def _headers() -> list[str]:
+    folder = definition.include_dirs()[0] / "fastffn"
+    return [path.read_text() for path in sorted(folder.glob("*.h"))]
 
 
 # C type name -> its mirror; enums are passed as ctypes.c_int.
-MIRRORS = {
-    "fastffn_dtype": ctypes.c_int,
-    "fastffn_status": ctypes.c_int,
-    "fastffn_device_limits": DeviceLimits,
-    "fastffn_swiglu_args": SwigluArgs,
-    "fastffn_rms_norm_args": RmsNormArgs,
-    "fastffn_rms_norm_bwd_plan": RmsNormBwdPlan,
-    "fastffn_heads_layout": HeadsLayout,
-    "fastffn_rotary_args": RotaryArgs,
-    "fastffn_cross_entropy_args": CrossEntropyArgs,
-    "fastffn_scalar": Scalar,
-    "fastffn_adamw_args": AdamwArgs,
-    "fastffn_tensor": Tensor,
-    "fastffn_gemm_config": GemmConfig,
-}
+MIRRORS = parse_headers(_headers())
+globals().update({_camel(name): mirror for name, mirror in MIRRORS.items() if mirror is not ctypes.c_int})
 
 
 class AbiMismatch(RuntimeError):

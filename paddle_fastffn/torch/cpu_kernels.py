@@ -92,10 +92,8 @@ class CpuKernels(c_api.Kernels):
         lib.fastffn_status_string.restype = ctypes.c_char_p
         lib.fastffn_last_error.restype = ctypes.c_char_p
         ptr = ctypes.c_void_p
-        for name in ("fastffn_swiglu_fwd_cpu", "fastffn_swiglu_bwd_cpu", "fastffn_rms_norm_fwd_cpu",
-                     "fastffn_rms_norm_bwd_cpu", "fastffn_rotary_cpu", "fastffn_cross_entropy_cpu",
-                     "fastffn_adamw_cpu", "fastffn_adamw_update_pows_cpu"):
-            getattr(lib, name).restype = ctypes.c_int
+        for entry_point in c_api.ENTRY_POINTS.values():
+            getattr(lib, f"{entry_point}_cpu").restype = ctypes.c_int  # a fastffn_status
         lib.fastffn_adamw_cpu.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr]
         lib.fastffn_adamw_update_pows_cpu.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr]
         self.cpu_lib = lib

@@ -1,6 +1,6 @@
 """The core layer's fused ops (paddle_fastffn/core) as torch autograd Functions over the C API's
 kernels (c_api.py): the torch counterpart of paddle_fastffn.ops, the same classes the Paddle ops run
-through their PyLayer adapter; only the backend differs (backend.py, rotary_backend.py)."""
+through their PyLayer adapter; only the backend differs (backend.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from paddle_fastffn.core import rotary as core_rotary
 from paddle_fastffn.core import swiglu as core_swiglu
 from paddle_fastffn.torch.backend import TorchBackend, function
 from paddle_fastffn.torch.c_api import Kernels, kernels
-from paddle_fastffn.torch.rotary_backend import function as rotary_function
 
 # --- the core layer's fused ops (paddle_fastffn/core), in torch's autograd -------------------------
 # The same classes the Paddle ops run through their PyLayer adapter; only the backend differs.
@@ -32,8 +31,8 @@ ResidualAdd = function(core_residual.ResidualAdd, BACKEND)  # apply(residual, y)
 
 # The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.
 # Rotary.apply(q, k, cos, sin, position_ids): q/k may be token-strided views.
-Rotary = rotary_function(core_rotary.Rotary)
-_QKVRotary = rotary_function(core_rotary.QKVRotary)
+Rotary = function(core_rotary.Rotary, BACKEND)
+_QKVRotary = function(core_rotary.QKVRotary, BACKEND)
 
 
 def qkv_rotary(qkv, heads, kv_heads, cos, sin, position_ids=None):

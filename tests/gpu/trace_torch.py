@@ -45,11 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "tests" / "traces"
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int64: "int64",
           torch.int32: "int32", torch.bool: "bool", torch.float64: "float64", torch.uint8: "uint8"}
-# c_api.Kernels methods -> the C entry point each calls
-KERNEL_METHODS = {"swiglu_fwd": "fastffn_swiglu_fwd", "swiglu_bwd": "fastffn_swiglu_bwd",
-                  "rms_norm_fwd": "fastffn_rms_norm_fwd", "rms_norm_bwd": "fastffn_rms_norm_bwd",
-                  "rotary": "fastffn_rotary", "adamw": "fastffn_adamw", "adamw_update_pows": "fastffn_adamw_update_pows",
-                  "cross_entropy": "fastffn_cross_entropy"}
+# c_api.Kernels methods -> the C entry point each calls (derived in c_api from the methods)
+KERNEL_METHODS = c_api.ENTRY_POINTS
 
 
 def _info(t):

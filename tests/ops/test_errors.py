@@ -128,7 +128,7 @@ def test_rotary_binding_rejects_heads_layouts_outside_their_tensor():
     """The binding checks every heads layout against its tensor before the kernel runs (the core
     layer computes layouts; a wrong one must not read or write out of bounds)."""
     from paddle_fastffn.core.rotary import dense_heads, interleaved_qkv_heads
-    from paddle_fastffn.ops._rotary_backend import BACKEND
+    from paddle_fastffn.ops._backend import BACKEND
 
     cos, sin = _cos_sin(d=6, rows=8)
     cos, sin = cos.reshape([8, 6]).astype("float32"), sin.reshape([8, 6]).astype("float32")

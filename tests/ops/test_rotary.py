@@ -217,13 +217,13 @@ def test_rotary_position_flag_is_read_once_per_step_on_the_loss_or_backward(monk
     the loss's readback or the backward of the call that created it (on CPU: at once). Forced to
     the GPU's path here (no immediate read), a bad id still raises by the end of the step."""
     from paddle_fastffn.core import rotary as core_rotary
-    from paddle_fastffn.ops import _rotary_backend
+    from paddle_fastffn.ops._backend import PaddleBackend
 
-    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    monkeypatch.setattr(PaddleBackend, "is_cpu", staticmethod(lambda t: False))
     reads = []
-    real_read = _rotary_backend.RotaryPaddleBackend.read_flag
-    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "read_flag",
-                        lambda self, flag: reads.append(1) or real_read(self, flag))
+    real_read = PaddleBackend.read_flag
+    monkeypatch.setattr(PaddleBackend, "read_flag",
+                        staticmethod(lambda flag: reads.append(1) or real_read(flag)))
     b, s, h, hk, d = 1, 3, 2, 1, 4
     cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
     bad = paddle.to_tensor([[0, 1, 8]], dtype="int64")
@@ -251,12 +251,11 @@ def test_rotary_position_flag_rides_in_the_fused_loss_readback(monkeypatch):
     """With the fused loss the pending flag is read in the loss's own copy to the host, at the
     start of the step's backward, before any rotary backward."""
     from paddle_fastffn.core import rotary as core_rotary
-    from paddle_fastffn.ops import _rotary_backend
+    from paddle_fastffn.ops._backend import PaddleBackend
 
-    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    monkeypatch.setattr(PaddleBackend, "is_cpu", staticmethod(lambda t: False))
     reads = []
-    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "read_flag",
-                        lambda self, flag: reads.append(1))
+    monkeypatch.setattr(PaddleBackend, "read_flag", staticmethod(lambda flag: reads.append(1)))
     d = 4
     cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
     qkv = random_tensor((1, 3, 4 * d), "float32")
@@ -273,9 +272,9 @@ def test_rotary_position_flag_rides_in_the_fused_loss_readback(monkeypatch):
 def test_rotary_position_flag_of_a_pass_without_backward_is_read_by_the_next_backward(monkeypatch):
     """A forward whose graph is freed without a backward hands the pending flag to the next
     forward, whose backward reads it."""
-    from paddle_fastffn.ops import _rotary_backend
+    from paddle_fastffn.ops._backend import PaddleBackend
 
-    monkeypatch.setattr(_rotary_backend.RotaryPaddleBackend, "is_cpu", lambda self, t: False)
+    monkeypatch.setattr(PaddleBackend, "is_cpu", staticmethod(lambda t: False))
     d = 4
     cos, sin = _cos_sin("plain", d, 8, random_tensor((1, 8, 1, d), "float32"))
     qkv = random_tensor((1, 3, 4 * d), "float32")
