@@ -49,6 +49,14 @@ class PackedSegments:
             raise ValueError(f"{OP}: segment lengths must be positive and tile the batch's {batch} x {seq} "
                              f"tokens; got {len(lengths)} segments summing to {sum(lengths)}")
         self.lengths, self.batch, self.seq = lengths, int(batch), int(seq)
+        self._device_cu_seqlens = None  # (place, tensor): one copy a forward, shared by every layer
+
+    def cu_seqlens_on(self, place):
+        """cu_seqlens as an int32 tensor on `place`, copied there once for this batch (every layer's
+        attention, and a recompute's replay, reads the same copy)."""
+        if self._device_cu_seqlens is None or self._device_cu_seqlens[0] != str(place):
+            self._device_cu_seqlens = (str(place), paddle.to_tensor(self.cu_seqlens(), place=place))
+        return self._device_cu_seqlens[1]
 
     @classmethod
     def from_startend_row_indices(cls, indices) -> "PackedSegments":
@@ -186,7 +194,7 @@ def packed_attention_varlen(q, k, v, segments: PackedSegments, varlen_attention)
     function): q/k/v as [tokens, heads, head_dim] views, one causal ``varlen_attention`` call with
     flash_attn_unpadded's signature over the segments' cu_seqlens, back to [batch, seq, heads,
     head_dim]. CPU tests pass flash_attn_unpadded_ref."""
-    cu_seqlens = paddle.to_tensor(segments.cu_seqlens(), place=q.place)
+    cu_seqlens = segments.cu_seqlens_on(q.place)
 
     def varlen(q_t, k_t, v_t, cu, longest, scale):
         out, _ = varlen_attention(q_t, k_t, v_t, cu, cu, longest, longest, scale, dropout=0.0, causal=True,

@@ -253,13 +253,19 @@ def rope_tables(hf_config, seq: int, device="cuda"):
 
 class PackedBatch:
     """The segments of a packed batch as the attention of every layer reads them: the cu_seqlens
-    bounds (host int32 [segments + 1] over the flattened batch; each attention call copies them to
-    the device, as the Paddle path's packed_attention_varlen does with paddle.to_tensor) and the
-    longest segment (a host int, flash-attention's max_seqlen)."""
+    bounds (host int32 [segments + 1] over the flattened batch), copied to the device by the first
+    attention call and shared by every layer after it, as the Paddle path's PackedSegments.cu_seqlens_on,
+    and the longest segment (a host int, flash-attention's max_seqlen)."""
 
     def __init__(self, cu_seqlens, tokens: int):
         self.bounds = core_packed_attention.check_cu_seqlens(cu_seqlens, tokens)
         self.longest = int(np.diff(self.bounds).max())
+        self._device_cu_seqlens = None
+
+    def cu_seqlens_on(self, device):
+        if self._device_cu_seqlens is None or self._device_cu_seqlens.device != torch.device(device):
+            self._device_cu_seqlens = torch.as_tensor(self.bounds, device=device)
+        return self._device_cu_seqlens
 
 
 def varlen_flash(q, k, v, cu_seqlens, longest, scale):
@@ -295,7 +301,7 @@ def packed_attention(q, k, v, packed: PackedBatch):
     the composition the Paddle path runs around flash_attn_unpadded, over varlen_flash on the GPU in
     fp16/bf16 and varlen_reference otherwise (as the Paddle op falls back off the GPU).
     q: [b, s, hq, d], k/v: [b, s, hk, d] -> [b, s, hq, d]."""
-    cu_seqlens = torch.as_tensor(packed.bounds, device=q.device)
+    cu_seqlens = packed.cu_seqlens_on(q.device)
     return core_packed_attention.varlen_attention(TORCH, varlen_kernel(q), q, k, v, cu_seqlens, packed.longest)
 
 

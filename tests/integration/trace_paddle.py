@@ -175,7 +175,7 @@ def recording(out: list):
         paddle._C_ops._run_custom_op = custom_op
         modeling.scaled_dot_product_attention = attention(originals_sdpa)
         ops.packed_attention = packed_region(originals_packed)
-        POSITION_CHECK.defer_on_cpu = True  # the rotary position flag read once a step, as on a GPU
+        deferred, POSITION_CHECK.defer_on_cpu = POSITION_CHECK.defer_on_cpu, True  # the rotary position flag read once a step, as on a GPU
         for name in reads:
             setattr(paddle.Tensor, name, host_read(name))
         paddle.Tensor.clear_gradient = clear_gradient
@@ -190,7 +190,8 @@ def recording(out: list):
         paddle._C_ops._run_custom_op = originals.pop("_run_custom_op")
         modeling.scaled_dot_product_attention = originals_sdpa
         ops.packed_attention = originals_packed
-        POSITION_CHECK.defer_on_cpu = False
+        POSITION_CHECK.defer_on_cpu = deferred
+        POSITION_CHECK.pending()  # a recording cut short leaves no flag for the next forward
         for name, function in originals.items():
             setattr(paddle.Tensor, name, function)
         log.seek(0)
