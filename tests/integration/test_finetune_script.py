@@ -5,6 +5,7 @@ errors for unknown arguments and for a checkpoint that cannot be resumed."""
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -165,7 +166,8 @@ def test_an_unknown_argument_is_named_with_the_nearest_known_one(where, demo, tm
 def test_resume_from_a_missing_or_foreign_checkpoint_names_the_path_and_what_is_missing(demo, tmp_path):
     config = REPO / "configs" / "demo_tiny_fast.json"
     missing = tmp_path / "nowhere" / "checkpoint-7"
-    with pytest.raises(FileNotFoundError, match=f"resume_from_checkpoint='{missing}': no such directory"):
+    # A folder that does not exist is an input error before any work (input_checks.check_inputs).
+    with pytest.raises(ValueError, match=re.escape(f"resume_from_checkpoint='{missing}': no such folder")):
         run([config, *tiny(demo, tmp_path / "a"), f"--resume_from_checkpoint={missing}"])
     with pytest.raises(FileNotFoundError, match=r"is not a Trainer checkpoint: no trainer_state.json in it"):
         run([config, *tiny(demo, tmp_path / "b"), f"--resume_from_checkpoint={demo / 'model'}"])
