@@ -165,6 +165,22 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE, file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
     load_into_this_process_and_children()
+    try:
+        _run(argv)
+    except _user_errors() as error:  # the user's fast_ffn_* arguments: one line, as run_finetune.py says them
+        print(f"python -m paddle_fastffn: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _user_errors() -> tuple:
+    """The errors that name a fast_ffn_* argument the user set (a bad value; FP8 where it cannot run)."""
+    from paddle_fastffn.integration.fp8_attach import Fp8UnavailableError
+    from paddle_fastffn.integration.options import OptionError
+
+    return OptionError, Fp8UnavailableError
+
+
+def _run(argv: list[str]) -> None:
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit(f"python -m paddle_fastffn -m: a module name is expected after -m\n{USAGE}")

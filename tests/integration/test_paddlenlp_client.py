@@ -332,3 +332,20 @@ def test_our_script_evaluates_by_generation(assets, tmp_path):
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     evaluation = [row for row in state["log_history"] if "eval_rouge1" in row]
     assert evaluation and {"eval_rouge2", "eval_rougel", "eval_bleu4"} <= set(evaluation[0])
+
+
+def test_client_with_a_fast_ffn_mistake_stops_with_one_line(assets, tmp_path):
+    """PaddleNLP's own script through `python -m paddle_fastffn`, asked for FP8 on this CPU without
+    emulation or fallback: the run stops with the plugin's one-line error and status 2, no traceback
+    and nothing trained."""
+    config = cut_json("sft_argument.json", assets, tmp_path / "fp8", use_fast_ffn=True, fast_ffn_precision="fp8")
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-m", "paddle_fastffn", "finetune_generation.py", str(config)],
+                            cwd=CLIENT, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "python -m paddle_fastffn: error: fast_ffn_precision=fp8 needs an NVIDIA Hopper GPU (sm_90) and this Paddle "
+        "build has no GPU: set fast_ffn_fp8_emulate=true for emulated FP8 (no speed-up), fast_ffn_fp8_fallback=bf16 "
+        "to train in bf16 instead, or fast_ffn_precision=bf16")
+    assert not (tmp_path / "fp8" / "trainer_state.json").exists()
