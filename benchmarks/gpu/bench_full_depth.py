@@ -100,7 +100,8 @@ class StepData:
         self.name = name
         if name == "uniform":
             self.ids, self.labels = random_batch(shape, device)
-            self.tokens = self.labelled_tokens = shape["batch"] * shape["seq"]
+            self.tokens = shape["batch"] * shape["seq"]
+            self.labelled_tokens = int((self.labels != -100).sum())  # each row's last position has no label
             self.summary = {"layout": f"{shape['batch']} x {shape['seq']} random tokens"}
             return
         from benchmarks.gpu import hf_varlen_attention
