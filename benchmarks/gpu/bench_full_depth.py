@@ -200,6 +200,29 @@ def can_recompute(contender: str) -> bool:
     return "fp8" not in contender
 
 
+def memory_by_category(model, peak_bytes) -> dict:
+    """Where a contender's peak memory goes, in bytes: 16/32-bit weights on the GPU, FP8 weights
+    (frozen bases held only in FP8; cached FP8 copies of trained weights), gradients of the trained
+    parameters, the optimizer's state (FusedMasterAdamW: an fp32 master of each 16-bit trained
+    parameter and two fp32 moments), and the rest of the peak: activations, workspaces and the
+    allocator's blocks."""
+    params = list(model.parameters())
+    trained = [p for p in params if p.requires_grad]
+    size = lambda p: p.numel() * p.element_size()  # noqa: E731
+    fp8_bytes = [m.fp8_weight_bytes() for m in model.modules() if hasattr(m, "fp8_weight_bytes")]
+    categories = {
+        "weights": sum(size(p) for p in params if p.is_cuda),
+        "frozen_weights_fp8": sum(frozen for frozen, _ in fp8_bytes),
+        "fp8_weight_copies": sum(cached for _, cached in fp8_bytes),
+        "gradients": sum(size(p) for p in trained),
+        "optimizer_masters": sum(4 * p.numel() for p in trained if p.dtype != torch.float32),
+        "optimizer_moments": sum(8 * p.numel() for p in trained),
+    }
+    if peak_bytes is not None:
+        categories["activations_and_other"] = peak_bytes - sum(categories.values())
+    return categories
+
+
 def run_once(build, context, recompute, steps, warmup):
     """Build, measure and free one contender: bench_step.measure_training's row, or an OOM report."""
     torch.cuda.reset_peak_memory_stats()
@@ -211,6 +234,7 @@ def run_once(build, context, recompute, steps, warmup):
             row = measure_training(forward, model, fused_master_adamw, steps=steps, warmup=warmup)
         row["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         row["parameters"] = sum(p.numel() for p in model.parameters())
+        row["memory_by_category"] = memory_by_category(model, row.get("peak_bytes"))
         return row
     except torch.OutOfMemoryError as error:
         message = str(error)

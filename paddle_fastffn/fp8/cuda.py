@@ -227,9 +227,12 @@ class CudaFp8Backend(PaddleFp8Tensors):
         data, data_t, scale_inv = out[:3]
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
-    def quantize_weight(self, weight, state):
-        """Both copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
-        return quantize(weight, state, rowwise=True, transpose=True)
+    def quantize_weight(self, weight, state, copies=(ROWWISE, TRANSPOSED)):
+        """The named copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
+        return quantize(weight, state, rowwise=ROWWISE in copies, transpose=TRANSPOSED in copies)
+
+    def fp8_transpose(self, data):
+        return paddle.transpose(data, [1, 0]).contiguous()
 
     def transpose_cols(self, tokens: int) -> int:
         return padded_tokens(tokens)
@@ -302,17 +305,18 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scal
 _CudaFp8Linear = pylayer(Fp8LinearOp, CUDA)
 
 
-def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
-                    states: LinearScalingStates, weight_cache) -> paddle.Tensor:
+def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle.Tensor | None = None, *,
+                    states: LinearScalingStates, weight_cache, frozen_weight=None) -> paddle.Tensor:
     """FP8 linear on a Hopper GPU: x [..., in] (bf16/fp16/fp32) @ weight [in, out] (+ bias [out]),
     in and out multiples of 16, any token count. y and dx in x.dtype, dW in weight.dtype, db in
     bias.dtype; fp32 accumulation. The same states and WeightCache semantics as fp8_linear (the
-    emulated path): see the module docstring for the GEMMs and the scaling."""
-    in_features, out_features = weight.shape
+    emulated path): see the module docstring for the GEMMs and the scaling. frozen_weight: a
+    FrozenFp8Weight in place of weight (None), for a frozen weight held only in FP8."""
+    in_features, out_features = weight.shape if frozen_weight is None else frozen_weight.shape
     if in_features % GEMM_ALIGNMENT or out_features % GEMM_ALIGNMENT:
         raise ValueError(f"fp8_linear_cuda: weight [{in_features}, {out_features}] must be a multiple of "
                          f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
     if x.dtype not in _OUT_DTYPES:
         raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
     states_on(states, x.place)
-    return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache)
+    return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache, frozen_weight)

@@ -132,9 +132,12 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
             _max_into(amax, q.amax)
             return q
 
-    def quantize_weight(self, weight, state):
-        """q(W) for the weight cache (records the weight's amax in `state`)."""
+    def quantize_weight(self, weight, state, copies=("rowwise", "transposed")):
+        """q(W) (records the weight's amax in `state`): one copy serves every GEMM here."""
         return state.quantize(weight, backend=self)
+
+    def fp8_transpose(self, data):
+        return data  # the one copy is both stored copies: the GEMMs transpose as they read it
 
     def transpose_cols(self, tokens: int) -> int:
         return 0  # no padded copies: the emulation's GEMMs have no alignment rule

@@ -22,11 +22,11 @@ import warnings
 import paddle
 import paddle.nn.functional as F
 
-from ..core.fp8.linear import Fp8LinearOp
+from ..core.fp8.linear import Fp8LinearOp, FrozenFp8Weight
 from ..core.fp8.weight_cache import weights_changed
 from ..ops._fallback import raise_if_strict
 from ._autograd import pylayer
-from .cuda import GEMM_ALIGNMENT, backend_for, fp8_linear_cuda
+from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, fp8_linear_cuda, states_on
 from .emulated import EMULATED
 from .formats import quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
@@ -57,8 +57,9 @@ def warn_emulated() -> None:
 _EmulatedFp8Linear = pylayer(Fp8LinearOp, EMULATED)
 
 
-def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None = None, *,
-               states: LinearScalingStates, weight_cache: WeightCache | None = None) -> paddle.Tensor:
+def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle.Tensor | None = None, *,
+               states: LinearScalingStates, weight_cache: WeightCache | None = None,
+               frozen_weight: FrozenFp8Weight | None = None) -> paddle.Tensor:
     """FP8 linear, emulated: x [..., in] (fp32/bf16/fp16) @ weight [in, out] (+ bias [out]).
 
     Quantisation: x and weight in states.input / states.weight's format and scale, the output
@@ -66,9 +67,10 @@ def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | No
     x.dtype, dW in weight.dtype, db in bias.dtype. States are updated by every call (delayed
     scaling records amaxes). weight_cache: reuse the weight's FP8 copy until it changes (one
     quantisation per optimizer step); without one the weight is quantised on every call.
+    frozen_weight: a FrozenFp8Weight in place of weight (None), for a frozen weight held only in FP8.
     Any shape works here; Fp8Linear decides which layers are worth and able to run in FP8."""
     warn_emulated()
-    return _EmulatedFp8Linear.apply(x, weight, bias, states, weight_cache)
+    return _EmulatedFp8Linear.apply(x, weight, bias, states, weight_cache, frozen_weight)
 
 
 def fp8_linear_ref(x, weight, bias=None, grad_output=None, *, input_scale, weight_scale,
@@ -104,6 +106,12 @@ def _is_lora(layer) -> bool:
     return all(hasattr(layer, name) for name in ("lora_A", "lora_B", "scaling", "merged", "lora_dropout"))
 
 
+def _move_storage(tensor: paddle.Tensor, place) -> None:
+    """Give `tensor` (a parameter: its identity, name and optimizer slots stay) a copy of its data
+    on `place`; its old buffer is freed when nothing else holds it."""
+    tensor._copy_to(place, True)._share_buffer_to(tensor)
+
+
 class Fp8Linear:
     """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's LoRALinear (base GEMM in FP8,
     adapters in the activation dtype: LoRALinear.forward's math). Not a Layer: the wrapped layer
@@ -128,6 +136,11 @@ class Fp8Linear:
         self.linear, self.recipe, self.backend = linear, recipe, backend
         self.states = recipe.linear_states()
         self.weight_cache = WeightCache()
+        # A frozen LoRA base held only in FP8 (recipe.frozen_weights "fp8"): (its FrozenFp8Weight,
+        # the weight's version when made), and the place its 16-bit copy left for host memory.
+        self._frozen: tuple | None = None
+        self._home = None
+        self.frozen_quantizations = 0  # FrozenFp8Weights made (tests and logs read it)
         self._merged = getattr(linear, "merged", False)  # LoRA: whether the weight holds the adapters
         self.in_features, self.out_features = linear.weight.shape
         self.layer_in_fp8 = layer_index is None or recipe.layer_uses_fp8(layer_index, num_layers)
@@ -163,15 +176,55 @@ class Fp8Linear:
 
         return _in_fp32_on_cpu(add_adapters, x, base, layer.lora_A, layer.lora_B)
 
+    def holds_frozen_weight(self) -> bool:
+        """Whether this layer's base weight is held only in FP8: LoRA's frozen base under
+        recipe.frozen_weights "fp8", in a layer that computes in FP8."""
+        return (self.recipe.frozen_weights == "fp8" and _is_lora(self.linear) and self.linear.weight.stop_gradient
+                and self.layer_in_fp8 and self.aligned)
+
     def _base(self, x):
         weight, bias = self.linear.weight, self.linear.bias
         tokens = math.prod(x.shape[:-1])
         if self.uses_fp8(tokens):
-            if tokens > 0 and backend_for(self.backend, x) == "cuda":
-                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=self.weight_cache)
-            return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache)
+            cuda = tokens > 0 and backend_for(self.backend, x) == "cuda"
+            frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
+            if frozen is not None:
+                weight = None
+            if cuda:
+                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=self.weight_cache,
+                                       frozen_weight=frozen)
+            return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache,
+                              frozen_weight=frozen)
+        self.restore_weight()  # a GEMM below recipe.min_gemm_size reads the 16-bit weight
         return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
                                None if bias is None else bias.astype(x.dtype))
+
+    def frozen_weight(self, place, cuda: bool) -> FrozenFp8Weight:
+        """The base weight's FrozenFp8Weight, made on `place` from the 16-bit weight the first time
+        and again whenever the weight changed (a load, LoRA's merge, PiSSA: its version moved); the
+        16-bit weight then leaves the device for host memory (_move_storage)."""
+        weight = self.linear.weight
+        version = self.weight_cache.version(weight)
+        if self._frozen is not None and self._frozen[1] == version:
+            return self._frozen[0]
+        self.restore_weight()
+        backend = CUDA if cuda else EMULATED
+        if cuda:
+            states_on(self.states, place)
+        frozen = FrozenFp8Weight.freeze(backend, weight, self.states.weight)
+        self.frozen_quantizations += 1
+        self._home = weight.place
+        _move_storage(weight, paddle.CUDAPinnedPlace() if weight.place.is_gpu_place() else paddle.CPUPlace())
+        self._frozen = (frozen, self.weight_cache.version(weight))
+        return frozen
+
+    def restore_weight(self) -> None:
+        """Put the 16-bit base weight back where it was (the device) and drop its FP8-only copy:
+        before stock code reads or rewrites it there (LoRA's merge on train()/eval()), and when the
+        FP8 path is detached."""
+        if self._home is not None:
+            _move_storage(self.linear.weight, self._home)
+            self._home, self._frozen = None, None
 
     def fp8_state_dict(self) -> dict:
         return self.states.state_dict()

@@ -204,15 +204,32 @@ def fp8_layers(model) -> dict:
     return {name: fp8_of(layer) for name, layer in model.named_sublayers() if fp8_of(layer) is not None}
 
 
+def _before_merge(fp8, linear, method: str):
+    """LoRALinear's own train()/eval(), after putting a base weight held only in FP8 back on the
+    device when the call merges or unmerges the adapters into it (stock's merge_weights), so that
+    stock computes the merge there; the next forward quantises the new weight."""
+    def call():
+        if linear.merge_weights and linear.merged == (method == "train"):
+            fp8.restore_weight()
+        return getattr(type(linear), method)(linear)
+    return call
+
+
 def attach_fp8_linear(linear, fp8) -> None:
     linear.__dict__[ATTRIBUTE] = fp8
     linear.__dict__["forward"] = fp8  # Fp8Linear(input): Linear.forward's and LoRALinear.forward's signature
+    if getattr(linear, "merge_weights", False):
+        for method in ("train", "eval"):
+            linear.__dict__[method] = _before_merge(fp8, linear, method)
     FP8_LINEARS.add(linear)
 
 
 def detach_fp8_linear(linear) -> None:
-    linear.__dict__.pop(ATTRIBUTE, None)
-    linear.__dict__.pop("forward", None)
+    fp8 = linear.__dict__.pop(ATTRIBUTE, None)
+    if fp8 is not None and hasattr(fp8, "restore_weight"):
+        fp8.restore_weight()
+    for name in ("forward", "train", "eval"):
+        linear.__dict__.pop(name, None)
     FP8_LINEARS.discard(linear)
 
 

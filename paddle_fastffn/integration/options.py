@@ -92,6 +92,11 @@ class FastFFNOptions:
         "What the FP8 FFN keeps of its gate_up projection output for backward: \"fp8\" (its own per-tensor "
         "scaled e4m3 copy, 1 byte an element, written by the SwiGLU forward pass) or \"activation\" (the "
         "bf16/fp16 tensor, 2 bytes an element)."))
+    fp8_frozen_weights: str = option("fp8", (
+        "Frozen weights under fast_ffn_precision=fp8 (LoRA's base projections): \"fp8\" holds each only as the "
+        "FP8 copy its forward GEMM reads (1 byte a parameter on the GPU; the 16-bit weight moves to host memory, "
+        "where merging, saving and revert read it; backward transposes the copy for its dgrad GEMM) or "
+        "\"resident\" (the 16-bit weight stays on the GPU beside both FP8 copies). Same numerics."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "

@@ -106,7 +106,7 @@ class FastDecoderLayer(torch.nn.Module):
         self.w_down = torch.nn.Parameter(mlp.down_proj.weight.detach().clone())
         self.w_in = torch.nn.Parameter(hf_layer.input_layernorm.weight.detach().clone())
         self.w_post = torch.nn.Parameter(hf_layer.post_attention_layernorm.weight.detach().clone())
-        self.fp8 = None
+        self.fp8, self.frozen_fp8 = None, None
         self.variant, self.mlp_variant = "fused", "fused" if fp8_recipe is None else "fp8"
         if fp8_recipe is not None:
             from paddle_fastffn.torch.fp8.ffn import Fp8FFNState
@@ -121,6 +121,7 @@ class FastDecoderLayer(torch.nn.Module):
         unfused, and per projection A [r, in] (Kaiming-uniform, a = sqrt(5)) and B [out, r] (zeros),
         PaddleNLP's LoRALinear initialisation in torch's [out, in] layout (and PEFT's)."""
         self.variant, self.mlp_variant, self.fp8 = "unfused", "unfused", None  # bf16 and FP8 alike
+        self.frozen_fp8 = None
         frozen = lambda w: torch.nn.Parameter(w.detach().clone(), requires_grad=False)  # noqa: E731
         self.w_in = frozen(hf_layer.input_layernorm.weight)
         self.w_post = frozen(hf_layer.post_attention_layernorm.weight)
@@ -134,9 +135,17 @@ class FastDecoderLayer(torch.nn.Module):
             self.lora_b[name] = torch.nn.Parameter(torch.zeros(weight.shape[0], lora.rank, dtype=weight.dtype,
                                                                device=weight.device))
         if fp8_recipe is not None:
-            from paddle_fastffn.torch.fp8.linear import Fp8LinearState
+            from paddle_fastffn.torch.fp8.linear import Fp8LinearState, freeze_weight
 
             self.fp8 = {name: Fp8LinearState(fp8_recipe, self.w_in.device) for name, _, _ in UNFUSED_PROJECTIONS}
+            if fp8_recipe.frozen_weights == "fp8":
+                # Each frozen base held only as its forward's FP8 copy; the 16-bit weight moves to
+                # host memory (what a merge or a save reads), as the Paddle path's Fp8Linear does.
+                self.frozen_fp8 = {}
+                for name, attribute, _ in UNFUSED_PROJECTIONS:
+                    weight = getattr(self, attribute)
+                    self.frozen_fp8[name] = freeze_weight(weight, self.fp8[name])
+                    weight.data = weight.data.to("cpu", copy=True)
 
     def invalidate_fp8_weights(self):
         """After each optimizer step: the FP8 weight copies are re-quantised at the next forward.
@@ -147,6 +156,20 @@ class FastDecoderLayer(torch.nn.Module):
         for state in (self.fp8 or {}).values():
             state.cache.invalidate()
 
+    def fp8_weight_bytes(self) -> tuple[int, int]:
+        """(bytes of the frozen weights held only in FP8, bytes of the FP8 copies the weight caches
+        make of the other weights computing in FP8: both stored copies, a byte an element each)."""
+        if self.fp8 is None:
+            return 0, 0
+        if self.frozen_fp8 is not None:
+            from paddle_fastffn.torch.fp8.backend import TORCH
+            return sum(held.nbytes(TORCH) for held in self.frozen_fp8.values()), 0
+        if self.lora is not None:
+            weights = [getattr(self, attribute) for _, attribute, _ in UNFUSED_PROJECTIONS]
+        else:
+            weights = [self.w_qkv, self.w_o, self.w_gate_up, self.w_down]
+        return 0, sum(2 * w.numel() for w in weights)
+
     def _linear(self, x, weight, fp8_name):
         """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
         there is one: LoRALinear's result + (x @ A @ B) * scaling."""
@@ -154,7 +177,8 @@ class FastDecoderLayer(torch.nn.Module):
             base = x @ weight.t()
         else:
             from paddle_fastffn.torch.fp8.linear import fp8_linear
-            base = fp8_linear(x, weight, self.fp8[fp8_name])
+            held = self.frozen_fp8[fp8_name] if self.frozen_fp8 is not None else weight
+            base = fp8_linear(x, held, self.fp8[fp8_name])
         if self.lora is None:
             return base
         return base + (x @ self.lora_a[fp8_name].t() @ self.lora_b[fp8_name].t()) * self.lora.scaling

@@ -136,21 +136,87 @@ def test_lora_base_in_fp8_adapters_in_high_precision(lora_layer):
     assert lora_layer.weight.grad is None, "the base weight stays frozen"
 
 
-def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lora_layer):
-    recipe = Fp8Recipe(scaling="current")  # the twin below then needs no history
+def quantizations(fp8) -> int:
+    """The base weight's quantisations: into the weight cache, or into a FrozenFp8Weight."""
+    return fp8.weight_cache.quantizations + fp8.frozen_quantizations
+
+
+@pytest.mark.parametrize("frozen_weights", ["fp8", "resident"])
+def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lora_layer, frozen_weights):
+    from paddle_fastffn.integration.fp8_attach import attach_fp8_linear, detach_fp8_linear
+
+    recipe = Fp8Recipe(scaling="current", frozen_weights=frozen_weights)  # the twin below then needs no history
     fp8 = Fp8Linear(lora_layer, recipe)
+    attach_fp8_linear(lora_layer, fp8)  # as the patch does: its guard of LoRALinear's merge included
     opt = track_optimizer(paddle.optimizer.AdamW(learning_rate=1e-2, parameters=lora_layer.parameters()))
     for _ in range(3):
-        (fp8(paddle.randn([4, 48])) ** 2).mean().backward()
+        (lora_layer(paddle.randn([4, 48])) ** 2).mean().backward()
         opt.step()
         opt.clear_grad()
-    assert fp8.weight_cache.quantizations == 1, "frozen base weight: one quantisation"
+    assert quantizations(fp8) == 1, "frozen base weight: one quantisation"
+    assert fp8.holds_frozen_weight() == (frozen_weights == "fp8")
     lora_layer.eval()  # merges the adapters into the weight (set_value)
     x = paddle.randn([4, 48])
-    merged = fp8(x)
-    assert fp8.weight_cache.quantizations == 2
+    merged = lora_layer(x)
+    assert quantizations(fp8) == 2
     np.testing.assert_array_equal(merged.numpy(), twin(recipe)(x, lora_layer).numpy(),
                                   "merged: the base GEMM alone, on the merged weight")
     lora_layer.train()  # unmerges
-    fp8(x)
-    assert fp8.weight_cache.quantizations == 3
+    lora_layer(x)
+    assert quantizations(fp8) == 3
+    detach_fp8_linear(lora_layer)
+    assert "train" not in lora_layer.__dict__ and "eval" not in lora_layer.__dict__
+
+
+def test_lora_base_held_only_in_fp8_has_the_resident_paths_numerics(lora_layer):
+    """recipe.frozen_weights "fp8" (the weight's forward copy only, transposed for dgrad in backward)
+    against "resident" (the weight cache's two copies): the same quantisation, so the same output,
+    input gradient and adapter gradients, bit for bit; the 16-bit weight moved to host memory with
+    its values, and back where it was on restore."""
+    import copy
+
+    original, home_pointer = lora_layer.weight.numpy().copy(), lora_layer.weight.data_ptr()
+    twin_layer = copy.deepcopy(lora_layer)
+    results = {}
+    for mode, layer in (("fp8", lora_layer), ("resident", twin_layer)):
+        fp8 = Fp8Linear(layer, Fp8Recipe(scaling="current", frozen_weights=mode))
+        out = {}
+        for step in range(2):
+            paddle.seed(step)
+            x = paddle.randn([6, 48])
+            x.stop_gradient = False
+            y = fp8(x)
+            y.backward(paddle.randn([6, 32]))
+            out[step] = [t.numpy().copy() for t in (y, x.grad, layer.lora_A.grad, layer.lora_B.grad)]
+            layer.clear_gradients()
+        results[mode] = (fp8, out)
+    fp8, out = results["fp8"]
+    for step in out:
+        for name, held, resident in zip(("y", "dx", "lora_A grad", "lora_B grad"), out[step], results["resident"][1][step]):
+            np.testing.assert_array_equal(held, resident, f"step {step}: {name}")
+    assert fp8.weight_cache.quantizations == 0 and fp8.frozen_quantizations == 1
+    assert lora_layer.weight.grad is None
+    assert lora_layer.weight.data_ptr() != home_pointer, "the 16-bit weight left its buffer for host memory"
+    np.testing.assert_array_equal(lora_layer.weight.numpy(), original, "the host copy keeps the weight's values")
+    fp8.restore_weight()
+    np.testing.assert_array_equal(lora_layer.weight.numpy(), original)
+    assert fp8._frozen is None, "restored: the FP8-only copy is dropped, the next forward quantises again"
+
+
+def test_frozen_fp8_weight_record_and_the_ops_argument_check():
+    """A FrozenFp8Weight is the forward's stored copy (1 byte an element + its scale_inv), and the
+    op takes either a weight or one (the torch CPU smoke runs the real transpose of the copy:
+    tests/torch_cpu/test_fp8_frozen_weight.py)."""
+    from paddle_fastffn.core.fp8.linear import WEIGHT_COPIES, FrozenFp8Weight
+    from paddle_fastffn.fp8.emulated import EMULATED
+
+    recipe = Fp8Recipe(scaling="current")
+    weight = paddle.randn([48, 32])
+    frozen = FrozenFp8Weight.freeze(EMULATED, weight, recipe.linear_states().weight)
+    assert frozen.copy == WEIGHT_COPIES["in_out"]["forward"] and frozen.shape == (48, 32)
+    assert frozen.nbytes(EMULATED) == 48 * 32 + 4
+    x = paddle.randn([5, 48])
+    with pytest.raises(ValueError, match="either weight .* or frozen_weight"):
+        fp8_linear(x, weight, states=recipe.linear_states(), frozen_weight=frozen)
+    with pytest.raises(ValueError, match="either weight .* or frozen_weight"):
+        fp8_linear(x, None, states=recipe.linear_states())

@@ -63,6 +63,12 @@ def test_full_depth_section(monkeypatch, tiny_profiles, workload, data):
             def step(model=model, forward=forward, name=name):
                 optimizer = bench_step.fused_master_adamw(model.parameters())
                 finite_loss("full_depth", name, bench_step.training_step(forward, model, optimizer)())
+                memory = bench_full_depth.memory_by_category(model, None)
+                fp8, ours = "fp8" in name, name.startswith("ours")
+                expected = {"frozen_weights_fp8": ours and fp8 and workload == "lora",
+                            "fp8_weight_copies": ours and fp8 and workload == "full", "gradients": True}
+                wrong = [f"{k}={memory[k]}" for k, nonzero in expected.items() if (memory[k] > 0) != nonzero]
+                assert not wrong, f"memory_by_category: expected {expected}, got {wrong}"
             run_step("full_depth", name, step, failures)
     check("full_depth", [c for w in plan.WORKLOADS for p in (True, False) for c in plan.contenders(w, p)], failures)
 

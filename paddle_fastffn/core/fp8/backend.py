@@ -73,9 +73,12 @@ class Fp8Backend(Protocol):
         rowwise: the [R, C] copy; transpose: the [C, transpose_cols or R] copy, zero past R.
         Neither: the amax-only pass (returns None). Else the backend's quantized value (with
         scale_inv = 1 / scale)."""
-    def quantize_weight(self, weight: Tensor, state):
-        """Both stored copies of a weight, quantised under `state` (state.quantize with this
-        backend): what the weight cache keeps."""
+    def quantize_weight(self, weight: Tensor, state, copies: tuple = ("rowwise", "transposed")):
+        """The named stored copies of a weight (both: what the weight cache keeps; the forward's
+        alone: a FrozenFp8Weight), quantised under `state` (state.quantize with this backend)."""
+    def fp8_transpose(self, data: Tensor) -> Tensor:
+        """A weight's other stored copy from one stored copy's data [R, C]: [C, R], one transpose
+        of the FP8 bytes (weights are never padded)."""
     def transpose_cols(self, tokens: int) -> int:
         """The row length of the transposed copies of a [tokens, C] activation: tokens rounded up
         to 16 where the FP8 GEMMs need it padded (Paddle CUDA), 0 (= tokens) elsewhere."""

@@ -25,6 +25,12 @@ the Paddle CUDA path). The weight's copies depend on the framework's layout (WEI
   | dgrad  | dx [T, in] | q(dy) rowwise     | q(W) rowwise [in, out]  | q(W) transposed [in,out] |
   | wgrad  | dW         | Paddle: q(x)^T [in, T16], B q(dy)^T [out, T16] -> dW [in, out];  |
   |        |            | torch: q(dy)^T [out, T], B q(x)^T [in, T] -> dW [out, in]          |
+
+A frozen weight (LoRA's base) may instead be given as a FrozenFp8Weight (weight None): only the copy
+the forward reads stays resident, one byte a parameter in place of the 16-bit weight's two plus the
+cache's two FP8 copies; backward transposes it into the dgrad copy (be.fp8_transpose, a transient of
+one weight's size: cuBLASLt's FP8 GEMMs read K-major operands only, and the dgrad's K is the other
+dimension). Its numerics are the cached path's: the same per-tensor quantisation, made once.
 """
 
 from __future__ import annotations
@@ -55,24 +61,53 @@ def weight_gradient(be, q_input, q_grad, dtype):
     return be.fp8_gemm(q_grad, TRANSPOSED, q_input, TRANSPOSED, dtype)
 
 
+class FrozenFp8Weight:
+    """A frozen weight held only in FP8: the stored copy the forward GEMM reads (the framework's
+    WEIGHT_COPIES), its scale_inv, and the weight's shape and dtype. Made once by `freeze` (states:
+    the linear's weight ScalingState, which records the amax); nothing updates it, so a weight that
+    changes (a load, a merge) needs a new one."""
+
+    def __init__(self, quantized, copy: str, fmt: str, shape: tuple, dtype):
+        self.quantized, self.copy, self.fmt, self.shape, self.dtype = quantized, copy, fmt, shape, dtype
+
+    @classmethod
+    def freeze(cls, be, weight, state) -> "FrozenFp8Weight":
+        copy = WEIGHT_COPIES[be.weight_layout]["forward"]
+        quantized = be.quantize_weight(weight, state, copies=(copy,))
+        return cls(quantized, copy, state.fmt, be.shape(weight), be.dtype(weight))
+
+    def nbytes(self, be) -> int:
+        """Resident bytes: the FP8 copy (one byte an element) and its fp32 scale_inv."""
+        data, _ = be.fp8_parts(self.quantized, self.copy)
+        rows, cols = be.shape(data)
+        return rows * cols + 4
+
+
 class Fp8LinearOp(FusedOp):
     inputs = ("x", "weight", "bias")
-    options = ("states", "weight_cache")
+    options = ("states", "weight_cache", "frozen_weight")
 
     @staticmethod
-    def forward(be, saved: Saved, x, weight, bias, states, weight_cache):
+    def forward(be, saved: Saved, x, weight, bias, states, weight_cache, frozen_weight=None):
         need_dw = saved.need("weight", Fp8LinearOp.inputs)
+        if (weight is None) == (frozen_weight is None):
+            raise ValueError("Fp8LinearOp: give either weight (a tensor) or frozen_weight (a FrozenFp8Weight)")
         x2d = be.contiguous(be.rows(x))
         tokens = be.shape(x2d)[0]
         qx = states.input.quantize(x2d, backend=be, rowwise=True, transpose=need_dw,
                                    transpose_cols=be.transpose_cols(tokens) if need_dw else 0)
-        qw = quantized_weight(be, weight, states.weight, weight_cache)
         copies = WEIGHT_COPIES[be.weight_layout]
+        if frozen_weight is None:
+            qw, w_fmt, w_dtype = quantized_weight(be, weight, states.weight, weight_cache), states.weight.fmt, be.dtype(weight)
+            saved.weight_copy = copies["dgrad"]
+        else:
+            qw, w_fmt, w_dtype = frozen_weight.quantized, frozen_weight.fmt, frozen_weight.dtype
+            saved.weight_copy = frozen_weight.copy  # backward transposes it into the dgrad copy
         y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
-        saved.save(*x_parts, *be.fp8_parts(qw, copies["dgrad"]))
-        saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, states.weight.fmt)
-        saved.dtypes = (be.dtype(x), be.dtype(weight), None if bias is None else be.dtype(bias))
+        saved.save(*x_parts, *be.fp8_parts(qw, saved.weight_copy))
+        saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, w_fmt)
+        saved.dtypes = (be.dtype(x), w_dtype, None if bias is None else be.dtype(bias))
         saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
         return be.reshape(y, (*be.shape(x)[:-1], be.shape(y)[-1]))
 
@@ -88,6 +123,8 @@ class Fp8LinearOp(FusedOp):
             qdy = saved.grad_state.quantize(dy2d, backend=be, rowwise=need_dx, transpose=need_dw,
                                             transpose_cols=saved.transpose_cols if need_dw else 0)
             if need_dx:
+                if saved.weight_copy != copies["dgrad"]:
+                    w_data = be.fp8_transpose(w_data)
                 qw = be.fp8_join(w_data, w_scale_inv, saved.fmts[1], copies["dgrad"])
                 dx = be.reshape(be.fp8_gemm(qdy, ROWWISE, qw, copies["dgrad"], x_dtype), saved.x_shape)
             if need_dw:

@@ -41,6 +41,7 @@ from .formats import FP8_MAX, check_format  # noqa: F401  (part of the recipe's 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SAVED_GATE_UP = ("fp8", "activation")
+FROZEN_WEIGHTS = ("fp8", "resident")
 FP8_FORMATS = ("e4m3", "e5m2")
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
@@ -84,11 +85,17 @@ class Fp8Recipe:
     # activation dtype (2 bytes in bf16). The forward's h comes from the 16-bit gate_up either
     # way; only the backward reads the copy.
     saved_gate_up: str = "fp8"
+    # Frozen weights (LoRA's base): "fp8" holds each only as the FP8 copy its forward GEMM reads (1
+    # byte a parameter on the device; the 16-bit weight moves to host memory, where merging, saving
+    # and reverting read it); "resident" keeps the 16-bit weight on the device beside the cached FP8
+    # copies (4 bytes a parameter). The same quantisation either way, so the same numerics.
+    frozen_weights: str = "fp8"
 
     def __post_init__(self):
         _check_choice("scaling", self.scaling, SCALING_MODES)
         _check_choice("amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGOS)
         _check_choice("saved_gate_up", self.saved_gate_up, SAVED_GATE_UP)
+        _check_choice("frozen_weights", self.frozen_weights, FROZEN_WEIGHTS)
         check_format(self.forward_format)
         check_format(self.backward_format)
         _check_type("amax_history_len", self.amax_history_len, int)

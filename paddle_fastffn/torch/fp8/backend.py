@@ -58,10 +58,14 @@ class TorchFp8Backend(SharedTensorMethods):
             return None
         return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax[:1])
 
-    def quantize_weight(self, weight, state):
-        """Both copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T for
-        dgrad; current-scaled (Fp8Recipe: weights)."""
-        return state.quantize(weight.detach().contiguous(), backend=self, rowwise=True, transpose=True)
+    def quantize_weight(self, weight, state, copies=("rowwise", "transposed")):
+        """The named copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T
+        for dgrad; current-scaled (Fp8Recipe: weights)."""
+        return state.quantize(weight.detach().contiguous(), backend=self, rowwise="rowwise" in copies,
+                              transpose="transposed" in copies)
+
+    def fp8_transpose(self, data):
+        return data.t().contiguous()
 
     def transpose_cols(self, tokens: int) -> int:
         return 0  # never padded: the harness's token counts are multiples of 16

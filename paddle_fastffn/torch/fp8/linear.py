@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from paddle_fastffn.core.fp8.linear import Fp8LinearOp
+from paddle_fastffn.core.fp8.linear import Fp8LinearOp, FrozenFp8Weight
 from paddle_fastffn.torch.fp8.backend import Fp8WeightCache, TorchFp8Backend, function
 from paddle_fastffn.torch.fp8.ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
 
@@ -64,8 +64,19 @@ def check_linear_shapes(tokens: int, weight: torch.Tensor, in_features: int):
 Fp8LinearFunction = function(Fp8LinearOp)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, state: Fp8LinearState) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T with FP8 GEMMs -> [..., N] in x's dtype."""
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T with FP8 GEMMs -> [..., N] in x's dtype; weight may be a
+    FrozenFp8Weight (freeze_weight: a frozen weight held only in FP8)."""
     width = x.shape[-1]
-    check_linear_shapes(x.numel() // width if width else 0, weight, width)
-    return Fp8LinearFunction.apply(x, weight, None, state.states, state.cache)
+    frozen = isinstance(weight, FrozenFp8Weight)
+    check_linear_shapes(x.numel() // width if width else 0, torch.empty(weight.shape, device="meta") if frozen
+                        else weight, width)
+    if frozen:
+        return Fp8LinearFunction.apply(x, None, None, state.states, state.cache, weight)
+    return Fp8LinearFunction.apply(x, weight, None, state.states, state.cache, None)
+
+
+def freeze_weight(weight: torch.Tensor, state: Fp8LinearState) -> FrozenFp8Weight:
+    """`weight` [N, K] (frozen) as the FP8 copy its forward GEMM reads, quantised once with the
+    linear's weight scaling state (Fp8Recipe.frozen_weights "fp8")."""
+    return FrozenFp8Weight.freeze(state.weight.backend, weight.detach(), state.weight)
