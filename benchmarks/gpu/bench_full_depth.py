@@ -246,6 +246,27 @@ def run_once(build, context, recompute, steps, warmup):
     return plan.oom_report(message, phase, allocated, peak)
 
 
+def profile_contenders(names, workload, shape, data, model_name, report, save, log) -> None:
+    """report["profiles"][contender]: profile_step.profile_training of each named contender, built as
+    the timed rows build it (no recompute where the rows use none), on one step's data."""
+    from benchmarks.gpu.profile_step import profile_training
+
+    table = builders(workload, shape, data, model_name)
+    report["profiles"] = {"workload": workload, "data": data.summary}
+    for name in names:
+        if name not in table:
+            raise SystemExit(f"--profile: {name!r} is not a {workload} contender here ({', '.join(table)})")
+        build, context = table[name]
+        with context():
+            model, forward = build(False)
+            report["profiles"][name] = profile_training(forward, model, fused_master_adamw, steps=2)
+        log(f"profiled {name}: " + json.dumps(report["profiles"][name]["gpu_only"]["kernel_ms_by_category"]))
+        model = forward = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        save()
+
+
 def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None):
     """round_robin_rebuilt over the workload's contenders on `data` (a StepData) but those in not_run
     ({contender: why}, whose rows say why). A workload whose persistent state exceeds the device's
@@ -353,6 +374,9 @@ def main():
                                                                  "only to try the script)")
     parser.add_argument("--stop-after-s", type=float, default=None,
                         help="start no contender round after this many seconds (device-time budget)")
+    parser.add_argument("--profile", default=None, metavar="CONTENDERS",
+                        help="comma-separated contenders: instead of timing, a kernel timeline of each on the first "
+                             "--data and --workloads (profile_step.profile_training: by category, top kernels, gaps)")
     parser.add_argument("--allow-missing-peers", action="store_true",
                         help="run without a peer whose packages are missing (its rows say so) instead of stopping")
     args = parser.parse_args()
@@ -422,6 +446,11 @@ def main():
         print(f"[{time.time() - started:4.0f}s] {line}", flush=True)
 
     from benchmarks.gpu import hf_varlen_attention
+
+    if args.profile:
+        profile_contenders(args.profile.split(","), workloads[0], shape, StepData(datasets[0], shape, args),
+                           args.model, report, save, log)
+        return
 
     for name in datasets:
         data = StepData(name, shape, args)

@@ -178,8 +178,8 @@ def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_b
     """The full-depth benchmark's FP8 LoRA layer (each projection's frozen base GEMM through
     fp8_linear, delayed scaling, adapters in bf16) against the same LoRA layer in bf16: seven FP8
     linears, two chains of them per half (q/k/v -> o, gate/up -> down), the decoder budget. The
-    frozen weights are quantised once (no re-quantisation after an optimizer step: Paddle's
-    WeightCache keeps a copy until its weight changes)."""
+    frozen weights are quantised once, at construction, into the FP8 copy each forward GEMM reads
+    (Fp8Recipe.frozen_weights "fp8"; the 16-bit weights leave the GPU), and never again."""
     from paddle_fastffn.torch.llama import UNFUSED_PROJECTIONS, FastDecoderLayer, LoraSettings
 
     config = _tiny_config()
@@ -187,8 +187,9 @@ def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_b
     lora = LoraSettings(rank=8, alpha=16)
     torch.manual_seed(3)
     bf16 = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, lora=lora).to("cuda")
+    # built on the GPU from hf's weights there (a later .to("cuda") would bring the host copies back)
     ours = FastDecoderLayer(hf, 4, 2, config.rms_norm_eps, fp8_recipe=Fp8Recipe("delayed", amax_history_len=4),
-                            lora=lora).to("cuda")
+                            lora=lora)
     with torch.no_grad():
         for name, _, _ in UNFUSED_PROJECTIONS:
             bf16.lora_b[name].normal_(0, 0.05)  # B starts at zero: give the adapters something to add
@@ -197,7 +198,9 @@ def test_lora_decoder_layer_with_fp8_base_gemms_stays_within_the_fp8_budget_of_b
     adapter_grads = lambda layer: {"d_lora_A q": layer.lora_a["q"].grad,  # noqa: E731
                                    "d_lora_B down": layer.lora_b["down"].grad}
     _assert_fp8_layer_within_budget(config, bf16, ours, adapter_grads, 3, "fp8 lora")
-    assert all(ours.fp8[name].cache.quantizations == 1 for name, _, _ in UNFUSED_PROJECTIONS)
+    assert set(ours.frozen_fp8) == {name for name, _, _ in UNFUSED_PROJECTIONS}
+    assert all(ours.fp8[name].cache.quantizations == 0 for name, _, _ in UNFUSED_PROJECTIONS)
+    assert all(not getattr(ours, attribute).is_cuda for _, attribute, _ in UNFUSED_PROJECTIONS)
 
 
 def _scaling_states(layer):
