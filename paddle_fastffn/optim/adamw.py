@@ -243,9 +243,10 @@ def _distributed() -> bool:
 # --- 8-bit moments in Paddle ops: what the kernel stores, for checkpoints in the stock layout -----
 # Extra state_dict keys beside each quantised moment's fp32 entry (stock AdamW ignores them): the
 # codes and absmax themselves, because dequantising and quantising again is not always exact. A
-# block whose largest |m1| is negative dequantises to an absmax 0.99297 times the stored one (the
-# signed map has no -1.0), and quantising against that smaller absmax moves codes; m2 (unsigned,
-# its largest element is code 1.0) comes back exactly. tests/optim/test_adamw_low_memory.py shows both.
+# block whose largest |m1| is negative dequantises to a largest |value| of 0.99297 absmax (the signed
+# map has no -1.0), so quantising again gives it that smaller absmax (the codes stay), and the
+# resumed moments differ from the saved ones by 0.7% in such blocks; m2 (unsigned, its largest
+# element is code 1.0) comes back exactly. tests/optim/test_adamw_low_memory.py shows both.
 QUANT_CODES_KEY, QUANT_ABSMAX_KEY = ".quant_codes", ".quant_absmax"
 _MAPS: dict = {}
 
