@@ -55,16 +55,19 @@ def observed(tensors) -> dict:
     return {k: (v.numpy().ravel() if v.dtype == paddle.uint8 else numpy_of(v)) for k, v in tensors.items()}
 
 
+# (moments, param dtype, where the fp32 weight comes from): every layout with 8-bit moments or a
+# compensation (fp32 moments with param or master: tests/optim/test_adamw.py).
+LAYOUTS = [("int8", "float32", "param"), ("int8", "bfloat16", "master"), ("int8", "bfloat16", "compensated"),
+           ("int8", "float16", "compensated"), ("int8", "bfloat16", "param"), ("fp32", "bfloat16", "compensated"),
+           ("fp32", "float16", "compensated")]
+
+
 @pytest.mark.parametrize("n", SIZES, ids=str)
-@pytest.mark.parametrize("dtype, weights", [("float32", "param"), ("bfloat16", "master"), ("bfloat16", "compensated"),
-                                            ("float16", "compensated"), ("bfloat16", "param")])
-@pytest.mark.parametrize("moments", ["int8", "fp32"])
-def test_update_matches_the_numpy_reference_step_by_step(n, dtype, weights, moments, kernel_calls):
+@pytest.mark.parametrize("moments, dtype, weights", LAYOUTS, ids="-".join)
+def test_update_matches_the_numpy_reference_step_by_step(n, moments, dtype, weights, kernel_calls):
     """Every output (param, master or compensation, codes and absmax or fp32 moments) after each of
     four steps, against the reference run from the kernel's own previous state. Block 1 gets zero
     gradients in the first step: an all-zero block (absmax 0, the code of 0.0) that later fills."""
-    if moments == "fp32" and weights in ("param", "master"):
-        pytest.skip("the fp32 layouts: tests/optim/test_adamw.py")
     rng = np.random.default_rng(n)
     param = paddle.to_tensor(rng.standard_normal(n).astype(np.float32)).astype(dtype)
     tensors, expected = kernel_state(param, dtype, moments, weights)
