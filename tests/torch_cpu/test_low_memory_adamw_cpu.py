@@ -19,7 +19,7 @@ NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "f
 
 def copy_of(t: torch.Tensor) -> np.ndarray:
     """A numpy copy (not a view: the optimizer updates the tensor in place), 16-bit values as fp32."""
-    return (t.detach().float() if t.is_floating_point() else t).numpy().ravel().copy()
+    return (t.detach().float() if t.is_floating_point() else t).cpu().numpy().ravel().copy()
 
 
 def reference_state(param, state) -> dict:
@@ -36,11 +36,14 @@ def reference_state(param, state) -> dict:
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=NAMES.get)
-def test_low_memory_state_matches_the_reference_step_by_step(dtype):
+def check_against_reference(dtype, device: str) -> None:
+    """Three steps of FusedMasterAdamW with int8 moments and compensation on `device`, each against
+    the reference from the optimizer's own previous state (tests/gpu/test_adamw_kernels.py runs it
+    on the GPU)."""
     torch.manual_seed(0)
     # An 8-bit tensor with an uneven last block, and one under min_8bit_size (fp32 moments).
-    params = [torch.nn.Parameter(torch.randn(3 * 256 + 77).to(dtype)), torch.nn.Parameter(torch.randn(255).to(dtype))]
+    params = [torch.nn.Parameter(torch.randn(3 * 256 + 77).to(dtype).to(device)),
+              torch.nn.Parameter(torch.randn(255).to(dtype).to(device))]
     opt = FusedMasterAdamW(params, lr=1e-3, betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["epsilon"],
                            weight_decay=HYPER["weight_decay"], moments="int8", master_weights="compensated",
                            min_8bit_size=256)
@@ -50,13 +53,18 @@ def test_low_memory_state_matches_the_reference_step_by_step(dtype):
         before = [reference_state(p, s) for p, s in zip(params, opt.states)]
         pows = [(float(b1), float(b2)) for b1, b2 in opt.beta_pows]
         for p in params:
-            p.grad = (torch.randn(p.shape) * 10.0 ** -step).to(dtype)
+            p.grad = (torch.randn(p.shape) * 10.0 ** -step).to(dtype).to(device)
         opt.step()
         for i, (p, state) in enumerate(zip(params, opt.states)):
-            expected = ref.adamw_low_memory_step(before[i], p.grad.float().numpy().ravel(), NAMES[dtype], lr=1e-3,
+            expected = ref.adamw_low_memory_step(before[i], copy_of(p.grad), NAMES[dtype], lr=1e-3,
                                                  beta1_pow=pows[i][0], beta2_pow=pows[i][1], **HYPER)
             ref.assert_state_close(reference_state(p, state), expected, *TOL[torch.float32],
-                                   f"{NAMES[dtype]} tensor {i} step {step}")
+                                   f"{NAMES[dtype]} tensor {i} step {step} on {device}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=NAMES.get)
+def test_low_memory_state_matches_the_reference_step_by_step(dtype):
+    check_against_reference(dtype, "cpu")
 
 
 def test_the_default_layout_keeps_the_recorded_entry_and_the_low_memory_one_calls_its_own(monkeypatch):
