@@ -491,7 +491,9 @@ class FastAdamW(paddle.optimizer.AdamW):
         if param.name not in moments:
             moment = _QuantizedMoment(unique_name.generate(f"{param.name}_{key}"), param,
                                       signed=name == self._moment1_acc_str)
-            if moment.name in self._accumulators_holder:  # set_state_dict ran before the first step
+            if self._accumulators_holder:  # set_state_dict ran before the first step (Paddle's check)
+                if moment.name not in self._accumulators_holder:
+                    raise KeyError(f"{OP}: the loaded optimizer state has no {moment.name}")
                 moment.load(self._accumulators_holder)
             moments[param.name] = moment
         return moments[param.name]

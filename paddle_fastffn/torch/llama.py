@@ -460,6 +460,11 @@ class FusedMasterAdamW:
     def v(self):
         return [state["moment2"] for state in self.states]
 
+    def state_memory(self) -> dict[str, int]:
+        """Bytes of weights, masters (or compensation), moments and gradients of this optimizer's
+        parameters in its layout (core_optimizer.state_memory), for the benchmarks to print."""
+        return core_optimizer.state_memory([(p.numel(), p.element_size()) for p in self.params], self.state_format)
+
     def set_lr(self, lr):
         self._lr_slot.set(self._backend, self.lr, lr)
 

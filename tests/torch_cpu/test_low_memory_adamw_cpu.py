@@ -82,7 +82,7 @@ def test_the_default_layout_keeps_the_recorded_entry_and_the_low_memory_one_call
 
 
 def test_state_memory_of_the_harness_layouts():
-    """state_memory's numbers are the bytes the optimizer allocates."""
+    """state_memory's numbers are the bytes the optimizer allocates, in each layout."""
     params = [torch.nn.Parameter(torch.randn(8192).to(torch.bfloat16)), torch.nn.Parameter(torch.randn(100).to(torch.bfloat16))]
     for fmt in (core_optimizer.StateFormat(), core_optimizer.StateFormat("int8", "compensated")):
         opt = FusedMasterAdamW(params, moments=fmt.moments, master_weights=fmt.master_weights)
@@ -90,5 +90,5 @@ def test_state_memory_of_the_harness_layouts():
                         if t is not None and k != "master" and k != "compensation")
         masters = sum(t.numel() * t.element_size() for s in opt.states for k in ("master", "compensation")
                       if (t := s[k]) is not None)
-        memory = core_optimizer.state_memory([(p.numel(), p.element_size()) for p in params], fmt)
+        memory = opt.state_memory()
         assert (memory["moments"], memory["masters"]) == (allocated, masters)
