@@ -14,6 +14,7 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
                             fuse_projections: bool = True, swiglu_recompute: bool = True,
                             save_fused_checkpoint: bool = False,
                             fused_cross_entropy: bool = True, fused_optimizer: bool = True,
+                            optimizer_moments: str = "fp32", optimizer_master_weights: str = "fp32",
                             precision: str = "bf16",
                             **fp8_options) -> int:
     """Patch PaddleNLP's LLaMA decoder layers with the fused paths (class level: every layer
@@ -32,6 +33,8 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
 
     fused_optimizer: PaddleNLP's Trainer builds paddle_fastffn.optim.FastAdamW where it would build
     paddle.optimizer.AdamW (same state and checkpoints; one fused pass per parameter).
+    optimizer_moments="int8" / optimizer_master_weights="compensated": its low-memory state
+    (FastFFNOptions says what each keeps; checkpoints stay Paddle's).
 
     precision="fp8": the decoder layers' linear GEMMs in FP8 (FastFFNOptions.precision), with the
     recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...). Where
@@ -45,6 +48,7 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
                              fuse_projections=fuse_projections, swiglu_recompute=swiglu_recompute,
                              save_fused_checkpoint=save_fused_checkpoint,
                              fused_cross_entropy=fused_cross_entropy, fused_optimizer=fused_optimizer,
+                             optimizer_moments=optimizer_moments, optimizer_master_weights=optimizer_master_weights,
                              precision=precision, **fp8_options)
     if model is None:
         enable(options)

@@ -66,6 +66,11 @@ const Field kAdamw[] = {
     FASTFFN_FIELD(fastffn_adamw_args, with_decay), FASTFFN_FIELD(fastffn_adamw_args, lr),
     FASTFFN_FIELD(fastffn_adamw_args, beta1_pow), FASTFFN_FIELD(fastffn_adamw_args, beta2_pow),
     FASTFFN_FIELD(fastffn_adamw_args, grad_scale)};
+const Field kAdamwState[] = {
+    FASTFFN_FIELD(fastffn_adamw_state, moments), FASTFFN_FIELD(fastffn_adamw_state, moment1),
+    FASTFFN_FIELD(fastffn_adamw_state, moment2), FASTFFN_FIELD(fastffn_adamw_state, absmax1),
+    FASTFFN_FIELD(fastffn_adamw_state, absmax2), FASTFFN_FIELD(fastffn_adamw_state, master),
+    FASTFFN_FIELD(fastffn_adamw_state, compensation)};
 const Field kTensor[] = {
     FASTFFN_FIELD(fastffn_tensor, data), FASTFFN_FIELD(fastffn_tensor, dtype),
     FASTFFN_FIELD(fastffn_tensor, rows), FASTFFN_FIELD(fastffn_tensor, cols),
@@ -92,6 +97,8 @@ const Struct kStructs[] = {
     FASTFFN_STRUCT(fastffn_cross_entropy_args, kCrossEntropy),
     FASTFFN_STRUCT(fastffn_scalar, kScalar),
     FASTFFN_STRUCT(fastffn_adamw_args, kAdamw),
+    FASTFFN_ENUM(fastffn_moments),
+    FASTFFN_STRUCT(fastffn_adamw_state, kAdamwState),
     FASTFFN_STRUCT(fastffn_tensor, kTensor),
     FASTFFN_STRUCT(fastffn_gemm_config, kGemmConfig),
 };

@@ -190,8 +190,8 @@ inline fastffn_status check_cross_entropy(const char* entry, const fastffn_cross
 // AdamW: INVALID_ARGUMENT for missing tensors or n < 0, UNSUPPORTED_DTYPE for dtypes outside
 // fastffn/optimizer.h's contract (checked in that order).
 inline fastffn_status check_adamw(const char* entry, const fastffn_adamw_args& a,
-                                  const void* param, const void* grad, const float* moment1,
-                                  const float* moment2) {
+                                  const void* param, const void* grad, const void* moment1,
+                                  const void* moment2) {
   FASTFFN_CHECK_ARG(param != nullptr && grad != nullptr && moment1 != nullptr && moment2 != nullptr,
                     entry, "param, grad, moment1 and moment2 must not be NULL");
   FASTFFN_CHECK_ARG(a.n >= 0, entry, "n must be >= 0, got %lld", (long long)a.n);
@@ -200,6 +200,32 @@ inline fastffn_status check_adamw(const char* entry, const fastffn_adamw_args& a
                 FASTFFN_STATUS_UNSUPPORTED_DTYPE, entry,
                 "grad_dtype is %s; it must be the param's dtype (%s) or FLOAT32",
                 dtype_name(a.grad_dtype), dtype_name(a.param_dtype));
+  return ok();
+}
+
+// fastffn_adamw_with_state_*: check_adamw's rules, then the state layout's (fastffn/optimizer.h).
+inline fastffn_status check_adamw_state(const char* entry, const fastffn_adamw_args& a,
+                                        const void* param, const void* grad,
+                                        const fastffn_adamw_state& s) {
+  FASTFFN_TRY_STATUS(check_adamw(entry, a, param, grad, s.moment1, s.moment2));
+  const bool absmax_given = s.absmax1 != nullptr || s.absmax2 != nullptr;
+  switch (s.moments) {
+    case FASTFFN_MOMENTS_FLOAT32:
+      FASTFFN_CHECK_ARG(!absmax_given, entry, "absmax1 and absmax2 must be NULL for FLOAT32 moments");
+      break;
+    case FASTFFN_MOMENTS_BLOCKWISE_8BIT:
+      FASTFFN_CHECK_ARG(s.absmax1 != nullptr && s.absmax2 != nullptr, entry,
+                        "absmax1 and absmax2 must not be NULL for BLOCKWISE_8BIT moments");
+      break;
+    default:
+      return fail(FASTFFN_STATUS_INVALID_ARGUMENT, entry, "moments is %d, not a fastffn_moments value",
+                  static_cast<int>(s.moments));
+  }
+  FASTFFN_CHECK_ARG(s.master == nullptr || s.compensation == nullptr, entry,
+                    "master and compensation exclude each other");
+  FASTFFN_CHECK(s.compensation == nullptr || a.param_dtype != FASTFFN_DTYPE_FLOAT32,
+                FASTFFN_STATUS_UNSUPPORTED_DTYPE, entry,
+                "compensation needs a FLOAT16 or BFLOAT16 param, got FLOAT32");
   return ok();
 }
 

@@ -1,11 +1,16 @@
 // Paddle binding of the AdamW kernel (fastffn/optimizer.h), in place like Paddle's adamw_:
 //   fastffn_adamw_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-//                  master_param?, grad_scale?; beta1, beta2, epsilon, lr_ratio, coeff, with_decay)
-// updates param, moment1, moment2 and master_param (when given) in one pass, then multiplies the
+//                  master_param?, grad_scale?, compensation?, moment1_absmax?, moment2_absmax?;
+//                  beta1, beta2, epsilon, lr_ratio, coeff, with_decay)
+// updates param, moment1, moment2 and master_param or compensation (when given) in one pass
+// (fastffn_adamw_with_state_*): moments are float32, or uint8 codes with their float32 absmax per
+// block of FASTFFN_ADAMW_QUANT_BLOCK elements (8-bit moments); then it multiplies the
 // beta powers by beta1 / beta2 as Paddle's kernel does after each parameter's step. The scalars
 // (learning_rate, beta powers, grad_scale) are one-element fp32 tensors on the CPU, whose value is
 // read here, or on the parameter's GPU, whose address the kernel reads: Paddle keeps its learning
 // rate on the device and its beta powers on the CPU.
+#include <tuple>
+
 #include "binding_utils.h"
 #include "fastffn/optimizer.h"
 
@@ -54,30 +59,76 @@ fastffn_status update_pows(paddle::Tensor& beta1_pow, paddle::Tensor& beta2_pow,
       });
 }
 
+// The moments' layout: float32 without absmax, or uint8 codes with one float32 absmax per block.
+fastffn_moments moment_layout(const paddle::Tensor& param, const paddle::Tensor& moment1,
+                              const paddle::Tensor& moment2,
+                              const paddle::optional<paddle::Tensor>& absmax1,
+                              const paddle::optional<paddle::Tensor>& absmax2) {
+  const bool blockwise = moment1.dtype() == paddle::DataType::UINT8;
+  const int64_t blocks = (param.numel() + FASTFFN_ADAMW_QUANT_BLOCK - 1) / FASTFFN_ADAMW_QUANT_BLOCK;
+  for (auto [t, absmax, arg, absmax_arg] :
+       {std::tuple<const paddle::Tensor*, const paddle::optional<paddle::Tensor>*, const char*,
+                   const char*>{&moment1, &absmax1, "moment1", "moment1_absmax"},
+        {&moment2, &absmax2, "moment2", "moment2_absmax"}}) {
+    check_like_param(param, *t, arg);
+    if (!blockwise) {
+      check_fp32(*t, arg);
+      PD_CHECK(!*absmax, kOp, ": argument `", absmax_arg, "` goes with uint8 (8-bit) moments only");
+      continue;
+    }
+    PD_CHECK(t->dtype() == paddle::DataType::UINT8, kOp, ": argument `", arg,
+             "` must be uint8 like `moment1`, got ", phi::DataTypeToString(t->dtype()));
+    PD_CHECK(*absmax, kOp, ": argument `", absmax_arg, "` is needed with uint8 (8-bit) moments");
+    check_contiguous(**absmax, absmax_arg, kOp);
+    check_same_place(param, **absmax, absmax_arg, kOp);
+    check_fp32(**absmax, absmax_arg);
+    PD_CHECK((*absmax)->numel() == blocks, kOp, ": argument `", absmax_arg, "` must have ", blocks,
+             " elements (one per ", FASTFFN_ADAMW_QUANT_BLOCK, " of `param`), got ",
+             (*absmax)->numel());
+  }
+  return blockwise ? FASTFFN_MOMENTS_BLOCKWISE_8BIT : FASTFFN_MOMENTS_FLOAT32;
+}
+
+float* data_or_null(paddle::optional<paddle::Tensor>& t) {
+  return t ? t->data<float>() : nullptr;
+}
+
 void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
                   const paddle::Tensor& learning_rate, paddle::Tensor& moment1,
                   paddle::Tensor& moment2, paddle::Tensor& beta1_pow, paddle::Tensor& beta2_pow,
                   paddle::optional<paddle::Tensor>& master_param,
-                  const paddle::optional<paddle::Tensor>& grad_scale, float beta1, float beta2,
+                  const paddle::optional<paddle::Tensor>& grad_scale,
+                  paddle::optional<paddle::Tensor>& compensation,
+                  paddle::optional<paddle::Tensor>& moment1_absmax,
+                  paddle::optional<paddle::Tensor>& moment2_absmax, float beta1, float beta2,
                   float epsilon, float lr_ratio, float coeff, bool with_decay) {
   check_contiguous(param, "param", kOp);
   fastffn_adamw_args args{};
   args.n = param.numel();
-  // The dtype rules (param float32/float16/bfloat16, grad param's dtype or float32) are the C
-  // layer's (fastffn_adamw_*: check_adamw), reported through check_status.
+  // The dtype rules (param float32/float16/bfloat16, grad param's dtype or float32, compensation
+  // only for 16-bit params and not with a master) are the C layer's (fastffn_adamw_*:
+  // check_adamw_state), reported through check_status.
   args.param_dtype = kernel_dtype(param, kOp, "param");
   check_like_param(param, grad, "grad");
   args.grad_dtype = kernel_dtype(grad, kOp, "grad");
-  for (auto [t, arg] : {std::pair<paddle::Tensor*, const char*>{&moment1, "moment1"},
-                        {&moment2, "moment2"}}) {
-    check_like_param(param, *t, arg);
-    check_fp32(*t, arg);
-  }
-  float* master = nullptr;
+  fastffn_adamw_state state{};
+  state.moments = moment_layout(param, moment1, moment2, moment1_absmax, moment2_absmax);
+  state.moment1 = moment1.data();
+  state.moment2 = moment2.data();
+  state.absmax1 = data_or_null(moment1_absmax);
+  state.absmax2 = data_or_null(moment2_absmax);
   if (master_param) {
     check_like_param(param, *master_param, "master_param");
     check_fp32(*master_param, "master_param");
-    master = master_param->data<float>();
+    state.master = master_param->data<float>();
+  }
+  if (compensation) {
+    check_like_param(param, *compensation, "compensation");
+    PD_CHECK(compensation->dtype() == param.dtype(), kOp,
+             ": argument `compensation` must have the dtype of `param` (",
+             phi::DataTypeToString(param.dtype()), "), got ",
+             phi::DataTypeToString(compensation->dtype()));
+    state.compensation = compensation->data();
   }
   args.beta1 = beta1;
   args.beta2 = beta2;
@@ -92,14 +143,10 @@ void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
                                : fastffn_scalar{1.f, nullptr};
   check_status(run_on_device(
                    param, kOp,
-                   [&] {
-                     return fastffn_adamw_cpu(args, param.data(), grad.data(), master,
-                                              moment1.data<float>(), moment2.data<float>());
-                   },
+                   [&] { return fastffn_adamw_with_state_cpu(args, param.data(), grad.data(), state); },
                    [&](void* stream) {
-                     return fastffn_adamw_cuda(args, param.data(), grad.data(), master,
-                                               moment1.data<float>(), moment2.data<float>(),
-                                               stream);
+                     return fastffn_adamw_with_state_cuda(args, param.data(), grad.data(), state,
+                                                          stream);
                    }),
                kOp);
   check_status(update_pows(beta1_pow, beta2_pow, beta1, beta2), kOp);
@@ -109,9 +156,12 @@ void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
 
 PD_BUILD_OP(fastffn_adamw_)
     .Inputs({"Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow",
-             paddle::Optional("MasterParam"), paddle::Optional("GradScale")})
+             paddle::Optional("MasterParam"), paddle::Optional("GradScale"),
+             paddle::Optional("Compensation"), paddle::Optional("Moment1Absmax"),
+             paddle::Optional("Moment2Absmax")})
     .Outputs({"ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut",
-              paddle::Optional("MasterParamOut")})
+              paddle::Optional("MasterParamOut"), paddle::Optional("CompensationOut"),
+              paddle::Optional("Moment1AbsmaxOut"), paddle::Optional("Moment2AbsmaxOut")})
     .Attrs({"beta1: float", "beta2: float", "epsilon: float", "lr_ratio: float", "coeff: float",
             "with_decay: bool"})
     .SetInplaceMap({{"Param", "ParamOut"},
@@ -119,5 +169,8 @@ PD_BUILD_OP(fastffn_adamw_)
                     {"Moment2", "Moment2Out"},
                     {"Beta1Pow", "Beta1PowOut"},
                     {"Beta2Pow", "Beta2PowOut"},
-                    {paddle::Optional("MasterParam"), paddle::Optional("MasterParamOut")}})
+                    {paddle::Optional("MasterParam"), paddle::Optional("MasterParamOut")},
+                    {paddle::Optional("Compensation"), paddle::Optional("CompensationOut")},
+                    {paddle::Optional("Moment1Absmax"), paddle::Optional("Moment1AbsmaxOut")},
+                    {paddle::Optional("Moment2Absmax"), paddle::Optional("Moment2AbsmaxOut")}})
     .SetKernelFn(PD_KERNEL(AdamwInPlace));

@@ -94,9 +94,11 @@ class AdamWHyper:
 
 @dataclass
 class ParameterUpdate:
-    """One parameter's part of the step: its tensors (param, grad, fp32 moments, the fp32 master or
-    None, its beta powers: one-element fp32 tensors on the host), its lr_ratio, whether weight decay
-    applies, and whether the global-norm clip scales its gradient (Paddle's param.need_clip)."""
+    """One parameter's part of the step: its tensors (param, grad, the moments: fp32, or uint8 codes
+    with their fp32 absmax per QUANT_BLOCK elements (8-bit moments); the fp32 master or None, the
+    Kahan compensation or None; its beta powers: one-element fp32 tensors on the host), its
+    lr_ratio, whether weight decay applies, and whether the global-norm clip scales its gradient
+    (Paddle's param.need_clip)."""
     param: Tensor
     grad: Tensor
     moment1: Tensor
@@ -107,6 +109,83 @@ class ParameterUpdate:
     lr_ratio: float = 1.0
     with_decay: bool = True
     clipped: bool = True
+    compensation: Tensor | None = None
+    moment1_absmax: Tensor | None = None
+    moment2_absmax: Tensor | None = None
+
+
+# --- Low-memory optimizer state (fastffn/optimizer.h: fastffn_adamw_with_state_*) ---------------
+MOMENT_FORMATS = ("fp32", "int8")          # fp32 moments, or 8-bit blockwise-quantised ones
+MASTER_WEIGHT_FORMATS = ("fp32", "compensated")  # fp32 masters, or 16-bit Kahan compensation
+QUANT_BLOCK = 256  # FASTFFN_ADAMW_QUANT_BLOCK: elements per absmax
+# Tensors smaller than this keep fp32 moments under "int8" (bitsandbytes' min_8bit_size): norms
+# and biases are a sliver of the memory, and their few blocks would make per-block scales coarse
+# for the parameters that steer every layer's scale.
+MIN_8BIT_SIZE = 4096
+_DECADES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+@dataclass(frozen=True)
+class StateFormat:
+    """How the optimizer keeps its state: `moments` one of MOMENT_FORMATS, `master_weights` one of
+    MASTER_WEIGHT_FORMATS, `min_8bit_size` the smallest tensor whose moments are quantised. A bad
+    value raises ValueError naming the argument."""
+    moments: str = "fp32"
+    master_weights: str = "fp32"
+    min_8bit_size: int = MIN_8BIT_SIZE
+
+    def __post_init__(self):
+        if self.moments not in MOMENT_FORMATS:
+            raise ValueError(f"argument `moments` must be one of {list(MOMENT_FORMATS)}, got {self.moments!r}")
+        if self.master_weights not in MASTER_WEIGHT_FORMATS:
+            raise ValueError(f"argument `master_weights` must be one of {list(MASTER_WEIGHT_FORMATS)}, "
+                             f"got {self.master_weights!r}")
+        if isinstance(self.min_8bit_size, bool) or not isinstance(self.min_8bit_size, int) or self.min_8bit_size < 0:
+            raise ValueError(f"argument `min_8bit_size` must be an int >= 0, got {self.min_8bit_size!r}")
+
+    @property
+    def compact(self) -> bool:
+        return self.moments != "fp32" or self.master_weights != "fp32"
+
+    def quantizes(self, numel: int) -> bool:
+        """Whether a tensor of numel elements gets 8-bit moments."""
+        return self.moments == "int8" and numel >= self.min_8bit_size
+
+
+def absmax_blocks(numel: int) -> int:
+    """How many absmax values 8-bit moments of numel elements keep."""
+    return -(-numel // QUANT_BLOCK)
+
+
+def dynamic_map(signed: bool) -> list[float]:
+    """The 256 entries (ascending, as Python floats; the kernel rounds each to fp32) of the map the
+    kernel quantises moment1 (signed) or moment2 (unsigned) with: bitsandbytes' dynamic map,
+    fastffn/optimizer.h says why (adamw_math.h's dynamic_map_value evaluates the same formula)."""
+    positives = []
+    count = 1 if signed else 2
+    for scale in _DECADES:
+        positives += [scale * (0.1 + (j + 0.5) * 0.9 / count) for j in range(count)]
+        count *= 2
+    negatives = [-v for v in reversed(positives)] if signed else []
+    return negatives + [0.0] + positives + [1.0]
+
+
+def state_memory(params: Sequence[tuple[int, int]], state: StateFormat = StateFormat(),
+                 multi_precision: bool = True) -> dict[str, int]:
+    """Bytes the training state takes for parameters given as (numel, bytes per element): weights,
+    masters (fp32 masters, or the compensation of "compensated", for 16-bit parameters with
+    multi_precision), moments (both; 8-bit codes plus their fp32 absmax, or fp32), gradients (in
+    the parameter's dtype, as the fused kernel reads them), and the total. Beta powers (8 bytes per
+    tensor) are left out."""
+    weights = masters = moments = gradients = 0
+    for numel, itemsize in params:
+        weights += numel * itemsize
+        gradients += numel * itemsize
+        if itemsize < 4 and multi_precision:
+            masters += numel * (itemsize if state.master_weights == "compensated" else 4)
+        moments += 2 * (numel + 4 * absmax_blocks(numel) if state.quantizes(numel) else 4 * numel)
+    return {"weights": weights, "masters": masters, "moments": moments, "gradients": gradients,
+            "total": weights + masters + moments + gradients}
 
 
 def clip_coefficient(be: OptimizerBackend, grads: Sequence[Tensor], clip: GlobalNormClip) -> Tensor | None:

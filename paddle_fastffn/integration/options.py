@@ -22,6 +22,10 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 PRECISIONS = ("bf16", "fp8")
+# core/optimizer.py's MOMENT_FORMATS and MASTER_WEIGHT_FORMATS, spelled out: this module imports
+# nothing of the optimizer (paddle_fastffn/__init__.py reads it without Paddle).
+OPTIMIZER_MOMENTS = ("fp32", "int8")
+OPTIMIZER_MASTER_WEIGHTS = ("fp32", "compensated")
 FP8_FALLBACKS = ("error", "bf16")
 TRAINING_ARGUMENT_PREFIX = "fast_ffn_"  # FastFFNOptions.swiglu is the fast_ffn_swiglu argument
 
@@ -65,6 +69,16 @@ class FastFFNOptions:
         "Build paddle_fastffn.optim.FastAdamW where the Trainer builds paddle.optimizer.AdamW: the same "
         "optimizer and checkpoints, each parameter updated in one pass of a fused kernel, global-norm clipping "
         "folded into it."))
+    # FastAdamW's low-memory state (fastffn/optimizer.h); needs fused_optimizer.
+    optimizer_moments: str = option("fp32", (
+        "FastAdamW's moments: \"fp32\" (Paddle's, 8 bytes a parameter) or \"int8\" (8-bit blockwise-quantised, "
+        "bitsandbytes' dynamic maps, one fp32 absmax per 256 elements: 2.03 bytes a parameter; tensors under 4096 "
+        "elements keep fp32). Checkpoints keep Paddle's layout (moments dequantised to fp32)."))
+    optimizer_master_weights: str = option("fp32", (
+        "FastAdamW's master weights of bf16/fp16 parameters under AMP O2: \"fp32\" (Paddle's, 4 bytes a parameter) "
+        "or \"compensated\" (a 16-bit Kahan compensation, 2 bytes: the update is applied to weight + compensation, "
+        "so steps below the weight's last bit are kept). Checkpoints keep Paddle's master_weights (weight + "
+        "compensation in fp32)."))
     # FP8: the MLP as one FP8 FFN (paddle_fastffn.fp8.Fp8FFN, SwiGLU fused with quantising its
     # output) where its fused projections are plain Linear layers, every other linear through
     # paddle_fastffn.fp8.Fp8Linear (plain Linear and LoRA's base GEMM). FP8 is a compute format
@@ -110,6 +124,14 @@ class FastFFNOptions:
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise OptionError("precision", f"one of {list(PRECISIONS)}", self.precision)
+        if self.optimizer_moments not in OPTIMIZER_MOMENTS:
+            raise OptionError("optimizer_moments", f"one of {list(OPTIMIZER_MOMENTS)}", self.optimizer_moments)
+        if self.optimizer_master_weights not in OPTIMIZER_MASTER_WEIGHTS:
+            raise OptionError("optimizer_master_weights", f"one of {list(OPTIMIZER_MASTER_WEIGHTS)}",
+                              self.optimizer_master_weights)
+        if not self.fused_optimizer and self.optimizer_state() != {}:
+            raise OptionError("fused_optimizer", "true where optimizer_moments or optimizer_master_weights is "
+                              "not \"fp32\" (FastAdamW keeps that state)", self.fused_optimizer)
         if self.fp8_fallback not in FP8_FALLBACKS:
             raise OptionError("fp8_fallback", f"one of {list(FP8_FALLBACKS)}", self.fp8_fallback)
         if not isinstance(self.fp8_emulate, bool):
@@ -131,6 +153,11 @@ class FastFFNOptions:
             if found is None:
                 raise
             raise OptionError("fp8_" + found.group(1), found.group(2), found.group(3), got_repr=True) from None
+
+    def optimizer_state(self) -> dict:
+        """FastAdamW's keywords for the state options that differ from Paddle's layout."""
+        state = {"moments": self.optimizer_moments, "master_weights": self.optimizer_master_weights}
+        return {name: value for name, value in state.items() if value != "fp32"}
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -24,6 +24,7 @@ from .patching import own_attribute, restore_attribute
 
 _ORIGINAL = {}
 _CHECKPOINT_HOOKS = {}
+_OPTIMIZER_STATE: dict = {}  # FastAdamW's state keywords of the options applied last
 
 
 def _trainer_class():
@@ -40,6 +41,7 @@ def _fast_optimizer_cls_and_kwargs(args):
         from ..optim import FastAdamW
 
         optimizer_cls = FastAdamW
+        kwargs = {**kwargs, **_OPTIMIZER_STATE}
     return optimizer_cls, kwargs
 
 
@@ -90,6 +92,8 @@ def apply(options: FastFFNOptions) -> None:
     if not options.fused_optimizer:
         revert()  # imports paddlenlp.trainer only where an earlier apply() patched it
         return
+    _OPTIMIZER_STATE.clear()
+    _OPTIMIZER_STATE.update(options.optimizer_state())
     trainer = _trainer_class()
     _ORIGINAL.setdefault("get_optimizer_cls_and_kwargs", own_attribute(trainer, "get_optimizer_cls_and_kwargs"))
     trainer.get_optimizer_cls_and_kwargs = staticmethod(_fast_optimizer_cls_and_kwargs)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import paddle
 from paddle import _C_ops
-from paddle.base import framework
+from paddle.base import framework, unique_name
 from paddle.optimizer.lr import LRScheduler
 
 from ..core import optimizer as core_optimizer
@@ -32,12 +33,13 @@ _INFORMED: set[str] = set()
 
 
 def _adamw_op(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow, master_param,
-              grad_scale, beta1, beta2, epsilon, lr_ratio, coeff, with_decay) -> None:
+              grad_scale, beta1, beta2, epsilon, lr_ratio, coeff, with_decay, compensation=None,
+              moment1_absmax=None, moment2_absmax=None) -> None:
     # detach: the same memory, without autograd's refusal to update a trainable leaf in place
     # (Paddle's own optimizer ops write parameters the same way, outside autograd).
     run_op("fastffn_adamw_", param.detach(), grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-           master_param, grad_scale, float(beta1), float(beta2), float(epsilon), float(lr_ratio),
-           float(coeff), bool(with_decay))
+           master_param, grad_scale, compensation, moment1_absmax, moment2_absmax, float(beta1), float(beta2),
+           float(epsilon), float(lr_ratio), float(coeff), bool(with_decay))
 
 
 def _check_scalar(value, name: str) -> None:
@@ -60,8 +62,34 @@ def _check_like_param(param, value, name: str, dtypes) -> None:
         raise ValueError(f"{OP}: argument `{name}` must be contiguous (it is updated in place)")
 
 
+def _check_absmax(param, absmax, name: str) -> None:
+    _checks.check_tensor(absmax, OP, name)
+    blocks = core_optimizer.absmax_blocks(param.size)
+    if absmax.dtype != paddle.float32 or absmax.size != blocks:
+        raise ValueError(f"{OP}: argument `{name}` must be float32 with {blocks} elements (one per "
+                         f"{core_optimizer.QUANT_BLOCK} of `param`), got {absmax.dtype} with shape "
+                         f"{list(absmax.shape)}")
+    _checks.check_same_device(param, "param", absmax, OP, name)
+
+
+def _check_moments(param, moment1, moment2, moment1_absmax, moment2_absmax) -> None:
+    """fp32 moments, or uint8 codes with their absmax (8-bit moments)."""
+    _checks.check_tensor(moment1, OP, "moment1")
+    dtype = paddle.uint8 if moment1.dtype == paddle.uint8 else paddle.float32
+    _check_like_param(param, moment1, "moment1", (dtype,))
+    _check_like_param(param, moment2, "moment2", (dtype,))
+    for absmax, name in ((moment1_absmax, "moment1_absmax"), (moment2_absmax, "moment2_absmax")):
+        if dtype == paddle.float32 and absmax is not None:
+            raise ValueError(f"{OP}: argument `{name}` goes with uint8 (8-bit) moments only")
+        if dtype == paddle.uint8:
+            if absmax is None:
+                raise ValueError(f"{OP}: argument `{name}` is needed with uint8 (8-bit) moments")
+            _check_absmax(param, absmax, name)
+
+
 def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-                       master_param, grad_scale) -> None:
+                       master_param, grad_scale, compensation=None, moment1_absmax=None,
+                       moment2_absmax=None) -> None:
     _checks.check_tensor(param, OP, "param")
     if param.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"{OP}: argument `param` must be float32, float16 or bfloat16, got "
@@ -69,10 +97,15 @@ def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, 
     if not param.is_contiguous():
         raise ValueError(f"{OP}: argument `param` must be contiguous (it is updated in place)")
     _check_like_param(param, grad, "grad", (param.dtype, paddle.float32))
-    _check_like_param(param, moment1, "moment1", (paddle.float32,))
-    _check_like_param(param, moment2, "moment2", (paddle.float32,))
+    _check_moments(param, moment1, moment2, moment1_absmax, moment2_absmax)
     if master_param is not None:
         _check_like_param(param, master_param, "master_param", (paddle.float32,))
+    if compensation is not None:
+        if master_param is not None:
+            raise ValueError(f"{OP}: arguments `master_param` and `compensation` exclude each other")
+        if param.dtype == paddle.float32:
+            raise TypeError(f"{OP}: argument `compensation` needs a float16 or bfloat16 `param`, got float32")
+        _check_like_param(param, compensation, "compensation", (param.dtype,))
     _check_scalar(learning_rate, "learning_rate")
     _check_scalar(beta1_pow, "beta1_pow")
     _check_scalar(beta2_pow, "beta2_pow")
@@ -85,7 +118,8 @@ def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, 
 def adamw_update_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
                   master_param=None, *, beta1: float = 0.9, beta2: float = 0.999,
                   epsilon: float = 1e-8, weight_decay: float = 0.01, lr_ratio: float = 1.0,
-                  with_decay: bool = True, grad_scale=None) -> None:
+                  with_decay: bool = True, grad_scale=None, compensation=None,
+                  moment1_absmax=None, moment2_absmax=None) -> None:
     """One AdamW step of one tensor, in place (Paddle's ``_C_ops.adamw_`` for a dense gradient).
 
     param [any shape] float32/float16/bfloat16; grad: param's dtype or float32, same size;
@@ -94,11 +128,17 @@ def adamw_update_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2
     multiplier, e.g. the global-norm clip coefficient; None = 1): one-element float32 tensors on
     the CPU or on param's device. fp32 math -> param in its dtype. Afterwards beta1_pow and
     beta2_pow are multiplied by beta1 and beta2, as Paddle's kernel does.
+
+    Low-memory state (fastffn/optimizer.h): moment1/moment2 uint8 codes with moment1_absmax /
+    moment2_absmax float32 [ceil(size / 256)] (8-bit moments: dequantised, updated in fp32 and
+    requantised in the same pass); compensation (param's dtype, 16-bit params, no master_param):
+    the update runs on float(param) + float(compensation), both rewritten (Kahan summation).
     """
     _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-                       master_param, grad_scale)
+                       master_param, grad_scale, compensation, moment1_absmax, moment2_absmax)
     _adamw_op(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow, master_param,
-              grad_scale, beta1, beta2, epsilon, lr_ratio, weight_decay, with_decay)
+              grad_scale, beta1, beta2, epsilon, lr_ratio, weight_decay, with_decay, compensation,
+              moment1_absmax, moment2_absmax)
 
 
 def _inform(reason: str) -> None:
@@ -177,7 +217,8 @@ class PaddleOptimizerBackend:
     def adamw(self, update, learning_rate, grad_scale, hyper):
         _adamw_op(update.param, update.grad, learning_rate, update.moment1, update.moment2, update.beta1_pow,
                   update.beta2_pow, update.master, grad_scale, hyper.beta1, hyper.beta2, hyper.epsilon,
-                  update.lr_ratio, hyper.weight_decay, update.with_decay)
+                  update.lr_ratio, hyper.weight_decay, update.with_decay, update.compensation,
+                  update.moment1_absmax, update.moment2_absmax)
 
 
 _BACKEND = PaddleOptimizerBackend()
@@ -197,6 +238,94 @@ def global_norm_clip_coefficient(clip: paddle.nn.ClipGradByGlobalNorm, params_gr
 
 def _distributed() -> bool:
     return paddle.distributed.get_world_size() > 1
+
+
+# --- 8-bit moments in Paddle ops: what the kernel stores, for checkpoints in the stock layout -----
+# Extra state_dict keys beside each quantised moment's fp32 entry (stock AdamW ignores them): the
+# codes and absmax themselves, because dequantising and quantising again is not always exact. A
+# block whose largest |m1| is negative dequantises to a largest |value| of 0.99297 absmax (the signed
+# map has no -1.0), so quantising again gives it that smaller absmax (the codes stay), and the
+# resumed moments differ from the saved ones by 0.7% in such blocks; m2 (unsigned, its largest
+# element is code 1.0) comes back exactly. tests/optim/test_adamw_low_memory.py shows both.
+QUANT_CODES_KEY, QUANT_ABSMAX_KEY = ".quant_codes", ".quant_absmax"
+_MAPS: dict = {}
+
+
+def _dynamic_map(signed: bool, place):
+    key = (signed, str(place))
+    if key not in _MAPS:
+        _MAPS[key] = paddle.to_tensor(np.asarray(core_optimizer.dynamic_map(signed), dtype=np.float32), place=place)
+    return _MAPS[key]
+
+
+def dequantize_blockwise(codes, absmax, signed: bool):
+    """float32 [codes.size]: map[code] * its block's absmax (signed: moment1's map, else moment2's)."""
+    values = paddle.gather(_dynamic_map(signed, codes.place), codes.flatten().astype(paddle.int64))
+    return values * paddle.repeat_interleave(absmax.flatten(), core_optimizer.QUANT_BLOCK)[:codes.size]
+
+
+def quantize_blockwise(values, signed: bool):
+    """(uint8 codes [size], float32 absmax [blocks]) of values, by the kernel's rule (fastffn/optimizer.h):
+    absmax = max |x| per block of QUANT_BLOCK, code = the nearest map entry to x / absmax (ties:
+    the lower code; an all-zero block: absmax 0 and the code of 0.0)."""
+    flat = values.flatten().astype(paddle.float32)
+    size, block = flat.size, core_optimizer.QUANT_BLOCK
+    blocks = core_optimizer.absmax_blocks(size)
+    padded = paddle.concat([flat, paddle.zeros([blocks * block - size], paddle.float32)]).reshape([blocks, block])
+    absmax = paddle.max(paddle.abs(padded), axis=1)
+    nonzero = (absmax > 0).unsqueeze(1)
+    scaled = paddle.where(nonzero, padded / paddle.where(nonzero, absmax.unsqueeze(1), paddle.ones_like(padded)),
+                          paddle.zeros_like(padded)).flatten()[:size]
+    table = _dynamic_map(signed, flat.place)
+    lower = paddle.clip(paddle.searchsorted(table, scaled, right=True) - 1, 0, table.size - 2)
+    upper = lower + 1
+    nearer_lower = scaled - paddle.gather(table, lower) <= paddle.gather(table, upper) - scaled
+    return paddle.where(nearer_lower, lower, upper).astype(paddle.uint8), absmax
+
+
+class _QuantizedMoment:
+    """One parameter's 8-bit moment (uint8 codes, fp32 absmax per block) and the name stock AdamW
+    gives that moment's fp32 accumulator (its state_dict key)."""
+
+    def __init__(self, name: str, like, signed: bool):
+        self.name, self.signed, self.shape = name, signed, list(like.shape)
+        zero_code = core_optimizer.dynamic_map(signed).index(0.0)
+        self.codes = paddle.full([like.size], zero_code, paddle.uint8)
+        self.absmax = paddle.zeros([core_optimizer.absmax_blocks(like.size)], paddle.float32)
+
+    def dequantized(self):
+        values = dequantize_blockwise(self.codes, self.absmax, self.signed).reshape(self.shape)
+        values.name = self.name
+        return values
+
+    def save(self, state: dict) -> None:
+        state[self.name] = self.dequantized()
+        state[self.name + QUANT_CODES_KEY] = self.codes
+        state[self.name + QUANT_ABSMAX_KEY] = self.absmax
+
+    def load(self, state: dict) -> None:
+        """From a state dict (popping this moment's keys): the saved codes where they dequantise to
+        the fp32 entry bit for bit (our own checkpoint), else the fp32 entry quantised."""
+        values = state.pop(self.name).flatten().astype(paddle.float32)
+        codes, absmax = state.pop(self.name + QUANT_CODES_KEY, None), state.pop(self.name + QUANT_ABSMAX_KEY, None)
+        saved_codes_match = (codes is not None and absmax is not None and codes.size == self.codes.size
+                             and absmax.size == self.absmax.size
+                             and bool(paddle.equal_all(dequantize_blockwise(codes, absmax, self.signed), values)))
+        if not saved_codes_match:
+            codes, absmax = quantize_blockwise(values, self.signed)
+        self.codes.set_value(codes.flatten().astype(paddle.uint8))
+        self.absmax.set_value(absmax.flatten().astype(paddle.float32))
+
+
+def compensation_from_master(master, param):
+    """The Kahan compensation that makes float(param) + float(compensation) the fp32 master (to the
+    compensation's 16 bits): round(master - float(param)) in param's dtype."""
+    return (master.astype(paddle.float32) - param.astype(paddle.float32)).astype(param.dtype)
+
+
+def master_from_compensation(compensation, param):
+    """float32(param) + float32(compensation): the fp32 master the pair stands for (exact in fp32)."""
+    return param.astype(paddle.float32) + compensation.astype(paddle.float32)
 
 
 class FastAdamW(paddle.optimizer.AdamW):
@@ -228,12 +357,36 @@ class FastAdamW(paddle.optimizer.AdamW):
     lr_ratio works on the CPU too (Paddle's constructor refuses it there because its CPU kernel
     would apply the ratio to the decay only); a parameter that would take Paddle's own CPU update
     with an lr_ratio raises NotImplementedError.
+
+    Low-memory state (fastffn/optimizer.h says how and why), the defaults being Paddle's layout:
+    moments="int8" keeps both moments of every tensor of at least min_8bit_size (4096) elements as
+    8-bit blockwise-quantised codes (1 byte each plus one fp32 absmax per 256 elements; smaller
+    tensors keep fp32 moments); master_weights="compensated" replaces multi_precision's fp32 master
+    of each 16-bit parameter by a 16-bit Kahan compensation (2 bytes instead of 4). Checkpoints keep
+    Paddle's layout: state_dict() holds the moments dequantised to fp32 under Paddle's names (plus
+    the codes and absmax under extra keys, see QUANT_CODES_KEY) and, for compensated parameters,
+    master_weights = float32(param) + float32(compensation); set_state_dict() takes Paddle's layout
+    (moments quantised, compensation = master - param rounded; load the model weights first). Both
+    need the kernel for every such parameter: they refuse amsgrad, lazy_mode and
+    use_lowprecision_moment, and a parameter that would need Paddle's own update raises.
     """
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, parameters=None,
                  weight_decay=0.01, use_lowprecision_moment=False, lr_ratio=None,
                  apply_decay_param_fun=None, grad_clip=None, lazy_mode=False,
-                 multi_precision=False, amsgrad=False, name=None):
+                 multi_precision=False, amsgrad=False, name=None, moments="fp32",
+                 master_weights="fp32", min_8bit_size=core_optimizer.MIN_8BIT_SIZE):
+        self._state_format = core_optimizer.StateFormat(moments, master_weights, min_8bit_size)
+        if self._state_format.compact:
+            for flag, value in (("amsgrad", amsgrad), ("lazy_mode", lazy_mode),
+                                ("use_lowprecision_moment", use_lowprecision_moment)):
+                if value:
+                    raise ValueError(f"{OP}: argument `{flag}` cannot go with moments={moments!r}, "
+                                     f"master_weights={master_weights!r} (the kernel has no such update)")
+        # {accumulator name: {owner name: _QuantizedMoment}} beside Paddle's _accumulators, and
+        # {param name: compensation} (also in _master_weights, standing in for the master).
+        self._quantized_moments: dict = {}
+        self._compensations: dict = {}
         super().__init__(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon,
                          parameters=parameters, weight_decay=weight_decay,
                          use_lowprecision_moment=use_lowprecision_moment, lr_ratio=None,
@@ -290,7 +443,7 @@ class FastAdamW(paddle.optimizer.AdamW):
             return f"{param.dtype} parameters"
         if grad.dtype not in (param.dtype, paddle.float32):
             return f"{grad.dtype} gradients of {param.dtype} parameters"
-        if moment1.dtype != paddle.float32:
+        if moment1.dtype not in (paddle.float32, paddle.uint8):
             return "low-precision moments (use_lowprecision_moment)"
         if learning_rate.dtype != paddle.float32:
             return f"a {learning_rate.dtype} learning rate"
@@ -300,6 +453,106 @@ class FastAdamW(paddle.optimizer.AdamW):
             return f"parameters on {param.place}"
         return None
 
+    # --- low-memory state: where it replaces Paddle's accumulators and masters ----------------
+    def _kernel_keeps(self, param) -> bool:
+        """Whether param's state may take a layout only the kernel updates."""
+        return (param.dtype in _KERNEL_DTYPES and not param.is_dist() and framework.in_dygraph_mode()
+                and _checks.kernel_supports_place(param))
+
+    def _create_master_weight(self, param):
+        """multi_precision's fp32 master, or under master_weights="compensated" the 16-bit
+        compensation standing in for it (under the name Paddle gives the master, so that the
+        moments keyed by it keep Paddle's names); a master that set_state_dict loaded becomes the
+        compensation against the current weight."""
+        if self._state_format.master_weights != "compensated" or not self._kernel_keeps(param):
+            return super()._create_master_weight(param)
+        if param.name in self._compensations:
+            return self._compensations[param.name]
+        loaded = self._master_weights.get(param.name)
+        if loaded is None:
+            name = self._gen_master_weight_var_name(param)
+            compensation = paddle.zeros(param.shape, param.dtype)
+        else:
+            name = loaded.name
+            compensation = compensation_from_master(loaded.reshape(param.shape), param)
+        compensation.name = name
+        self._master_weights[param.name] = self._compensations[param.name] = compensation
+        return compensation
+
+    def _add_accumulator(self, name, param, dtype=None, fill_value=0.0, shape=None, type=None, device=None):
+        """Paddle's, except that a moment of a tensor of at least min_8bit_size elements under
+        moments="int8" is a _QuantizedMoment, named as Paddle names the fp32 moment (its
+        unique name is drawn as Paddle draws it, so the other accumulators keep theirs)."""
+        if (name not in (self._moment1_acc_str, self._moment2_acc_str)
+                or not self._state_format.quantizes(param.size) or not self._kernel_keeps(param)):
+            return super()._add_accumulator(name, param, dtype, fill_value, shape, type, device)
+        key = name if self._name is None else f"{self._name}_{name}"
+        moments = self._quantized_moments.setdefault(key, {})
+        if param.name not in moments:
+            moment = _QuantizedMoment(unique_name.generate(f"{param.name}_{key}"), param,
+                                      signed=name == self._moment1_acc_str)
+            if self._accumulators_holder:  # set_state_dict ran before the first step (Paddle's check)
+                if moment.name not in self._accumulators_holder:
+                    raise KeyError(f"{OP}: the loaded optimizer state has no {moment.name}")
+                moment.load(self._accumulators_holder)
+            moments[param.name] = moment
+        return moments[param.name]
+
+    def _moment(self, name: str, param):
+        """param's moment `name`: (values, absmax): fp32 and None, or uint8 codes and their absmax."""
+        owner = self._master_weights[param.name] \
+            if self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype) else param
+        key = name if self._name is None else f"{self._name}_{name}"
+        quantized = self._quantized_moments.get(key, {}).get(owner.name)
+        if quantized is not None:
+            return quantized.codes, quantized.absmax
+        return self._get_accumulator_master(name, param), None
+
+    def _keeps_low_memory_state(self, param) -> bool:
+        return param.name in self._compensations or any(
+            param.name in moments or self._master_weights.get(param.name, param).name in moments
+            for moments in self._quantized_moments.values())
+
+    def state_dict(self):
+        """Paddle's layout (see the class): quantised moments as fp32 under Paddle's names (their
+        codes and absmax beside them), compensated parameters' masters reconstructed."""
+        state = super().state_dict()
+        for moments in self._quantized_moments.values():
+            for moment in moments.values():
+                moment.save(state)
+        if self._compensations:
+            masters = dict(state.get("master_weights", {}))
+            for param in self._parameter_list_flat():
+                compensation = self._compensations.get(param.name)
+                if compensation is not None:
+                    masters[param.name] = master_from_compensation(compensation, param)
+                    masters[param.name].name = compensation.name
+            state["master_weights"] = masters
+        return state
+
+    def set_state_dict(self, state_dict):
+        """Paddle's set_state_dict, with quantised moments and compensations taken from Paddle's
+        layout (or our own extra keys, see _QuantizedMoment.load); where the state does not exist
+        yet, it is made from the loaded values at the first step, as Paddle does."""
+        state = dict(state_dict)
+        for moments in self._quantized_moments.values():
+            for moment in moments.values():
+                moment.load(state)
+        masters = dict(state.get("master_weights", {}))
+        for param in self._parameter_list_flat():
+            compensation = self._compensations.get(param.name)
+            if compensation is not None and param.name in masters:
+                compensation.set_value(compensation_from_master(masters.pop(param.name).reshape(param.shape), param))
+        if "master_weights" in state:
+            state["master_weights"] = {**self._master_weights, **masters} if self._compensations else masters
+        super().set_state_dict(state)
+
+    def _parameter_list_flat(self):
+        params = self._parameter_list or []
+        if params and isinstance(params[0], dict):
+            return [p for group in params for p in group["params"]]
+        return list(params)
+
     # --- one parameter's update -------------------------------------------------------------
     def _append_optimize_op(self, block, param_and_grad):
         if isinstance(param_and_grad, dict):
@@ -308,27 +561,35 @@ class FastAdamW(paddle.optimizer.AdamW):
         reason = self._optimizer_reason()
         if reason is not None:
             return self._paddle_update(block, param, grad, reason)
-        moment1 = self._get_accumulator_master(self._moment1_acc_str, param)
+        moment1, moment1_absmax = self._moment(self._moment1_acc_str, param)
         learning_rate = self._create_param_lr((param, grad))
         reason = self._parameter_reason(param, grad, moment1, learning_rate)
         if reason is not None:
             return self._paddle_update(block, param, grad, reason)
-        find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype)
+        moment2, moment2_absmax = self._moment(self._moment2_acc_str, param)
+        compensation = self._compensations.get(param.name)
+        find_master = self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype) and compensation is None
         clipped = self._clip_coefficient_fp32 is not None and _need_clip(param)
         update = core_optimizer.ParameterUpdate(
-            param, grad, moment1, self._get_accumulator_master(self._moment2_acc_str, param),
+            param, grad, moment1, moment2,
             self._master_weights[param.name] if find_master else None,
             self._get_accumulator_master(self._beta1_pow_acc_str, param),
             self._get_accumulator_master(self._beta2_pow_acc_str, param),
             lr_ratio=1.0 if self._lr_ratio is None else self._lr_ratio(param),
             with_decay=self._apply_decay_param_fun is None or self._apply_decay_param_fun(param.name),
-            clipped=clipped)
+            clipped=clipped, compensation=compensation, moment1_absmax=moment1_absmax,
+            moment2_absmax=moment2_absmax)
         hyper = core_optimizer.AdamWHyper(_as_float(self._beta1), _as_float(self._beta2), _as_float(self._epsilon),
                                           float(self._weight_decay))
         core_optimizer.update_parameters(_BACKEND, [update], learning_rate, self._clip_coefficient_fp32, hyper)
         return None
 
     def _paddle_update(self, block, param, grad, reason):
+        if self._keeps_low_memory_state(param):
+            raise NotImplementedError(
+                f"{OP}: {param.name} keeps low-memory optimizer state (moments="
+                f"{self._state_format.moments!r}, master_weights={self._state_format.master_weights!r}), "
+                f"which only the kernel updates, but takes Paddle's own update here: {reason}")
         self.deferred[reason] += 1
         _inform(reason)
         if self._lr_ratio is not None and param.place.is_cpu_place():

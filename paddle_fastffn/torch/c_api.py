@@ -20,7 +20,7 @@ import torch
 
 from paddle_fastffn.core import linear_cross_entropy as core_lce
 from paddle_fastffn.torch.build import REPO, definition
-from paddle_fastffn.torch.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceLimits, HeadsLayout,  # noqa: F401
+from paddle_fastffn.torch.c_structs import (AdamwArgs, AdamwState, CrossEntropyArgs, DeviceLimits, HeadsLayout,  # noqa: F401
                                             RmsNormArgs, RmsNormBwdPlan, RotaryArgs, Scalar, SwigluArgs,
                                             check_abi)
 
@@ -28,6 +28,8 @@ from paddle_fastffn.torch.c_structs import (AdamwArgs, CrossEntropyArgs, DeviceL
 POISON_OUTPUTS = False
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+# fastffn_moments (fastffn/optimizer.h): the moments' layout, by the moments' torch dtype.
+_MOMENT_LAYOUTS = {torch.float32: 0, torch.uint8: 1}
 
 
 def scalar(value) -> Scalar:
@@ -96,6 +98,7 @@ class Kernels:
             getattr(self.lib, name).restype = ctypes.c_int  # a fastffn_status
         ptr = ctypes.c_void_p
         self.lib.fastffn_adamw_cuda.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr, ptr]
+        self.lib.fastffn_adamw_with_state_cuda.argtypes = [AdamwArgs, ptr, ptr, AdamwState, ptr]
         self.lib.fastffn_adamw_update_pows_cuda.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr, ptr]
 
     def _check(self, status: int, op: str):
@@ -240,6 +243,13 @@ class Kernels:
             v_out, self._stream()), "rotary")
 
     # --- AdamW (fastffn/optimizer.h) ----------------------------------------------------------
+    @staticmethod
+    def _adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio, with_decay,
+                    grad_scale) -> AdamwArgs:
+        return AdamwArgs(param.numel(), _DTYPES[param.dtype], _DTYPES[grad.dtype], beta1, beta2, eps, weight_decay,
+                         lr_ratio, int(with_decay), scalar(lr), scalar(beta1_pow), scalar(beta2_pow),
+                         scalar(grad_scale))
+
     def adamw(self, param, grad, moment1, moment2, master=None, *, lr, beta1_pow, beta2_pow,
               beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, lr_ratio=1.0, with_decay=True,
               grad_scale=1.0):
@@ -250,13 +260,27 @@ class Kernels:
         tensors (their values, see scalar)."""
         for t in (param, grad, moment1, moment2, master):
             assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw: tensor layout"
-        args = AdamwArgs(param.numel(), _DTYPES[param.dtype], _DTYPES[grad.dtype], beta1, beta2, eps,
-                         weight_decay, lr_ratio, int(with_decay), scalar(lr), scalar(beta1_pow),
-                         scalar(beta2_pow), scalar(grad_scale))
+        args = self._adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio,
+                                with_decay, grad_scale)
         self._check(self.lib.fastffn_adamw_cuda(args, param.data_ptr(), grad.data_ptr(),
                                                 master.data_ptr() if master is not None else None,
                                                 moment1.data_ptr(), moment2.data_ptr(),
                                                 self._stream()), "adamw")
+
+    def adamw_with_state(self, param, grad, moment1, moment2, master=None, compensation=None, moment1_absmax=None,
+                         moment2_absmax=None, *, lr, beta1_pow, beta2_pow, beta1=0.9, beta2=0.999, eps=1e-8,
+                         weight_decay=0.01, lr_ratio=1.0, with_decay=True, grad_scale=1.0):
+        """adamw over the low-memory state (fastffn/optimizer.h): moment1/moment2 fp32, or uint8
+        codes with their fp32 absmax [ceil(numel / 256)] (8-bit moments); compensation (param's
+        dtype, 16-bit params without master) for Kahan-compensated weights."""
+        for t in (param, grad, moment1, moment2, master, compensation):
+            assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw_with_state: tensor layout"
+        args = self._adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio,
+                                with_decay, grad_scale)
+        state = AdamwState(_MOMENT_LAYOUTS[moment1.dtype], *(None if t is None else t.data_ptr() for t in (
+            moment1, moment2, moment1_absmax, moment2_absmax, master, compensation)))
+        self._check(self.lib.fastffn_adamw_with_state_cuda(args, param.data_ptr(), grad.data_ptr(), state,
+                                                           self._stream()), "adamw_with_state")
 
     def adamw_update_pows(self, beta1, beta2, beta1_pow, beta2_pow):
         """beta1_pow *= beta1, beta2_pow *= beta2 on the device (fp32 one-element tensors)."""

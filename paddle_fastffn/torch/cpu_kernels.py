@@ -37,7 +37,7 @@ import torch
 from paddle_fastffn.core.fp8.recipe import FP32_MAX, scale_numerator
 from paddle_fastffn.torch import c_api
 from paddle_fastffn.torch.build import REPO, definition
-from paddle_fastffn.torch.c_structs import AdamwArgs, RmsNormArgs, check_abi
+from paddle_fastffn.torch.c_structs import AdamwArgs, AdamwState, RmsNormArgs, check_abi
 from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 from paddle_fastffn.torch.fp8 import backend as torch_fp8_backend
 
@@ -95,6 +95,7 @@ class CpuKernels(c_api.Kernels):
         for entry_point in c_api.ENTRY_POINTS.values():
             getattr(lib, f"{entry_point}_cpu").restype = ctypes.c_int  # a fastffn_status
         lib.fastffn_adamw_cpu.argtypes = [AdamwArgs, ptr, ptr, ptr, ptr, ptr]
+        lib.fastffn_adamw_with_state_cpu.argtypes = [AdamwArgs, ptr, ptr, AdamwState]
         lib.fastffn_adamw_update_pows_cpu.argtypes = [ctypes.c_float, ctypes.c_float, ptr, ptr]
         self.cpu_lib = lib
         self.lib = _CpuEntryPoints(lib)

@@ -47,7 +47,7 @@ from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists a
 from paddle_fastffn.core import optimizer as core_optimizer
 from paddle_fastffn.core import packed_attention as core_packed_attention
 from paddle_fastffn.torch import ops
-from paddle_fastffn.torch.optimizer import TorchOptimizerBackend, host_beta_pows
+from paddle_fastffn.torch.optimizer import TorchOptimizerBackend, host_beta_pows, new_state
 
 TORCH = ops.BACKEND
 
@@ -447,23 +447,47 @@ class FusedMasterAdamW:
     norm per gradient (fp32 accumulation, in the gradient's dtype), summed in fp32, gives clip =
     max_norm / max(norm, max_norm) on the device, which the kernel multiplies each gradient by as it
     reads it (torch's clip_grad_norm_ divides by norm + 1e-6 instead). zero_grad releases the
-    gradients (None), as FastAdamW.clear_grad does."""
+    gradients (None), as FastAdamW.clear_grad does.
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
+    moments="int8", master_weights="compensated" (min_8bit_size): FastAdamW's low-memory state
+    (fastffn/optimizer.h; new_state in paddle_fastffn/torch/optimizer.py), through the same core step
+    and the kernel's fastffn_adamw_with_state entry: 8-bit blockwise moments for tensors of at least
+    min_8bit_size elements, a 16-bit Kahan compensation instead of each 16-bit parameter's fp32
+    master. core_optimizer.state_memory says what each layout takes."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, max_grad_norm=None,
+                 moments="fp32", master_weights="fp32", min_8bit_size=core_optimizer.MIN_8BIT_SIZE):
         self._backend = TorchOptimizerBackend()
         self.params = [p for p in params if p.requires_grad]
+        self.state_format = core_optimizer.StateFormat(moments, master_weights, min_8bit_size)
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.max_grad_norm = eps, weight_decay, max_grad_norm
         self.hyper = core_optimizer.AdamWHyper(self.beta1, self.beta2, eps, weight_decay)
         self.clip = None if max_grad_norm is None else core_optimizer.GlobalNormClip(float(max_grad_norm))
         device = self.params[0].device
-        self.masters = [p.detach().float() if p.dtype != torch.float32 else None for p in self.params]
-        self.m = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
-        self.v = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
+        self.states = [new_state(p, self.state_format) for p in self.params]
         # per parameter: beta1^t and beta2^t of its next step (Paddle's accumulators start at beta1, beta2)
         self.beta_pows = [host_beta_pows(self.beta1, self.beta2) for _ in self.params]
         self.lr = torch.tensor([lr], dtype=torch.float32, device=device)
         self._lr_slot = core_optimizer.LearningRateSlot(written=float(lr))
+
+    # Each parameter's state by kind (None where its layout has none), for checks and benchmarks.
+    @property
+    def masters(self):
+        return [state["master"] for state in self.states]
+
+    @property
+    def m(self):
+        return [state["moment1"] for state in self.states]
+
+    @property
+    def v(self):
+        return [state["moment2"] for state in self.states]
+
+    def state_memory(self) -> dict[str, int]:
+        """Bytes of weights, masters (or compensation), moments and gradients of this optimizer's
+        parameters in its layout (core_optimizer.state_memory), for the benchmarks to print."""
+        return core_optimizer.state_memory([(p.numel(), p.element_size()) for p in self.params], self.state_format)
 
     def set_lr(self, lr):
         self._lr_slot.set(self._backend, self.lr, lr)
@@ -474,7 +498,9 @@ class FusedMasterAdamW:
 
     @torch.no_grad()
     def step(self):
-        updates = [core_optimizer.ParameterUpdate(p.detach(), p.grad, self.m[i], self.v[i], self.masters[i],
-                                                  *self.beta_pows[i])
-                   for i, p in enumerate(self.params) if p.grad is not None]
+        updates = [core_optimizer.ParameterUpdate(
+            p.detach(), p.grad, state["moment1"], state["moment2"], state["master"], *self.beta_pows[i],
+            compensation=state["compensation"], moment1_absmax=state["moment1_absmax"],
+            moment2_absmax=state["moment2_absmax"])
+            for i, (p, state) in enumerate(zip(self.params, self.states)) if p.grad is not None]
         core_optimizer.adamw_step(self._backend, updates, self.lr, self.hyper, self.clip)

@@ -59,12 +59,39 @@ class TorchOptimizerBackend:
         t.fill_(value)
 
     def adamw(self, update, learning_rate, grad_scale, hyper):
-        c_api.kernels().adamw(
-            update.param, update.grad, update.moment1, update.moment2, update.master, lr=learning_rate,
-            beta1_pow=update.beta1_pow, beta2_pow=update.beta2_pow, beta1=hyper.beta1, beta2=hyper.beta2,
-            eps=hyper.epsilon, weight_decay=hyper.weight_decay, lr_ratio=update.lr_ratio,
-            with_decay=update.with_decay, grad_scale=1.0 if grad_scale is None else grad_scale)
+        scalars = dict(lr=learning_rate, beta1_pow=update.beta1_pow, beta2_pow=update.beta2_pow, beta1=hyper.beta1,
+                       beta2=hyper.beta2, eps=hyper.epsilon, weight_decay=hyper.weight_decay, lr_ratio=update.lr_ratio,
+                       with_decay=update.with_decay, grad_scale=1.0 if grad_scale is None else grad_scale)
+        tensors = (update.param, update.grad, update.moment1, update.moment2, update.master)
+        if update.compensation is None and update.moment1_absmax is None:
+            c_api.kernels().adamw(*tensors, **scalars)  # Paddle's layout: the entry the traces record
+        else:
+            c_api.kernels().adamw_with_state(*tensors, update.compensation, update.moment1_absmax,
+                                             update.moment2_absmax, **scalars)
         advance_beta_pows(update.beta1_pow, update.beta2_pow, hyper.beta1, hyper.beta2)
+
+
+def new_state(param: torch.Tensor, state: core_optimizer.StateFormat) -> dict:
+    """One parameter's optimizer state in the layout `state` asks for (fastffn/optimizer.h):
+    {"master": fp32 copy or None, "compensation": zeros in param's dtype or None (16-bit params
+    only), "moment1"/"moment2": fp32 zeros, or uint8 codes of 0.0, "moment1_absmax"/"moment2_absmax":
+    fp32 zeros per 256 elements or None}."""
+    half = param.dtype != torch.float32
+    compensated = half and state.master_weights == "compensated"
+    flat = dict(dtype=torch.float32, device=param.device)
+    out = {"master": param.detach().float() if half and not compensated else None,
+           "compensation": torch.zeros_like(param) if compensated else None,
+           "moment1_absmax": None, "moment2_absmax": None}
+    n = param.numel()
+    if state.quantizes(n):
+        blocks = core_optimizer.absmax_blocks(n)
+        zero_code = core_optimizer.dynamic_map(True).index(0.0)
+        out.update(moment1=torch.full((n,), zero_code, dtype=torch.uint8, device=param.device),
+                   moment2=torch.zeros(n, dtype=torch.uint8, device=param.device),
+                   moment1_absmax=torch.zeros(blocks, **flat), moment2_absmax=torch.zeros(blocks, **flat))
+    else:
+        out.update(moment1=torch.zeros(param.shape, **flat), moment2=torch.zeros(param.shape, **flat))
+    return out
 
 
 def host_beta_pows(beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:

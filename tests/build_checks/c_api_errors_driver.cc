@@ -95,6 +95,22 @@ int main() {
          FASTFFN_STATUS_UNSUPPORTED_DTYPE,
          "fastffn_adamw_cpu: grad_dtype is BFLOAT16; it must be the param's "
          "dtype (FLOAT16) or FLOAT32");
+  adamw.grad_dtype = FASTFFN_DTYPE_FLOAT16;
+  fastffn_adamw_state both{FASTFFN_MOMENTS_FLOAT32, c, d, nullptr, nullptr, a, b};
+  expect("adamw_master_and_compensation", fastffn_adamw_with_state_cpu(adamw, a, b, both),
+         FASTFFN_STATUS_INVALID_ARGUMENT,
+         "fastffn_adamw_with_state_cpu: master and compensation exclude each other");
+  fastffn_adamw_state no_absmax{FASTFFN_MOMENTS_BLOCKWISE_8BIT, c, d, nullptr, nullptr, nullptr,
+                                nullptr};
+  expect("adamw_8bit_without_absmax", fastffn_adamw_with_state_cpu(adamw, a, b, no_absmax),
+         FASTFFN_STATUS_INVALID_ARGUMENT,
+         "fastffn_adamw_with_state_cpu: absmax1 and absmax2 must not be NULL for BLOCKWISE_8BIT "
+         "moments");
+  adamw.param_dtype = adamw.grad_dtype = FASTFFN_DTYPE_FLOAT32;
+  fastffn_adamw_state fp32_compensated{FASTFFN_MOMENTS_FLOAT32, c, d, nullptr, nullptr, nullptr, b};
+  expect("adamw_compensated_fp32", fastffn_adamw_with_state_cpu(adamw, a, b, fp32_compensated),
+         FASTFFN_STATUS_UNSUPPORTED_DTYPE,
+         "fastffn_adamw_with_state_cpu: compensation needs a FLOAT16 or BFLOAT16 param, got FLOAT32");
   expect("adamw_pows", fastffn_adamw_update_pows_cpu(0.9f, 0.999f, a, nullptr),
          FASTFFN_STATUS_INVALID_ARGUMENT,
          "fastffn_adamw_update_pows_cpu: beta1_pow and beta2_pow must not be "

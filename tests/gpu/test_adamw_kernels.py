@@ -367,3 +367,13 @@ def test_fused_master_adamw_runs_one_kernel_per_parameter_and_writes_the_lr_only
     ours.set_lr(5e-3)
     assert fills == [5e-3]
     assert ours.lr.item() == torch.tensor(5e-3).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_low_memory_state_matches_the_numpy_reference_on_the_gpu(dtype):
+    """fastffn_adamw_with_state_cuda (8-bit blockwise moments, Kahan compensation) through
+    FusedMasterAdamW, against tests/adamw_low_memory_ref.py: the CPU check of
+    tests/torch_cpu/test_low_memory_adamw_cpu.py, on the GPU's kernel."""
+    from tests.torch_cpu.test_low_memory_adamw_cpu import check_against_reference
+
+    check_against_reference(dtype, "cuda")

@@ -49,13 +49,13 @@ def test_the_trainer_builds_fast_adamw_with_the_flag_and_stock_adamw_without(tmp
     assert type(_optimizer_of(_args(tmp_path / "stock", use_fast_ffn=False))) is paddle.optimizer.AdamW
 
 
-def _train(out, fused_optimizer, resume_from=None):
+def _train(out, fused_optimizer, resume_from=None, **overrides):
     """Two steps of the Trainer on the fast path (fused projections either way), with FastAdamW or
     stock AdamW; resume_from: a checkpoint folder to continue from. Returns the final parameters."""
     from paddlenlp.trainer import Trainer
 
     paddle_fastffn.revert_fast_ffn()
-    args = _args(out, fast_ffn_fused_optimizer=fused_optimizer)
+    args = _args(out, fast_ffn_fused_optimizer=fused_optimizer, **overrides)
     # Fresh name counters, as in a new process: the optimizer's checkpoint keys its state by the
     # parameters' and accumulators' generated names.
     with paddle.utils.unique_name.guard():
@@ -78,3 +78,30 @@ def test_optimizer_checkpoints_resume_across_fast_and_stock_adamw(tmp_path, firs
     assert set(straight) == set(resumed)
     for name in straight:
         np.testing.assert_allclose(resumed[name], straight[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+INT8 = dict(fast_ffn_optimizer_moments="int8")
+
+
+def test_the_trainer_passes_the_optimizer_state_options(tmp_path):
+    from paddle_fastffn.core.optimizer import StateFormat
+
+    optimizer = _optimizer_of(_args(tmp_path, fast_ffn_optimizer_master_weights="compensated", **INT8))
+    assert optimizer._state_format == StateFormat("int8", "compensated")
+
+
+def test_an_8bit_checkpoint_resumes_bit_exactly_and_in_stock_adamw(tmp_path):
+    """fast_ffn_optimizer_moments=int8 through the Trainer's save and resume (the stock layout of
+    the fused projections included): step 2 resumed with int8 moments is bit-identical to the
+    straight run; stock AdamW resumes from the same checkpoint as FastAdamW with fp32 moments does
+    (both read the dequantised moments: adamw_tolerance apart)."""
+    straight = _train(tmp_path / "straight", True, **INT8)
+    checkpoint = tmp_path / "straight" / "checkpoint-1"
+    resumed = _train(tmp_path / "resumed", True, resume_from=checkpoint, **INT8)
+    for name in straight:
+        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+    stock = _train(tmp_path / "stock", False, resume_from=checkpoint)
+    fast = _train(tmp_path / "fast", True, resume_from=checkpoint)
+    atol, rtol = adamw_tolerance(2, LEARNING_RATE)
+    for name in stock:
+        np.testing.assert_allclose(fast[name], stock[name], rtol=rtol, atol=atol, err_msg=name)

@@ -225,6 +225,58 @@ def test_unified_checkpoint_resumes_both_ways(tmp_path):
     assert max_relative_loss_difference(to_fast, stock_full) <= FAST_STOCK_TRAINING_LOSS_RTOL
 
 
+def cubic_step(model, optimizer):
+    """One optimizer step on an elementwise loss (Paddle's CPU kernels cannot run a bf16 forward)."""
+    sum((p.astype("float32") ** 3).sum() for p in model.parameters()).backward()
+    optimizer.step()
+    optimizer.clear_grad()
+
+
+def test_low_memory_optimizer_state_resumes_bit_exactly(tmp_path):
+    """fast_ffn_optimizer_moments=int8 through the Trainer's checkpoint (fp32 on the CPU: no masters)."""
+    full = train(tmp_path / "full", fast_ffn_optimizer_moments="int8")
+    resumed = train(tmp_path / "resumed", resume_from=tmp_path / "full" / f"checkpoint-{N}",
+                    fast_ffn_optimizer_moments="int8")
+    assert_bit_exact(resumed, full, "int8 moments")
+
+
+def test_low_memory_state_of_amp_o2_takes_the_stock_layout_and_back(tmp_path):
+    """int8 moments and compensated bf16 weights on the fast model (fused projections): its state in
+    the stock layout has the keys stock multi_precision AdamW saves (plus the codes and absmax),
+    and loads back into a new FastAdamW that continues bit-exactly."""
+    from paddle_fastffn.optim import FastAdamW
+    from paddle_fastffn.optim.adamw import QUANT_ABSMAX_KEY, QUANT_CODES_KEY
+
+    def model_and_optimizer(model=None):
+        if model is None:
+            paddle_fastffn.apply_fast_ffn_to_llama()
+            paddle.seed(11)
+            model = LlamaForCausalLM(tiny_config(**CONFIG)).to(dtype="bfloat16")
+        return model, FastAdamW(learning_rate=1e-2, parameters=model.parameters(), multi_precision=True,
+                                moments="int8", master_weights="compensated")
+
+    with paddle.utils.unique_name.guard():
+        model, optimizer = model_and_optimizer()
+        cubic_step(model, optimizer)
+        layout = resume.StockOptimizerLayout(model)
+        saved = layout.to_stock(optimizer.state_dict())
+        paddle.save(saved, str(tmp_path / "optimizer.pdopt"))
+        before = {n: p.clone() for n, p in model.named_parameters()}
+        cubic_step(model, optimizer)
+        continued = {n: p.numpy() for n, p in model.named_parameters()}
+    assert any(k.endswith(QUANT_CODES_KEY) for k in saved) and "master_weights" in saved
+    stock_keys = {k for k in saved if not k.endswith((QUANT_CODES_KEY, QUANT_ABSMAX_KEY))}
+    assert all(k.endswith(("_moment1_0", "_moment2_0", "_pow_acc_0")) for k in stock_keys - {"master_weights"})
+    for name, param in model.named_parameters():
+        param.set_value(before[name])
+    with paddle.utils.unique_name.guard():
+        _, restored = model_and_optimizer(model)
+        restored.set_state_dict(layout.from_stock(paddle.load(str(tmp_path / "optimizer.pdopt"))))
+        cubic_step(model, restored)
+    for name, param in model.named_parameters():
+        np.testing.assert_array_equal(param.numpy(), continued[name], err_msg=name)
+
+
 def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp_path):
     """bf16 parameters with fp32 master weights (multi_precision, AMP O2's optimizer) on both paths,
     one FastAdamW step each on the same elementwise loss: the fast optimizer's state in the stock
@@ -242,11 +294,6 @@ def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp
         model.to(dtype="bfloat16")  # Paddle's CPU kernels cannot run a bf16 forward: an elementwise loss
         return model, FastAdamW(learning_rate=1e-2, parameters=model.parameters(), multi_precision=True)
 
-    def step(model, optimizer):
-        sum((p.astype("float32") ** 3).sum() for p in model.parameters()).backward()
-        optimizer.step()
-        optimizer.clear_grad()
-
     def entries(state):
         flat = {k: v for k, v in state.items() if k not in ("master_weights", "LR_Scheduler")}
         flat.update({f"master_weights/{k}": v for k, v in state["master_weights"].items()})
@@ -254,11 +301,11 @@ def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp
 
     with paddle.utils.unique_name.guard():
         stock_model, stock_optimizer = model_and_optimizer(fast=False)
-        step(stock_model, stock_optimizer)
+        cubic_step(stock_model, stock_optimizer)
         expected = entries(stock_optimizer.state_dict())
     with paddle.utils.unique_name.guard():
         model, optimizer = model_and_optimizer(fast=True)
-        step(model, optimizer)
+        cubic_step(model, optimizer)
         layout = resume.StockOptimizerLayout(model)
         saved = entries(layout.to_stock(optimizer.state_dict()))
         assert saved.keys() == expected.keys()
@@ -269,14 +316,14 @@ def test_master_weights_and_moments_of_amp_o2_take_the_stock_layout_and_back(tmp
         install = layout.from_stock(paddle.load(str(tmp_path / "optimizer.pdopt")))
         assert entries(install).keys() == entries(optimizer.state_dict()).keys()
         before = {n: p.clone() for n, p in model.named_parameters()}
-        step(model, optimizer)
+        cubic_step(model, optimizer)
         continued = {n: p.numpy() for n, p in model.named_parameters()}
     for name, param in model.named_parameters():
         param.set_value(before[name])
     with paddle.utils.unique_name.guard():  # the resuming process names its accumulators afresh
         restored = FastAdamW(learning_rate=1e-2, parameters=model.parameters(), multi_precision=True)
         restored.set_state_dict(install)
-        step(model, restored)
+        cubic_step(model, restored)
     for name, param in model.named_parameters():
         np.testing.assert_array_equal(param.numpy(), continued[name], err_msg=name)
 

@@ -169,9 +169,9 @@ def test_the_c_adamw_dtype_rules_reach_the_user_with_their_message():
         _adamw_op(param, paddle.zeros([4], grad_dtype), paddle.full([1], 0.1, "float32"), *moments,
                   *pows, None, None, 0.9, 0.999, 1e-8, 1.0, 0.0, False)
 
-    with pytest.raises(Exception, match=r"unsupported dtype: fastffn_adamw_cpu: param_dtype is "
+    with pytest.raises(Exception, match=r"unsupported dtype: fastffn_adamw_with_state_cpu: param_dtype is "
                                         r"FLOAT64 \(3\); this kernel stores FLOAT32, FLOAT16, BFLOAT16"):
         step("float64", "float64")
-    with pytest.raises(Exception, match=r"fastffn_adamw_cpu: grad_dtype is FLOAT16; it must be the "
+    with pytest.raises(Exception, match=r"fastffn_adamw_with_state_cpu: grad_dtype is FLOAT16; it must be the "
                                         r"param's dtype \(BFLOAT16\) or FLOAT32"):
         step("bfloat16", "float16")

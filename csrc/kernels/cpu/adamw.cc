@@ -1,5 +1,7 @@
 // AdamW on the CPU (fastffn/optimizer.h): one pass over the tensor, chunks split across OpenMP
 // threads, the inner loop vectorised (the update has no branch; sqrt and division vectorise).
+// 8-bit moments: one quantisation block per work item, dequantised, updated and requantised while
+// it sits in the cache.
 //
 // No floating-point contraction in this file: with -mfma g++ fused m1 = beta1*m1 + (1-beta1)*g
 // (and its neighbours) into FMAs, one rounding where Paddle's CPU AdamW rounds after the multiply
@@ -12,6 +14,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include <algorithm>
+#include <cmath>
 
 #include "cpu_common.h"
 #include "../adamw_math.h"
@@ -27,24 +30,108 @@ constexpr int64_t kChunk = 2048;
 
 inline float read(fastffn_scalar s) { return s.ptr != nullptr ? *s.ptr : s.value; }
 
-template <typename T, typename G, bool kMaster>
-void adamw(const AdamwStep& s, int64_t n, T* param, const G* grad, float* master, float* moment1,
-           float* moment2) {
+// An element's fp32 weight and where it goes back (fastffn_adamw_state's three layouts).
+template <typename T, Weight W>
+struct Weights {
+  T* param;
+  float* master;
+  T* compensation;
+
+  float load(int64_t i) const {
+    if constexpr (W == Weight::kMaster) return master[i];
+    if constexpr (W == Weight::kCompensated) return to_float(param[i]) + to_float(compensation[i]);
+    return to_float(param[i]);
+  }
+
+  void store(int64_t i, float p) const {
+    const T rounded = ::fastffn::cpu::store<T>(p);
+    param[i] = rounded;
+    if constexpr (W == Weight::kMaster) master[i] = p;
+    if constexpr (W == Weight::kCompensated)
+      compensation[i] = ::fastffn::cpu::store<T>(p - to_float(rounded));
+  }
+};
+
+template <typename T, typename G, Weight W>
+void adamw_dense(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G* grad,
+                 float* moment1, float* moment2) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t end = std::min(n, (c + 1) * kChunk);
 #pragma omp simd
     for (int64_t i = c * kChunk; i < end; ++i) {
-      float p = kMaster ? master[i] : to_float(param[i]);
+      float p = w.load(i);
       float m1 = moment1[i], m2 = moment2[i];
       adamw_update(s, p, to_float(grad[i]), m1, m2);
       moment1[i] = m1;
       moment2[i] = m2;
-      if constexpr (kMaster) master[i] = p;
-      param[i] = store<T>(p);
+      w.store(i, p);
     }
   }
+}
+
+// The dynamic maps, evaluated once (thread-safe static initialisation).
+struct DynamicMaps {
+  float signed_map[kMapSize], unsigned_map[kMapSize];
+  DynamicMaps() {
+    for (int c = 0; c < kMapSize; ++c) {
+      signed_map[c] = dynamic_map_value(c, true);
+      unsigned_map[c] = dynamic_map_value(c, false);
+    }
+  }
+};
+
+const DynamicMaps& dynamic_maps() {
+  static const DynamicMaps maps;
+  return maps;
+}
+
+// One quantisation block per work item: dequantise, update, new absmax, requantise.
+template <typename T, typename G, Weight W>
+void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G* grad,
+                     uint8_t* codes1, uint8_t* codes2, float* absmax1, float* absmax2) {
+  const float* map1 = dynamic_maps().signed_map;
+  const float* map2 = dynamic_maps().unsigned_map;
+  const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = b * kQuantBlock;
+    const int count = static_cast<int>(std::min<int64_t>(kQuantBlock, n - first));
+    float m1[kQuantBlock], m2[kQuantBlock];
+    float new_absmax1 = 0.f, new_absmax2 = 0.f;
+    for (int k = 0; k < count; ++k) {
+      const int64_t i = first + k;
+      float p = w.load(i);
+      m1[k] = map1[codes1[i]] * absmax1[b];
+      m2[k] = map2[codes2[i]] * absmax2[b];
+      adamw_update(s, p, to_float(grad[i]), m1[k], m2[k]);
+      w.store(i, p);
+      new_absmax1 = nan_max(new_absmax1, std::fabs(m1[k]));
+      new_absmax2 = nan_max(new_absmax2, std::fabs(m2[k]));
+    }
+    absmax1[b] = new_absmax1;
+    absmax2[b] = new_absmax2;
+    for (int k = 0; k < count; ++k) {
+      codes1[first + k] = static_cast<uint8_t>(quantize(map1, m1[k], new_absmax1));
+      codes2[first + k] = static_cast<uint8_t>(quantize(map2, m2[k], new_absmax2));
+    }
+  }
+}
+
+template <typename T, typename G>
+void adamw_with_state(const AdamwStep& s, int64_t n, void* param, const void* grad,
+                      const fastffn_adamw_state& state) {
+  dispatch_weight(state, [&](auto tag) {
+    constexpr Weight W = decltype(tag)::value;
+    const Weights<T, W> w{static_cast<T*>(param), state.master, static_cast<T*>(state.compensation)};
+    const G* g = static_cast<const G*>(grad);
+    if (state.moments == FASTFFN_MOMENTS_BLOCKWISE_8BIT)
+      adamw_blockwise(s, n, w, g, static_cast<uint8_t*>(state.moment1),
+                      static_cast<uint8_t*>(state.moment2), state.absmax1, state.absmax2);
+    else
+      adamw_dense(s, n, w, g, static_cast<float*>(state.moment1), static_cast<float*>(state.moment2));
+  });
 }
 
 }  // namespace
@@ -53,19 +140,14 @@ void adamw(const AdamwStep& s, int64_t n, T* param, const G* grad, float* master
 
 using namespace fastffn::cpu;
 
-extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param,
-                                            const void* grad, float* master, float* moment1,
-                                            float* moment2) {
-  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+extern "C" fastffn_status fastffn_adamw_with_state_cpu(fastffn_adamw_args args, void* param,
+                                                       const void* grad, fastffn_adamw_state state) {
+  FASTFFN_TRY_STATUS(fastffn::check_adamw_state(__func__, args, param, grad, state));
   if (args.n == 0) return FASTFFN_STATUS_OK;
   const fastffn::AdamwStep step = fastffn::adamw_step(
       args, read(args.lr), read(args.beta1_pow), read(args.beta2_pow), read(args.grad_scale));
   auto run = [&](auto param_tag, auto grad_tag) {
-    using T = decltype(param_tag);
-    using G = decltype(grad_tag);
-    auto kernel = master != nullptr ? adamw<T, G, true> : adamw<T, G, false>;
-    kernel(step, args.n, static_cast<T*>(param), static_cast<const G*>(grad), master, moment1,
-           moment2);
+    adamw_with_state<decltype(param_tag), decltype(grad_tag)>(step, args.n, param, grad, state);
     return FASTFFN_STATUS_OK;
   };
   const bool fp32_grad = args.grad_dtype == FASTFFN_DTYPE_FLOAT32;
@@ -77,6 +159,15 @@ extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param
     default:
       return run(float{}, float{});
   }
+}
+
+extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param,
+                                            const void* grad, float* master, float* moment1,
+                                            float* moment2) {
+  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+  const fastffn_adamw_state state{FASTFFN_MOMENTS_FLOAT32, moment1, moment2, nullptr, nullptr,
+                                  master, nullptr};
+  return fastffn_adamw_with_state_cpu(args, param, grad, state);
 }
 
 extern "C" fastffn_status fastffn_adamw_update_pows_cpu(float beta1, float beta2,

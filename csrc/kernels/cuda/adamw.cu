@@ -5,7 +5,8 @@
 // the same update one element per thread. The grid holds kBlocksPerSm blocks per SM of the
 // device (read at run time), enough loads in flight to stream at the device's bandwidth; the
 // learning rate, beta powers and clip coefficient are read on the device, so nothing waits on
-// the host and a CUDA graph of the step replays with their current values.
+// the host and a CUDA graph of the step replays with their current values. 8-bit moments run
+// adamw_blockwise_kernel (below), one quantisation block per thread block at a time.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -61,20 +62,47 @@ __device__ __forceinline__ void store_from_float(T* p, const float (&in)[N]) {
   }
 }
 
-template <typename T, typename G, bool kMaster>
+template <typename T, typename G, Weight W>
 struct Tensors {
   T* __restrict__ param;
   const G* __restrict__ grad;
   float* __restrict__ master;
+  T* __restrict__ compensation;
   float* __restrict__ moment1;
   float* __restrict__ moment2;
+
+  template <int N>
+  __device__ __forceinline__ void load_weights(int64_t i, float (&p)[N]) const {
+    if constexpr (W == Weight::kMaster) {
+      load_as_float<N>(master + i, p);
+    } else {
+      load_as_float<N>(param + i, p);
+      if constexpr (W == Weight::kCompensated) {
+        float c[N];
+        load_as_float<N>(compensation + i, c);
+#pragma unroll
+        for (int k = 0; k < N; ++k) p[k] += c[k];
+      }
+    }
+  }
+
+  template <int N>
+  __device__ __forceinline__ void store_weights(int64_t i, const float (&p)[N]) const {
+    if constexpr (W == Weight::kMaster) store_from_float<N>(master + i, p);
+    if constexpr (W == Weight::kCompensated) {
+      float c[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) c[k] = p[k] - round_to_storage<T>(p[k]);
+      store_from_float<N>(compensation + i, c);
+    }
+    store_from_float<N>(param + i, p);
+  }
 
   // Elements [i, i + N): every load is issued before the math, every store after it.
   template <int N>
   __device__ __forceinline__ void update(const AdamwStep& s, int64_t i) const {
     float p[N], g[N], m1[N], m2[N];
-    if constexpr (kMaster) load_as_float<N>(master + i, p);
-    else load_as_float<N>(param + i, p);
+    load_weights<N>(i, p);
     load_as_float<N>(grad + i, g);
     load_as_float<N>(moment1 + i, m1);
     load_as_float<N>(moment2 + i, m2);
@@ -82,14 +110,13 @@ struct Tensors {
     for (int k = 0; k < N; ++k) adamw_update(s, p[k], g[k], m1[k], m2[k]);
     store_from_float<N>(moment1 + i, m1);
     store_from_float<N>(moment2 + i, m2);
-    if constexpr (kMaster) store_from_float<N>(master + i, p);
-    store_from_float<N>(param + i, p);
+    store_weights<N>(i, p);
   }
 };
 
-template <typename T, typename G, bool kMaster, int N>
+template <typename T, typename G, Weight W, int N>
 __global__ void __launch_bounds__(kThreads)
-adamw_kernel(fastffn_adamw_args a, Tensors<T, G, kMaster> t) {
+adamw_kernel(fastffn_adamw_args a, Tensors<T, G, W> t) {
   const AdamwStep s =
       adamw_step(a, read(a.lr), read(a.beta1_pow), read(a.beta2_pow), read(a.grad_scale));
   const int64_t groups = a.n / N;
@@ -99,6 +126,95 @@ adamw_kernel(fastffn_adamw_args a, Tensors<T, G, kMaster> t) {
   if constexpr (N > 1) {
     const int64_t tail = groups * N + first;
     if (tail < a.n) t.template update<1>(s, tail);
+  }
+}
+
+// --- 8-bit blockwise moments ---------------------------------------------------------------
+// A thread block owns whole quantisation blocks (grid-stride over them): kQuantThreads threads,
+// each kQuantBlock / kQuantThreads elements strided by kQuantThreads, so that every load and store
+// of a warp is one contiguous run (no alignment needed); the block's absmax is a reduction across
+// the thread block. 32 such blocks per SM fill an SM's 2048 threads.
+constexpr int kQuantThreads = 64;
+constexpr int kQuantPerThread = kQuantBlock / kQuantThreads;
+constexpr int kQuantBlocksPerSm = 32;
+static_assert(kQuantBlock % kQuantThreads == 0 && kQuantThreads % 32 == 0, "whole warps per block");
+
+// max over the thread block of a and of b (NaN kept), every thread receives both.
+__device__ __forceinline__ void block_nan_max(float& a, float& b, float (*partial)[kQuantThreads / 32]) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    a = nan_max(a, __shfl_xor_sync(0xffffffffu, a, offset));
+    b = nan_max(b, __shfl_xor_sync(0xffffffffu, b, offset));
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    partial[0][warp] = a;
+    partial[1][warp] = b;
+  }
+  __syncthreads();
+  a = partial[0][0];
+  b = partial[1][0];
+#pragma unroll
+  for (int w = 1; w < kQuantThreads / 32; ++w) {
+    a = nan_max(a, partial[0][w]);
+    b = nan_max(b, partial[1][w]);
+  }
+}
+
+template <typename T, typename G, Weight W>
+struct BlockwiseTensors {
+  Tensors<T, G, W> weights;  // param, grad, master, compensation (its moment pointers unused)
+  uint8_t* __restrict__ codes1;
+  uint8_t* __restrict__ codes2;
+  float* __restrict__ absmax1;
+  float* __restrict__ absmax2;
+};
+
+template <typename T, typename G, Weight W>
+__global__ void __launch_bounds__(kQuantThreads)
+adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
+  __shared__ float map1[kMapSize], map2[kMapSize];
+  __shared__ float partial[2][kQuantThreads / 32];
+  for (int c = threadIdx.x; c < kMapSize; c += kQuantThreads) {
+    map1[c] = dynamic_map_value(c, true);
+    map2[c] = dynamic_map_value(c, false);
+  }
+  __syncthreads();
+  const AdamwStep s =
+      adamw_step(a, read(a.lr), read(a.beta1_pow), read(a.beta2_pow), read(a.grad_scale));
+  const int64_t blocks = (a.n + kQuantBlock - 1) / kQuantBlock;
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const float scale1 = t.absmax1[b], scale2 = t.absmax2[b];
+    float m1[kQuantPerThread], m2[kQuantPerThread];
+    float max1 = 0.f, max2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < kQuantPerThread; ++k) {
+      const int64_t i = b * kQuantBlock + k * kQuantThreads + threadIdx.x;
+      m1[k] = m2[k] = 0.f;
+      if (i >= a.n) continue;
+      float p[1], g[1];
+      t.weights.template load_weights<1>(i, p);
+      load_as_float<1>(t.weights.grad + i, g);
+      m1[k] = map1[t.codes1[i]] * scale1;
+      m2[k] = map2[t.codes2[i]] * scale2;
+      adamw_update(s, p[0], g[0], m1[k], m2[k]);
+      t.weights.template store_weights<1>(i, p);
+      max1 = nan_max(max1, fabsf(m1[k]));
+      max2 = nan_max(max2, fabsf(m2[k]));
+    }
+    block_nan_max(max1, max2, partial);  // every thread has read absmax[b] before this
+    if (threadIdx.x == 0) {
+      t.absmax1[b] = max1;
+      t.absmax2[b] = max2;
+    }
+#pragma unroll
+    for (int k = 0; k < kQuantPerThread; ++k) {
+      const int64_t i = b * kQuantBlock + k * kQuantThreads + threadIdx.x;
+      if (i >= a.n) continue;
+      t.codes1[i] = static_cast<uint8_t>(quantize(map1, m1[k], max1));
+      t.codes2[i] = static_cast<uint8_t>(quantize(map2, m2[k], max2));
+    }
+    __syncthreads();  // `partial` is rewritten by the next block's reduction
   }
 }
 
@@ -112,35 +228,66 @@ __global__ void update_pows_kernel(float beta1, float beta2, float* beta1_pow, f
 }  // namespace fastffn
 
 using namespace fastffn::cuda;
+using fastffn::dispatch_weight;
+using fastffn::kQuantBlock;
+using fastffn::Weight;
 
-extern "C" fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* param,
-                                             const void* grad, float* master, float* moment1,
-                                             float* moment2, void* stream) {
-  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+extern "C" fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args, void* param,
+                                                        const void* grad,
+                                                        fastffn_adamw_state state, void* stream) {
+  FASTFFN_TRY_STATUS(fastffn::check_adamw_state(__func__, args, param, grad, state));
   if (args.n == 0) return FASTFFN_STATUS_OK;
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
   if (queried != FASTFFN_STATUS_OK) return queried;
-  const bool vector = aligned16(param) && aligned16(grad) && aligned16(moment1) &&
-                      aligned16(moment2) && (master == nullptr || aligned16(master));
+  const bool blockwise = state.moments == FASTFFN_MOMENTS_BLOCKWISE_8BIT;
+  const bool vector = aligned16(param) && aligned16(grad) && aligned16(state.moment1) &&
+                      aligned16(state.moment2) && (state.master == nullptr || aligned16(state.master)) &&
+                      (state.compensation == nullptr || aligned16(state.compensation));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(args.param_dtype, [&](auto tag) {
     using T = decltype(tag);
     return FASTFFN_BOOL_SWITCH(args.grad_dtype == FASTFFN_DTYPE_FLOAT32, kFp32Grad, [&] {
       using G = std::conditional_t<kFp32Grad, float, T>;
-      return FASTFFN_BOOL_SWITCH(master != nullptr, kMaster, [&] {
-        return FASTFFN_BOOL_SWITCH(vector, kVector, [&] {
-          constexpr int N = kVector ? kElems : 1;
-          const Tensors<T, G, kMaster> t{static_cast<T*>(param), static_cast<const G*>(grad),
-                                         master, moment1, moment2};
-          const unsigned int blocks =
-              blocks_for(args.n / N, kThreads, int64_t(kBlocksPerSm) * limits.sm_count);
-          adamw_kernel<T, G, kMaster, N><<<blocks, kThreads, 0, s>>>(args, t);
-          return launch_status();
-        });
+      return dispatch_weight(state, [&](auto weight_tag) {
+        constexpr Weight W = decltype(weight_tag)::value;
+        if constexpr (W == Weight::kCompensated && std::is_same_v<T, float>) {
+          return FASTFFN_STATUS_UNSUPPORTED_DTYPE;  // check_adamw_state refused it already
+        } else {
+          const Tensors<T, G, W> t{static_cast<T*>(param), static_cast<const G*>(grad), state.master,
+                                   static_cast<T*>(state.compensation),
+                                   static_cast<float*>(state.moment1),
+                                   static_cast<float*>(state.moment2)};
+          if (blockwise) {
+            const BlockwiseTensors<T, G, W> q{t, static_cast<uint8_t*>(state.moment1),
+                                              static_cast<uint8_t*>(state.moment2), state.absmax1,
+                                              state.absmax2};
+            const int64_t quant_blocks = (args.n + kQuantBlock - 1) / kQuantBlock;
+            const unsigned int grid =
+                blocks_for(quant_blocks, 1, int64_t(kQuantBlocksPerSm) * limits.sm_count);
+            adamw_blockwise_kernel<T, G, W><<<grid, kQuantThreads, 0, s>>>(args, q);
+            return launch_status();
+          }
+          return FASTFFN_BOOL_SWITCH(vector, kVector, [&] {
+            constexpr int N = kVector ? kElems : 1;
+            const unsigned int blocks =
+                blocks_for(args.n / N, kThreads, int64_t(kBlocksPerSm) * limits.sm_count);
+            adamw_kernel<T, G, W, N><<<blocks, kThreads, 0, s>>>(args, t);
+            return launch_status();
+          });
+        }
       });
     });
   });
+}
+
+extern "C" fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* param,
+                                             const void* grad, float* master, float* moment1,
+                                             float* moment2, void* stream) {
+  FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
+  const fastffn_adamw_state state{FASTFFN_MOMENTS_FLOAT32, moment1, moment2, nullptr, nullptr,
+                                  master, nullptr};
+  return fastffn_adamw_with_state_cuda(args, param, grad, state, stream);
 }
 
 extern "C" fastffn_status fastffn_adamw_update_pows_cuda(float beta1, float beta2,

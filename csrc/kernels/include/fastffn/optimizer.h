@@ -41,6 +41,48 @@
 //
 // Statuses: INVALID_ARGUMENT for a NULL tensor pointer or n < 0; UNSUPPORTED_DTYPE for a param
 // dtype outside FLOAT32/FLOAT16/BFLOAT16 or a grad dtype other than param_dtype and FLOAT32.
+//
+// Low-memory state (fastffn_adamw_with_state_*): the same update over a described state, for the
+// two layouts that take less than fp32 moments and an fp32 master (bf16 parameters: 4 + 4 + 4
+// bytes of state per parameter):
+//
+// 8-bit moments (FASTFFN_MOMENTS_BLOCKWISE_8BIT), as bitsandbytes' and torchao's AdamW8bit store
+// them: each moment is one uint8 code per element plus one fp32 absmax per block of
+// FASTFFN_ADAMW_QUANT_BLOCK (256) consecutive elements (the last block may be shorter), the value
+// being map[code] * absmax. One pass: per block, dequantise both moments, run the fp32 update
+// above on every element (the parameter update reads the dequantised moments), take the new
+// absmax = max |m| of the block, write code = the nearest map entry to m / absmax (ties: the lower
+// code; an all-zero block gets absmax 0 and the code of 0.0). 2 + 2 * 4 / 256 bytes per parameter
+// for both moments instead of 8.
+//   The maps are bitsandbytes' dynamic maps (create_dynamic_map: signed for m1, unsigned for m2),
+//   defined by their formula, evaluated in double and rounded once to fp32: a sign (signed map
+//   only), a decade 10^-6 .. 10^0 and a linear fraction within it, i.e. 7 decades of dynamic range
+//   with ~2 significant digits, dense near |x| = 1 where large moments live and still non-zero down
+//   to 1e-7 of the block's absmax (m2 spans orders of magnitude within a block, which a linear map
+//   would flush to 0, making 1 / (sqrt(m2) + eps) explode). The unsigned map spends the sign bit on
+//   twice the fractions per decade. Both hold 0.0 and 1.0 (the block's absmax element of m2 is
+//   exact); the signed map's most negative value is -0.99297 (bitsandbytes' map has no -1.0), so a
+//   block whose largest |m1| is negative stores it 0.7% small.
+//   Block size 256: bitsandbytes' and torchao's for 8-bit optimizer states; the absmax costs 1.6% of
+//   the codes, and a smaller block follows the local scale of m2 better than a whole tensor. The
+//   CUDA kernel gives each block of threads whole quantisation blocks, so the absmax is a reduction
+//   within one thread block.
+//   NaN in a block's moments makes its absmax NaN (a NaN-propagating max), so the whole block reads
+//   NaN afterwards, as an fp32 moment that took a NaN stays NaN.
+//
+// Compensated weights (compensation != NULL, 16-bit parameters, no master): Kahan summation instead
+// of an fp32 master. The update runs on p = float(param[i]) + float(compensation[i]) in fp32, then
+// param[i] = round(p) and compensation[i] = round(p - float(param[i])) in param_dtype: the part of
+// the update below the parameter's last bit is carried to the next step instead of being lost.
+// float(param) + float(compensation) holds 16 significant bits (bf16) of the fp32 master's 24: 2
+// bytes per parameter instead of 4. For a pair the kernel wrote, float(param) + float(compensation)
+// is exact in fp32 (both are multiples of p's fp32 ulp and their sum is about p), so a master
+// reconstructed that way splits again into the same compensation.
+//
+// Either weight layout combines with either moment layout (master and compensation exclude each
+// other). INVALID_ARGUMENT for NULL moments/absmax pointers of the moment layout, absmax pointers
+// given for FLOAT32 moments, an unknown moment layout, or master and compensation both given;
+// UNSUPPORTED_DTYPE for compensation with a FLOAT32 param.
 #ifndef FASTFFN_OPTIMIZER_H_
 #define FASTFFN_OPTIMIZER_H_
 
@@ -81,6 +123,33 @@ fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param, const voi
                                  float* master, float* moment1, float* moment2);
 fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* param, const void* grad,
                                   float* master, float* moment1, float* moment2, void* stream);
+
+// Elements per absmax of FASTFFN_MOMENTS_BLOCKWISE_8BIT moments: absmax arrays hold
+// ceil(n / FASTFFN_ADAMW_QUANT_BLOCK) values.
+#define FASTFFN_ADAMW_QUANT_BLOCK 256
+
+typedef enum {
+  FASTFFN_MOMENTS_FLOAT32 = 0,         // moment1, moment2: float32 [n]; absmax NULL
+  FASTFFN_MOMENTS_BLOCKWISE_8BIT = 1,  // moment1, moment2: uint8 codes [n]; absmax: float32 [blocks]
+} fastffn_moments;
+
+// One tensor's optimizer state, updated in place.
+typedef struct {
+  fastffn_moments moments;
+  void* moment1;
+  void* moment2;
+  float* absmax1;      // the blocks' absmax of moment1 (8-bit moments), else NULL
+  float* absmax2;
+  float* master;       // fp32 master weights, or NULL
+  void* compensation;  // param_dtype Kahan compensation (16-bit params without master), or NULL
+} fastffn_adamw_state;
+
+// fastffn_adamw_* is this entry with FLOAT32 moments and no compensation.
+fastffn_status fastffn_adamw_with_state_cpu(fastffn_adamw_args args, void* param, const void* grad,
+                                            fastffn_adamw_state state);
+fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args, void* param,
+                                             const void* grad, fastffn_adamw_state state,
+                                             void* stream);
 
 // Paddle's beta-power update after a step: *beta1_pow *= beta1, *beta2_pow *= beta2 (fp32; host
 // pointers for _cpu, device pointers for _cuda, one thread on the stream). INVALID_ARGUMENT for a
