@@ -36,17 +36,30 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 OURS = ("ours", "ours_fp8_delayed", "ours_fp8_current")
 PEER = {"lora": "hf_liger_peft", "full": "hf_liger"}
 WORKLOADS = {workload: OURS + (peer,) for workload, peer in PEER.items()}  # uniform rows
+# The full fine-tune in the memory modes that fit one 80 GB card: no fp32 master copy, each
+# contender stepping the optimizer its users pick there. ours_int8_compensated: FastAdamW's
+# low-memory state through the torch binding (FusedMasterAdamW(moments="int8",
+# master_weights="compensated"): 8-bit blockwise moments, Kahan-compensated bf16 weights); *_bf16_adamw:
+# torch's fused AdamW on the bf16 weights (bf16 moments, updates below a weight's last bit lost: the
+# pure-bf16 recipe); hf_liger_adamw8bit: torchao's AdamW8bit on the bf16 weights. The peers run Hugging
+# Face's padding-free layout on packed data.
+LOW_MEMORY = ("ours_int8_compensated", "ours_fp8_delayed_int8_compensated", "ours_bf16_adamw",
+              "hf_liger_bf16_adamw", "hf_liger_adamw8bit")
+WORKLOADS["full_low_memory"] = LOW_MEMORY
+PEER["full_low_memory"] = "hf_liger"
 PACKED_LAYOUTS = ("padding_free", "padded")
 # Imported at startup: a missing one is named, and the run stops unless told to go on without it.
 PEER_PACKAGES = {"hf_liger": ("transformers", "liger_kernel"),
                  # peft 0.21's requirements beyond torch (Requires-Dist of its wheel), accelerate's too
                  "hf_liger_peft": ("transformers", "liger_kernel", "peft", "accelerate", "psutil", "yaml", "tqdm",
-                                   "safetensors", "huggingface_hub", "packaging", "numpy")}
+                                   "safetensors", "huggingface_hub", "packaging", "numpy"),
+                 "hf_liger_bf16_adamw": ("transformers", "liger_kernel"),
+                 "hf_liger_adamw8bit": ("transformers", "liger_kernel", "torchao")}
 
 
 def contenders(workload: str, packed: bool) -> tuple[str, ...]:
     """The contenders of `workload` on packed SFT data (the peer in both its layouts) or uniform rows."""
-    if not packed:
+    if not packed or workload == "full_low_memory":
         return WORKLOADS[workload]
     return OURS + tuple(f"{PEER[workload]}_{layout}" for layout in PACKED_LAYOUTS)
 
@@ -154,6 +167,10 @@ def persistent_state_bytes(workload: str, **shape) -> dict[str, int]:
     parameters' bf16 gradients, fp32 masters and two fp32 moments (FusedMasterAdamW: 14 bytes per
     trainable parameter on top of its bf16 copy)."""
     weights = parameter_count(**shape)
+    if workload == "full_low_memory":  # its heaviest contender's: bf16 compensation, 8-bit moments (~2 B)
+        parts = {"weights_bf16": 2 * weights, "gradients_bf16": 2 * weights, "compensation_bf16": 2 * weights,
+                 "moments_int8": 2 * weights}
+        return {**parts, "total": sum(parts.values())}
     trainable = weights if workload == "full" else lora_parameter_count(**shape)
     parts = {"weights_bf16": 2 * (weights + (trainable if workload == "lora" else 0)),
              "gradients_bf16": 2 * trainable, "master_fp32": 4 * trainable, "moments_fp32": 8 * trainable}

@@ -186,6 +186,18 @@ def builders(workload, shape, data: StepData, model_name: str):
             return model, lambda: model(input_ids=data.ids, labels=data.ids).loss
         return build, lambda: liger_patched(fused_linear_cross_entropy=True)
 
+    def with_optimizer(contender, make_optimizer):
+        """contender's builder with the optimizer its row steps (the low-memory workload's)."""
+        build, context = contender
+        return (lambda recompute: (*build(recompute), make_optimizer)), context
+
+    if workload == "full_low_memory":
+        layout = "padding_free" if data.packed_data else "uniform"
+        return {"ours_int8_compensated": with_optimizer(ours(), int8_compensated_adamw),
+                "ours_fp8_delayed_int8_compensated": with_optimizer(ours("delayed"), int8_compensated_adamw),
+                "ours_bf16_adamw": with_optimizer(ours(), fused_torch_adamw),
+                "hf_liger_bf16_adamw": with_optimizer(hf_liger(False, layout), fused_torch_adamw),
+                "hf_liger_adamw8bit": with_optimizer(hf_liger(False, layout), torchao_adamw8bit)}
     table = {"ours": ours(), "ours_fp8_delayed": ours("delayed"), "ours_fp8_current": ours("current")}
     for name in plan.contenders(workload, data.packed_data):
         if name.startswith("hf_liger"):
@@ -194,20 +206,48 @@ def builders(workload, shape, data: StepData, model_name: str):
     return {name: table[name] for name in plan.contenders(workload, data.packed_data)}
 
 
+def int8_compensated_adamw(params):
+    """FastAdamW's low-memory state over the torch binding: 8-bit blockwise moments, bf16 weights
+    with a bf16 Kahan compensation instead of an fp32 master (FusedMasterAdamW)."""
+    from paddle_fastffn.torch.llama import FusedMasterAdamW
+
+    return FusedMasterAdamW([p for p in params if p.requires_grad], lr=1e-5, weight_decay=0.01, moments="int8",
+                            master_weights="compensated")
+
+
+def fused_torch_adamw(params):
+    """torch.optim.AdamW(fused=True) on the bf16 weights themselves: bf16 moments, no master."""
+    return torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-5, weight_decay=0.01, fused=True)
+
+
+def torchao_adamw8bit(params):
+    """torchao's AdamW8bit on the bf16 weights (8-bit blockwise moments, no master)."""
+    from torchao.optim import AdamW8bit
+
+    return AdamW8bit([p for p in params if p.requires_grad], lr=1e-5, weight_decay=0.01)
+
+
 def can_recompute(contender: str) -> bool:
     """Full recompute per layer where it exists: Hugging Face's gradient checkpointing, and ours in
     bf16 (FastLlama refuses it with FP8: the scaling states would see the forward twice)."""
     return "fp8" not in contender
 
 
-def memory_by_category(model, peak_bytes) -> dict:
+# Optimizer state bytes per trained parameter (masters, moments) of each make_optimizer here, bf16 weights.
+# 8-bit moments: a code each and an fp32 absmax per 256-element block (both libraries' block size);
+# the few tensors under the 8-bit size threshold (norm weights) are counted as 8-bit too.
+_OPTIMIZER_STATE = {"fused_master_adamw": (4, 8), "int8_compensated_adamw": (2, 2 + 8 / 256),
+                    "fused_torch_adamw": (0, 4), "torchao_adamw8bit": (0, 2 + 8 / 256)}
+
+
+def memory_by_category(model, peak_bytes, make_optimizer=None) -> dict:
     """Where a contender's peak memory goes, in bytes: 16/32-bit weights on the GPU, FP8 weights
     (frozen bases held only in FP8; cached FP8 copies of trained weights), gradients of the trained
-    parameters, the optimizer's state (FusedMasterAdamW: an fp32 master of each 16-bit trained
-    parameter and two fp32 moments), and the rest of the peak: activations, workspaces and the
-    allocator's blocks."""
+    parameters, the optimizer's state from its layout (_OPTIMIZER_STATE: masters or compensation,
+    moments), and the rest of the peak: activations, workspaces and the allocator's blocks."""
     params = list(model.parameters())
     trained = [p for p in params if p.requires_grad]
+    masters, moments = _OPTIMIZER_STATE[getattr(make_optimizer, "__name__", "fused_master_adamw")]
     size = lambda p: p.numel() * p.element_size()  # noqa: E731
     fp8_bytes = [m.fp8_weight_bytes() for m in model.modules() if hasattr(m, "fp8_weight_bytes")]
     categories = {
@@ -215,8 +255,8 @@ def memory_by_category(model, peak_bytes) -> dict:
         "frozen_weights_fp8": sum(frozen for frozen, _ in fp8_bytes),
         "fp8_weight_copies": sum(cached for _, cached in fp8_bytes),
         "gradients": sum(size(p) for p in trained),
-        "optimizer_masters": sum(4 * p.numel() for p in trained if p.dtype != torch.float32),
-        "optimizer_moments": sum(8 * p.numel() for p in trained),
+        "optimizer_masters": sum(masters * p.numel() for p in trained if p.dtype != torch.float32),
+        "optimizer_moments": sum(moments * p.numel() for p in trained),
     }
     if peak_bytes is not None:
         categories["activations_and_other"] = peak_bytes - sum(categories.values())
@@ -229,12 +269,14 @@ def run_once(build, context, recompute, steps, warmup):
     phase = "build"
     try:
         with context():
-            model, forward = build(recompute)
+            model, forward, *optimizer = build(recompute)
             phase = "step"
-            row = measure_training(forward, model, fused_master_adamw, steps=steps, warmup=warmup)
+            make_optimizer = optimizer[0] if optimizer else fused_master_adamw
+            row = measure_training(forward, model, make_optimizer, steps=steps, warmup=warmup)
+            row["optimizer_name"] = make_optimizer.__name__
         row["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         row["parameters"] = sum(p.numel() for p in model.parameters())
-        row["memory_by_category"] = memory_by_category(model, row.get("peak_bytes"))
+        row["memory_by_category"] = memory_by_category(model, row.get("peak_bytes"), make_optimizer)
         return row
     except torch.OutOfMemoryError as error:
         message = str(error)
@@ -258,8 +300,9 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
             raise SystemExit(f"--profile: {name!r} is not a {workload} contender here ({', '.join(table)})")
         build, context = table[name]
         with context():
-            model, forward = build(False)
-            report["profiles"][name] = profile_training(forward, model, fused_master_adamw, steps=2)
+            model, forward, *optimizer = build(False)
+            report["profiles"][name] = profile_training(forward, model, optimizer[0] if optimizer else fused_master_adamw,
+                                                        steps=2)
         log(f"profiled {name}: " + json.dumps(report["profiles"][name]["gpu_only"]["kernel_ms_by_category"]))
         model = forward = None
         gc.collect()
@@ -347,7 +390,7 @@ def compare_to_peers(results: dict, workload: str) -> dict:
     """Each of ours against each peer row: the peer's step time / ours (= the labelled tokens/s
     ratio, the work being equal), the tie rule's verdict, and peak memory of both."""
     out = {}
-    for ours in plan.OURS:
+    for ours in (n for n in results if n.startswith("ours")):
         for peer in (n for n in results if n.startswith(plan.PEER[workload])):
             a, b = results.get(ours, {}), results[peer]
             if "p50_ms" in a and "p50_ms" in b:

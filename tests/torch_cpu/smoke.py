@@ -21,6 +21,7 @@ NOT_ON_CPU = {
            ("full_depth", "hf_liger"), ("full_depth", "hf_liger_peft"),
            ("full_depth", "hf_liger_padding_free"), ("full_depth", "hf_liger_padded"),
            ("full_depth", "hf_liger_peft_padding_free"), ("full_depth", "hf_liger_peft_padded"),
+           ("full_depth", "hf_liger_bf16_adamw"), ("full_depth", "hf_liger_adamw8bit"),
            ("packed_sft", "hf_liger_padding_free"), ("packed_sft", "hf_liger_padded"),
            ("kernels", "liger"), ("kernels", "liger_packed"), ("rope_sweep", "liger"), ("rms_sweep", "liger"))},
     ("fp8", "torchao_rowwise"): (r"_scaled_mm only supports per-tensor scaling for CPU",

@@ -54,19 +54,19 @@ def test_full_depth_section(monkeypatch, tiny_profiles, workload, data):
     for name, (build, context) in table.items():
         with context():
             try:
-                model, forward = build(False)
+                model, forward, *optimizer = build(False)
             except Exception as error:  # noqa: BLE001
                 failures.append(f"full_depth/{name} ({workload}, {data}): construction failed: "
                                 f"{type(error).__name__}: {error}")
                 continue
 
-            def step(model=model, forward=forward, name=name):
-                optimizer = bench_step.fused_master_adamw(model.parameters())
-                finite_loss("full_depth", name, bench_step.training_step(forward, model, optimizer)())
-                memory = bench_full_depth.memory_by_category(model, None)
+            def step(model=model, forward=forward, name=name, make=(optimizer or [bench_step.fused_master_adamw])[0]):
+                finite_loss("full_depth", name, bench_step.training_step(forward, model, make(model.parameters()))())
+                memory = bench_full_depth.memory_by_category(model, None, make)
                 fp8, ours = "fp8" in name, name.startswith("ours")
                 expected = {"frozen_weights_fp8": ours and fp8 and workload == "lora",
-                            "fp8_weight_copies": ours and fp8 and workload == "full", "gradients": True}
+                            "fp8_weight_copies": ours and fp8 and workload != "lora", "gradients": True,
+                            "optimizer_masters": make.__name__ in ("fused_master_adamw", "int8_compensated_adamw")}
                 wrong = [f"{k}={memory[k]}" for k, nonzero in expected.items() if (memory[k] > 0) != nonzero]
                 assert not wrong, f"memory_by_category: expected {expected}, got {wrong}"
             run_step("full_depth", name, step, failures)
