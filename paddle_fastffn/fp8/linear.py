@@ -153,7 +153,11 @@ class Fp8Linear:
             _warn_once(f"align{self.in_features}x{self.out_features}", message, RuntimeWarning)
 
     def uses_fp8(self, tokens: int) -> bool:
-        return (self.layer_in_fp8 and self.aligned
+        """Whether a call on `tokens` tokens computes in FP8. Never for 0 tokens (a mixture-of-experts
+        expert the router gave none): the amax of an empty tensor is 0, and recording it would mark
+        the scaling states seeded (delayed scaling's warm start lost) and roll an empty step into
+        their histories; the empty GEMM runs in the activation dtype, the states untouched."""
+        return (tokens > 0 and self.layer_in_fp8 and self.aligned
                 and self.recipe.gemm_uses_fp8(tokens, self.out_features, self.in_features))
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
@@ -186,7 +190,7 @@ class Fp8Linear:
         weight, bias = self.linear.weight, self.linear.bias
         tokens = math.prod(x.shape[:-1])
         if self.uses_fp8(tokens):
-            cuda = tokens > 0 and backend_for(self.backend, x) == "cuda"
+            cuda = backend_for(self.backend, x) == "cuda"
             frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
             if frozen is not None:
                 weight = None
@@ -195,6 +199,8 @@ class Fp8Linear:
                                        frozen_weight=frozen)
             return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache,
                               frozen_weight=frozen)
+        if tokens == 0 and self._home is not None:  # a base held only in FP8 stays so: no token to multiply
+            return paddle.zeros(list(x.shape[:-1]) + [self.out_features], x.dtype)
         self.restore_weight()  # a GEMM below recipe.min_gemm_size reads the 16-bit weight
         return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
                                None if bias is None else bias.astype(x.dtype))

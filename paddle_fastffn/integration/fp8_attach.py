@@ -1,6 +1,8 @@
-"""Attaching FP8 compute to a model's layers, for any decoder family (the LLaMA patch, llama.py, is
-the first user): which recipe runs here (resolve_fp8), the FP8 FFN hung off an MLP, an Fp8Linear
-hung off each other target linear, and detaching them all.
+"""Attaching FP8 compute to a model's layers, for any decoder family (llama.py and mixtral.py use
+it): which recipe runs here (resolve_fp8), a family's FP8 switch (switch_fp8: its recipe and the FP8
+phases of PaddleNLP's recompute) and checkpoint layers, the FP8 FFN hung off an MLP, an Fp8Linear
+hung off each other target linear (nested owners by dotted path: Mixtral's experts), and detaching
+them all.
 
 Both objects (`_fast_ffn_fp8` in the layer's __dict__) hold the scaling states and weight caches,
 so parameters, their dtypes and state_dict names stay stock (FP8 is a compute format only). Each
@@ -150,11 +152,20 @@ def attach_fp8_ffn(mlp, gate_up, down, recipe, why_not: str | None, info_once) -
     return True
 
 
+def _sub_layer(layer, path: str):
+    """The sub-layer at dotted `path` under `layer` ("self_attn", "block_sparse_moe.experts.3"), or None."""
+    for name in path.split("."):
+        layer = layer._sub_layers.get(name) if layer is not None else None
+    return layer
+
+
 def attach_fp8(decoder_layers, recipe, targets, attach_ffn, info_once, mlp_name: str = "mlp") -> int:
     """Give each of `decoder_layers` its FP8 objects (kept across calls while the recipe is the
     same): attach_ffn(mlp, recipe) -> bool (attach_fp8_ffn with the family's projections) for the
-    MLP, and an Fp8Linear for each other target linear, `targets` being ((owner sub-layer name,
-    (linear names...)), ...); returns how many linears compute in FP8 (an FFN counts its two)."""
+    MLP, and an Fp8Linear for each other target linear, `targets` being ((owner sub-layer path,
+    (linear names...)), ...), a path dotted where the owner is nested (a mixture-of-experts
+    block's "block_sparse_moe.experts.0"); returns how many linears compute in FP8 (an FFN counts
+    its two)."""
     from ..fp8.linear import FP8_ALIGNMENT, Fp8Linear
 
     lora_class = lora_linear_class()
@@ -168,7 +179,7 @@ def attach_fp8(decoder_layers, recipe, targets, attach_ffn, info_once, mlp_name:
         ffn = in_fp8 and attach_ffn(mlp, recipe)
         count += 2 if ffn and fp8_of(mlp) is not None else 0
         for owner_name, names in targets:
-            owner = getattr(layer, owner_name, None)
+            owner = _sub_layer(layer, owner_name)
             for name in names:
                 linear = owner._sub_layers.get(name) if owner is not None else None
                 if linear is None:
@@ -196,6 +207,34 @@ def attach_fp8(decoder_layers, recipe, targets, attach_ffn, info_once, mlp_name:
                 attach_fp8_linear(linear, Fp8Linear(linear, recipe, layer_index=index, num_layers=len(layers)))
                 count += 1
     return count
+
+
+def checkpoint_layers(model, recipe, base_model_class, attach) -> tuple:
+    """A family's fp8_checkpoint_layers: (recipe, fp8_layers(model)) with attach(base model,
+    recipe) run first on each `base_model_class` sub-layer (a resume restores the scaling states
+    before the first forward attaches them); (None, {}) while FP8 is off."""
+    if recipe is None:
+        return None, {}
+    for layer in model.sublayers(include_self=True):
+        if isinstance(layer, base_model_class):
+            attach(layer, recipe)
+    return recipe, fp8_layers(model)
+
+
+def switch_fp8(family_state, modeling, recipe) -> None:
+    """Turn a family's FP8 GEMMs on (`recipe`) or off (None): its FamilyState's recipe, which its
+    base-model forward attaches the FP8 objects by, and its modeling module's PaddleNLP `recompute`
+    (layer and attention recompute) wrapped by fp8/recompute.py while on, so that the replay reuses
+    the forward's FP8 scales; off, every attached linear is detached and `recompute` restored."""
+    family_state.originals.setdefault("recompute", modeling.recompute)
+    family_state.fp8 = recipe
+    if recipe is None:
+        detach_all_fp8_linears()
+        modeling.recompute = family_state.originals["recompute"]
+        return
+    from ..fp8.recompute import fp8_recompute
+
+    modeling.recompute = fp8_recompute(family_state.originals["recompute"])
 
 
 def fp8_layers(model) -> dict:

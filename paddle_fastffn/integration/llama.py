@@ -422,12 +422,7 @@ def fp8_checkpoint_layers(model):
     """(recipe, {sub-layer name: Fp8Linear or Fp8FFN}) of what computes in FP8 in `model`, attached
     now where the first forward has not attached it yet (a resume restores the scaling states
     before any forward); (None, {}) while FP8 is off. A checkpoint saves and restores these."""
-    if _STATE.fp8 is None:
-        return None, {}
-    for layer in model.sublayers(include_self=True):
-        if isinstance(layer, _modeling().LlamaModel):
-            attach_fp8(layer, _STATE.fp8)
-    return _STATE.fp8, fp8_layers(model)
+    return fp8_attach.checkpoint_layers(model, _STATE.fp8, _modeling().LlamaModel, attach_fp8)
 
 
 def install_hooks(enabled_options) -> None:
@@ -606,24 +601,11 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
 
 
 def _apply_fp8(recipe) -> None:
-    modeling = _modeling()
-    _STATE.originals.setdefault("llama_model_forward", modeling.LlamaModel.forward)
-    _STATE.originals.setdefault("recompute", modeling.recompute)
-    _STATE.fp8 = recipe
-    if recipe is None:
-        _revert_fp8()
-        return
-    # PaddleNLP's layer (and attention) recompute: the replay reuses the forward's FP8 scales.
-    from ..fp8.recompute import fp8_recompute
-
-    modeling.recompute = fp8_recompute(_STATE.originals["recompute"])
+    fp8_attach.switch_fp8(_STATE, _modeling(), recipe)
 
 
 def _revert_fp8() -> None:
-    _STATE.fp8 = None
-    fp8_attach.detach_all_fp8_linears()
-    if "recompute" in _STATE.originals:
-        _modeling().recompute = _STATE.originals["recompute"]
+    fp8_attach.switch_fp8(_STATE, _modeling(), None)
 
 
 # ---------------------------------------------------------------------------------------------

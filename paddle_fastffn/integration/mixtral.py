@@ -16,11 +16,13 @@ On the fast path (class-level patches, as llama.py's):
   [n, 1] indices of Paddle 2.x and fails on Paddle 3's 1-D ones;
 - the LM head + loss through lm_head.py (ops.linear_cross_entropy, logits=None in training), the
   auxiliary load-balancing loss added as stock adds it (its own load_balancing_loss_func);
-- the optimizer through trainer.py (family-neutral).
+- the optimizer through trainer.py (family-neutral);
+- FP8 (precision="fp8", through fp8_attach.py as LLaMA's): q/k/v/o_proj and each expert's w1, w3, w2
+  through Fp8Linear (LoRA's base GEMM too), SwiGLU in 16 bits between: not the FP8 FFN, whose one
+  [gate | up] weight only a per-step copy of w1 and w3 could present. The router keeps 16 bits.
 Stock, by design or with one warning: MixtralAttention.forward (separate q/k/v, no fused projection
 in PaddleNLP 2.8.1: FUSED_LAYOUTS is empty, so fuse_projections and swiglu_recompute do not apply),
-hidden_act other than silu (the experts' MLP), AMP O1 dtype mixes, sequence parallel, and FP8
-(precision="fp8": the linears keep their 16-bit GEMMs, one warning).
+hidden_act other than silu (the experts' MLP), AMP O1 dtype mixes and sequence parallel.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import paddle.nn.functional as F
 
 from .. import ops
 from ..core import decoder as core_decoder
-from . import lm_head, masks, state
+from . import fp8_attach, lm_head, masks, state
 from .fused_projections import remember_stock, save_pretrained_stock
 from .llama import _DecoderLayerParts, fast_apply_rotary_pos_emb
 from .lora import install_lora_hooks
-from .messages import fp8_warn_once, info_once, warn_once
+from .messages import info_once, warn_once
 from .options import FastFFNOptions
 
 MODEL_TYPES = ("mixtral",)
@@ -187,10 +189,9 @@ def fast_model_forward(self, input_ids=None, position_ids=None, attention_mask=N
                        output_router_logits=None, return_dict=False, **kwargs):
     """MixtralModel.forward with the causal mask and positions implied where only the fast forwards
     read them (masks.CAUSAL_MASK, IMPLICIT_POSITIONS), as llama.fast_llama_model_forward."""
+    if _STATE.fp8 is not None:
+        attach_fp8(self, _STATE.fp8)
     config, options = self.config, state.current()
-    if options is not None and options.precision == "fp8":
-        fp8_warn_once("mixtral_fp8", "fast_ffn_precision=fp8: Mixtral's linears keep their 16-bit GEMMs (FP8 is wired "
-                                 "for LLaMA only); the rest of the fast path applies")
     fresh = options is not None and not use_cache and (past_key_values is None
                                                        or all(p is None for p in past_key_values))
     if fresh and attention_mask is None and options.attention and config.use_flash_attention:
@@ -264,6 +265,21 @@ def fused_head_weight(model):
                                      modeling.MixtralPretrainingCriterion)
 
 
+# --- FP8 GEMMs (precision="fp8"; the module docstring says what runs in FP8) -------------------------
+
+def attach_fp8(mixtral_model, recipe) -> int:
+    """fp8_attach.attach_fp8 over the decoder layers: an Fp8Linear for q/k/v/o_proj and every expert's
+    w1/w3/w2; returns how many linears compute in FP8. The router (block_sparse_moe.gate) is no
+    target: its softmax and top-k pick each token's experts, where FP8 rounding would flip choices.
+    An expert no token reached is not run (fast_moe_forward), so its scaling states record nothing."""
+    targets = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),) + tuple(
+        (f"block_sparse_moe.experts.{i}", ("w1", "w3", "w2")) for i in range(mixtral_model.config.num_local_experts))
+    why_not = "Mixtral's experts (w1 and w3 separate parameters, no fused gate/up weight)"
+    return fp8_attach.attach_fp8(
+        getattr(mixtral_model, "layers", []), recipe, targets, info_once=info_once, mlp_name="block_sparse_moe",
+        attach_ffn=lambda moe, r: fp8_attach.attach_fp8_ffn(moe, None, None, r, why_not, info_once))
+
+
 # --- the ModelFamily contract (family.py) ----------------------------------------------------------
 
 def _patches(options: FastFFNOptions) -> dict:
@@ -283,7 +299,7 @@ def _patches(options: FastFFNOptions) -> dict:
 
 
 def patched_attributes() -> tuple:
-    return tuple(_patches(FastFFNOptions()))
+    return tuple(_patches(FastFFNOptions())) + ((_modeling(), "recompute"),)  # the last: FP8 only
 
 
 def apply(options: FastFFNOptions, model=None) -> None:
@@ -291,6 +307,7 @@ def apply(options: FastFFNOptions, model=None) -> None:
         for (owner, name), (key, fast) in _patches(options).items():
             _STATE.originals.setdefault(key, owner.__dict__[name])
             setattr(owner, name, fast or _STATE.originals[key])
+        fp8_attach.switch_fp8(_STATE, _modeling(), fp8_attach.resolve_fp8(options, info_once))
         _STATE.applied = options
         _STATE.applications += 1
     if model is not None:
@@ -301,6 +318,8 @@ def apply(options: FastFFNOptions, model=None) -> None:
 
 def revert() -> None:
     _STATE.forget()
+    if "recompute" in _STATE.originals:
+        fp8_attach.switch_fp8(_STATE, _modeling(), None)
     for (owner, name), (key, _fast) in _patches(FastFFNOptions()).items():
         if key in _STATE.originals:
             setattr(owner, name, _STATE.originals[key])
@@ -334,11 +353,11 @@ def causal_lm_class() -> type:
 
 
 def fp8_recipe():
-    return None  # FP8 is not wired for Mixtral (fast_model_forward warns)
+    return _STATE.fp8
 
 
 def fp8_checkpoint_layers(model):
-    return None, {}
+    return fp8_attach.checkpoint_layers(model, _STATE.fp8, _modeling().MixtralModel, attach_fp8)
 
 
 def decoder_layers(model) -> list:

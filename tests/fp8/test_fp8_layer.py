@@ -136,6 +136,42 @@ def test_lora_base_in_fp8_adapters_in_high_precision(lora_layer):
     assert lora_layer.weight.grad is None, "the base weight stays frozen"
 
 
+def _state_values(states) -> dict:
+    return {role: {k: np.asarray(v).copy() for k, v in state.items()} for role, state in states.state_dict().items()}
+
+
+@pytest.mark.parametrize("layer_kind", ["linear", "lora_base_held_in_fp8"])
+def test_no_token_leaves_the_scaling_states_untouched(layer_kind, lora_layer):
+    """A mixture-of-experts expert the router gave no token ([0, in]): an empty output and
+    gradients, and no amax of the empty tensor recorded, so delayed scaling's first real call still
+    warm-starts from its own amax (the empty call would otherwise mark the states seeded with
+    amax 0 and keep scale 1); a base held only in FP8 stays so (not re-quantised for it)."""
+    paddle.seed(3)
+    layer = paddle.nn.Linear(48, 32, bias_attr=False) if layer_kind == "linear" else lora_layer
+    fp8 = Fp8Linear(layer, Fp8Recipe(scaling="delayed"))
+    if layer_kind != "linear":  # the base frozen and held in FP8 by a first call
+        fp8(paddle.randn([4, 48]))
+        assert fp8.holds_frozen_weight() and fp8.frozen_quantizations == 1
+    before = _state_values(fp8.states)
+    x = paddle.zeros([0, 48])
+    x.stop_gradient = False
+    y = fp8(x)
+    assert y.shape == [0, 32] and not fp8.uses_fp8(0)
+    y.sum().backward()
+    assert x.grad.shape == [0, 48]
+    after = _state_values(fp8.states)
+    for role in before:
+        for key in before[role]:
+            np.testing.assert_array_equal(after[role][key], before[role][key], err_msg=f"{role}.{key}")
+    if layer_kind == "linear":
+        assert not fp8.states.input.seeded and fp8.states.input.scales_by_own_amax()
+        x = paddle.randn([4, 48]) * 100  # the warm start scales by this amax, not by 1
+        fp8(x)
+        assert_close(fp8.states.input.scale, 448.0 / paddle.abs(x).max().reshape([1]), paddle.float32, "scale")
+    else:
+        assert fp8.frozen_quantizations == 1 and fp8.holds_frozen_weight()
+
+
 def quantizations(fp8) -> int:
     """The base weight's quantisations: into the weight cache, or into a FrozenFp8Weight."""
     return fp8.weight_cache.quantizations + fp8.frozen_quantizations

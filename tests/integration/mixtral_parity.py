@@ -2,7 +2,8 @@
 same batch (loss, auxiliary loss included, and every trainable parameter's gradient), and the
 Trainer's first steps. The measurement reuses parity_matrix.py's (data rows, recompute as the
 Trainer sets it, relative errors); the model is family.example_config's tiny Mixtral (hidden 64,
-4 experts, top-2, 2 layers).
+4 experts, top-2, 2 layers). The fp8_* rows run the fast side in emulated FP8 (attention and
+every expert's linears through Fp8Linear, the router in 16 bits) against stock in fp32.
 
 Stock PaddleNLP 2.8.1's MixtralSparseMoeBlock indexes the routing weights with paddle.where's
 [n, 1] index tensors of Paddle 2.x; Paddle 3.x returns 1-D ones and the stock block fails on a
@@ -22,6 +23,7 @@ import paddle
 import parity_matrix as pm
 
 SEED, LORA_SEED = 5, 11
+EMULATED_FP8 = dict(precision="fp8", fp8_emulate=True)
 LORA_TARGETS = [".*q_proj.*", ".*k_proj.*", ".*v_proj.*", ".*o_proj.*", ".*w1.*", ".*w2.*", ".*w3.*"]
 
 
@@ -52,7 +54,12 @@ ROWS = [
     # The auxiliary loss counts every token of a row, padding included: the fast side's packed rows
     # have no padding, so this row compares the language-model loss alone.
     Row("packed_segments", packed="segments", model=dict(output_router_logits=False)),
-    Row("fp8_emulated_falls_back", fast=dict(precision="fp8", fp8_emulate=True)),
+    Row("fp8_delayed", fast=EMULATED_FP8),
+    Row("fp8_top2_uneven_loads", router="uneven", fast=EMULATED_FP8),
+    Row("fp8_expert_without_tokens", router="idle", fast=EMULATED_FP8),
+    Row("fp8_expert_without_tokens_recompute", router="idle", config=pm.FULL_RECOMPUTE, recompute=True,
+        fast=EMULATED_FP8),
+    Row("fp8_lora", lora=True, fast=EMULATED_FP8),
 ]
 ROWS_BY_NAME = {row.name: row for row in ROWS}
 
@@ -151,8 +158,12 @@ def one_step(row: Row, model, batch) -> dict:
     trainable = sorted(name for name, p in model.named_parameters() if not p.stop_gradient)
     model.clear_gradients()
     aux = out.aux_loss
+    from paddle_fastffn.integration.fp8_attach import fp8_layers
+
+    # Each FP8 linear: whether its input's scaling state recorded an amax (an expert no token reached must not).
+    fp8 = {name: fp8.states.input.seeded for name, fp8 in fp8_layers(model).items()}
     return dict(loss=float(out.loss), aux_loss=None if aux is None else float(aux), grads=grads, trainable=trainable,
-                router_logits=out.router_logits)
+                router_logits=out.router_logits, fp8=fp8)
 
 
 def measure(row: Row) -> dict:
@@ -181,6 +192,7 @@ def measure(row: Row) -> dict:
     stock, fast = result["stock"], result["fast"]
     errors = pm._relative_errors(fast["grads"], {k: v for k, v in stock["grads"].items() if k in fast["grads"]})
     worst = max(errors, key=lambda n: errors[n][0]) if errors else None
+    worst_norm = max(errors, key=lambda n: errors[n][1]) if errors else None
     top_k = model_config(row).num_experts_per_tok
     return dict(row=row.name, loss_stock=stock["loss"], loss_fast=fast["loss"],
                 loss_rel=abs(fast["loss"] - stock["loss"]) / abs(stock["loss"]),
@@ -188,5 +200,7 @@ def measure(row: Row) -> dict:
                 trainable_stock=stock["trainable"], trainable_fast=fast["trainable"],
                 grads_stock=sorted(stock["grads"]), grads_fast=sorted(fast["grads"]),
                 grad_max_rel=errors[worst][0] if worst else 0.0, grad_max_rel_param=worst,
+                grad_norm_rel=errors[worst_norm][1] if worst_norm else 0.0, grad_norm_rel_param=worst_norm,
+                fp8_fast=fast["fp8"], fp8_stock=stock["fp8"],
                 loads=expert_loads(stock["router_logits"], top_k) if stock["router_logits"] else None,
                 kernel_calls_fast=sorted(fast["kernel_calls"]), kernel_calls_stock=sorted(stock["kernel_calls"]))
