@@ -48,7 +48,8 @@ const Struct* struct_at(int index) {
 
 const Field* field_at(int index, int field) {
   const Struct* s = struct_at(index);
-  return s != nullptr && field >= 0 && field < static_cast<int>(s->fields.size()) ? &s->fields[field] : nullptr;
+  const bool in_range = s != nullptr && field >= 0 && field < static_cast<int>(s->fields.size());
+  return in_range ? &s->fields[field] : nullptr;
 }
 
 }  // namespace
