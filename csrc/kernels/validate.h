@@ -1,11 +1,13 @@
 // Argument checks shared by the CPU and CUDA entry points of the C API (host code, no framework
 // headers): one definition of what each kernel accepts, and the message each rejection records
 // for fastffn_last_error (as Transformer Engine's NVTE_CHECK does). Callers translate status and
-// message into their framework's error and do not re-check these rules.
+// message into their framework's error and do not re-check these rules. Beside each check, the
+// row of the struct it checks in the C API's layout table (abi.h).
 #pragma once
 
 #include <stdint.h>
 
+#include "abi.h"
 #include "fastffn/c_api.h"
 #include "fastffn/optimizer.h"
 
@@ -43,6 +45,8 @@ inline fastffn_status check_storage_dtype(const char* entry, const char* arg, fa
                 dtype_name(dtype), static_cast<int>(dtype), float64_ok ? " or FLOAT64" : "");
   return ok();
 }
+
+FASTFFN_ABI_STRUCT(fastffn_swiglu_args, gate, up, rows, cols, gate_row_stride, up_row_stride, dtype);
 
 inline fastffn_status check_swiglu_args(const char* entry, const fastffn_swiglu_args& a) {
   FASTFFN_CHECK_ARG(a.gate != nullptr && a.up != nullptr, entry, "args.gate and args.up must not be NULL");
@@ -86,6 +90,9 @@ inline fastffn_status check_swiglu_bwd(const char* entry, const fastffn_swiglu_a
   return check_storage_dtype(entry, "args.dtype", a.dtype, float64_ok);
 }
 
+FASTFFN_ABI_STRUCT(fastffn_rms_norm_args, rows, cols, epsilon, dtype);
+FASTFFN_ABI_STRUCT(fastffn_rms_norm_bwd_plan, blocks, shared_bytes, shared_partials, workspace_bytes);
+
 inline fastffn_status check_rms_norm_shape(const char* entry, const fastffn_rms_norm_args& a,
                                            bool float64_ok) {
   FASTFFN_CHECK_ARG(a.rows >= 0, entry, "rows must be >= 0, got %lld", (long long)a.rows);
@@ -116,6 +123,10 @@ inline fastffn_status check_rms_norm_bwd(const char* entry, const fastffn_rms_no
                     entry, "x, weight, rstd, d_out, d_x and d_weight must not be NULL");
   return check_rms_norm_shape(entry, a, float64_ok);
 }
+
+FASTFFN_ABI_STRUCT(fastffn_heads_layout, token_stride, group_stride, heads_per_group, head_stride);
+FASTFFN_ABI_STRUCT(fastffn_rotary_args, batch, seq, q_heads, k_heads, head_dim, q_in, k_in, v_in, q_out,
+    k_out, v_out, table_rows, inverse, dtype, position_error);
 
 // One tensor's head addressing (fastffn_heads_layout in c_api.h): heads_per_group divides heads,
 // the heads of a group and the groups of a token do not overlap, and a token's heads fit in its
@@ -175,6 +186,9 @@ inline fastffn_status check_rotary(const char* entry, const fastffn_rotary_args&
   return check_storage_dtype(entry, "args.dtype", a.dtype, float64_ok);
 }
 
+FASTFFN_ABI_STRUCT(fastffn_cross_entropy_args, rows, vocab, row_stride, ignore_index, grad_scale,
+    with_grad, dtype, label_error);
+
 inline fastffn_status check_cross_entropy(const char* entry, const fastffn_cross_entropy_args& a,
                                           const void* logits, const int64_t* labels,
                                           const float* loss, bool float64_ok) {
@@ -186,6 +200,10 @@ inline fastffn_status check_cross_entropy(const char* entry, const fastffn_cross
                     (long long)a.row_stride, (long long)a.vocab);
   return check_storage_dtype(entry, "args.dtype (of the logits)", a.dtype, float64_ok);
 }
+
+FASTFFN_ABI_STRUCT(fastffn_scalar, value, ptr);
+FASTFFN_ABI_STRUCT(fastffn_adamw_args, n, param_dtype, grad_dtype, beta1, beta2, epsilon, coeff,
+    lr_ratio, with_decay, lr, beta1_pow, beta2_pow, grad_scale);
 
 // AdamW: INVALID_ARGUMENT for missing tensors or n < 0, UNSUPPORTED_DTYPE for dtypes outside
 // fastffn/optimizer.h's contract (checked in that order).
@@ -202,6 +220,9 @@ inline fastffn_status check_adamw(const char* entry, const fastffn_adamw_args& a
                 dtype_name(a.grad_dtype), dtype_name(a.param_dtype));
   return ok();
 }
+
+FASTFFN_ABI_ENUM(fastffn_moments);
+FASTFFN_ABI_STRUCT(fastffn_adamw_state, moments, moment1, moment2, absmax1, absmax2, master, compensation);
 
 // fastffn_adamw_with_state_*: check_adamw's rules, then the state layout's (fastffn/optimizer.h).
 inline fastffn_status check_adamw_state(const char* entry, const fastffn_adamw_args& a,

@@ -4,14 +4,20 @@ through their PyLayer adapter; only the backend differs (backend.py)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+
 import torch
 
+import paddle_fastffn.core
 from paddle_fastffn.core import ffn as core_ffn
 from paddle_fastffn.core import linear_cross_entropy as core_lce
 from paddle_fastffn.core import residual as core_residual
 from paddle_fastffn.core import rms_norm as core_rms_norm
 from paddle_fastffn.core import rotary as core_rotary
 from paddle_fastffn.core import swiglu as core_swiglu
+from paddle_fastffn.core.autograd import FusedOp
 from paddle_fastffn.torch.backend import TorchBackend, function
 from paddle_fastffn.torch.c_api import Kernels, kernels
 
@@ -20,19 +26,39 @@ from paddle_fastffn.torch.c_api import Kernels, kernels
 
 BACKEND = TorchBackend(kernels, Kernels.empty)
 
-SwiGLU = function(core_swiglu.SwiGLUPacked, BACKEND)  # apply(gate_up): packed [gate | up]
+
+def core_fused_ops() -> list[type[FusedOp]]:
+    """Every FusedOp class defined in a module of paddle_fastffn/core, module by module (core/fp8's
+    ops run over the FP8 backend: torch/fp8/)."""
+    ops = []
+    for info in pkgutil.iter_modules(paddle_fastffn.core.__path__):
+        if info.ispkg:
+            continue
+        module = importlib.import_module(f"paddle_fastffn.core.{info.name}")
+        ops += [value for value in vars(module).values()
+                if inspect.isclass(value) and issubclass(value, FusedOp) and value is not FusedOp
+                and value.__module__ == module.__name__]
+    return ops
+
+
+# Every core fused op as a torch Function over BACKEND, by its core class: a new op in core/ has its
+# Function here with no edit (FUNCTIONS[core_foo.Foo].apply(...)). The names below are the ones the
+# harness (llama.py, tests/gpu, benchmarks/gpu) calls.
+FUNCTIONS = {op: function(op, BACKEND) for op in core_fused_ops()}
+
+SwiGLU = FUNCTIONS[core_swiglu.SwiGLUPacked]  # apply(gate_up): packed [gate | up]
 # apply(gate, up, reuse_input_memory): two inputs (the MLP with unfused gate_proj and up_proj, as
 # under LoRA; reuse_input_memory writes the gradients over gate and up)
-SwiGLUPair = function(core_swiglu.SwiGLU, BACKEND)
-RMSNorm = function(core_rms_norm.RMSNorm, BACKEND)  # apply(x, weight, eps)
-AddRMSNorm = function(core_rms_norm.AddRMSNorm, BACKEND)  # apply(x, residual, weight, eps)
-ResidualAdd = function(core_residual.ResidualAdd, BACKEND)  # apply(residual, y): one gradient for both
+SwiGLUPair = FUNCTIONS[core_swiglu.SwiGLU]
+RMSNorm = FUNCTIONS[core_rms_norm.RMSNorm]  # apply(x, weight, eps)
+AddRMSNorm = FUNCTIONS[core_rms_norm.AddRMSNorm]  # apply(x, residual, weight, eps)
+ResidualAdd = FUNCTIONS[core_residual.ResidualAdd]  # apply(residual, y): one gradient for both
 
 
 # The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.
 # Rotary.apply(q, k, cos, sin, position_ids): q/k may be token-strided views.
-Rotary = function(core_rotary.Rotary, BACKEND)
-_QKVRotary = function(core_rotary.QKVRotary, BACKEND)
+Rotary = FUNCTIONS[core_rotary.Rotary]
+_QKVRotary = FUNCTIONS[core_rotary.QKVRotary]
 
 
 def qkv_rotary(qkv, heads, kv_heads, cos, sin, position_ids=None):
@@ -65,7 +91,7 @@ def split_qkv_weight(weight, heads, kv_heads):
     return tuple(p.reshape(-1, *rest) for p in parts)
 
 
-_SwiGLUDownProj = function(core_swiglu.SwiGLUDownProj, BACKEND)
+_SwiGLUDownProj = FUNCTIONS[core_swiglu.SwiGLUDownProj]
 
 
 class SwiGLUDownProj:
@@ -80,7 +106,7 @@ class SwiGLUDownProj:
         return _SwiGLUDownProj.apply(gate_up, w_down, recompute, True)
 
 
-FusedFFN = function(core_ffn.FusedFFN, BACKEND)
+FusedFFN = FUNCTIONS[core_ffn.FusedFFN]
 
 
 def fused_ffn(x, w_gate_up, w_down, recompute=True, split_gemms=False):
@@ -100,7 +126,7 @@ def cross_entropy(logits, labels, ignore_index=-100, grad_scale=1.0, with_grad=T
     return kernels().cross_entropy(logits, labels, ignore_index, grad_scale, with_grad, error)
 
 
-LinearCrossEntropy = function(core_lce.LinearCrossEntropy, BACKEND)
+LinearCrossEntropy = FUNCTIONS[core_lce.LinearCrossEntropy]
 
 
 def labelled_rows(hidden2d, labels1d, ignore_index: int):

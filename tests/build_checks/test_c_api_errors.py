@@ -67,6 +67,17 @@ def test_the_harness_ctypes_mirrors_match_the_compiled_struct_layouts(host_libra
     c_structs.check_abi(host_library)
 
 
+def test_two_libraries_loaded_side_by_side_each_export_the_whole_table(host_library, tmp_path):
+    """The rows are registered when a library loads (csrc/kernels/abi.h): a second copy (as the
+    rotary sweep loads several builds), even beside one loaded with RTLD_GLOBAL, fills its own."""
+    first = ctypes.CDLL(host_library._name, mode=ctypes.RTLD_GLOBAL)
+    copy = tmp_path / "libfastffn_host_copy.so"
+    copy.write_bytes(Path(host_library._name).read_bytes())
+    second = ctypes.CDLL(str(copy))
+    assert c_structs.library_layouts(second) == c_structs.library_layouts(first)
+    c_structs.check_abi(second)
+
+
 def test_a_mirror_that_drifted_is_named_with_its_field(host_library):
     class SwappedRmsNormArgs(ctypes.Structure):  # epsilon and dtype swapped: same size
         _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("dtype", ctypes.c_int),
