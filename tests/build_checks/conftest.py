@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from build_tools import require_tool, run  # noqa: E402
+from build_tools import require_cublaslt_header, require_tool, run  # noqa: E402
 
 from paddle_fastffn.ops import build_definition  # noqa: E402
 
@@ -19,6 +19,7 @@ def cuda_objects(tmp_path_factory):
     """Every CUDA kernel and host kernel file compiled as the harness and the loader compile them,
     with ptxas's resource report: {source name: (object path, ptxas report)}."""
     require_tool("nvcc")
+    require_cublaslt_header()
     out = tmp_path_factory.mktemp("cuda_objects")
     objects = {}
     for source in build_definition.harness_sources():
