@@ -186,19 +186,17 @@ def like_for_like_optimizer(out, run):
 
 
 def like_for_like_fp8(out, run):
-    out.append("### FP8 FFN forward+backward (round-robin), and 4 micro-batches per optimizer step in the same loop "
-               "for every contender\n")
+    out.append("### FP8 FFN forward+backward (round-robin)\n")
     out.append(_run_line(run))
-    out.append("`_accumulate4` rows: 4 calls after one L2 flush and one synchronisation for every contender (ms per "
-               "micro-batch); ours FP8 quantises its weights at the first of the four, torchao at every call; "
-               f"the accumulating rows are compared only among themselves. {PEER_ROWS_NOTE}\n")
+    out.append("The run's `_accumulate4` rows (4 micro-batches per optimizer step: ours FP8 quantises its weights at "
+               "the first of the four, torchao at every call; compared only among themselves) are in its JSON. "
+               f"{PEER_ROWS_NOTE}\n")
     rows = []
     for (model, tokens), d in _rows_by(run["ffn"], ("model", "tokens")).items():
-        for accumulate in (False, True):
-            group = {n: r for n, r in d.items() if ("_accumulate" in n) == accumulate and n != "six_fp8_gemms_alone"}
-            for name, r in _ours_and_failures(group).items():
-                rows.append([model, tokens, name, _median(r), f"{r['tflops']:.0f}" if "tflops" in r else "",
-                             _versus(group, name, [n for n in group if not _is_ours(n)]) if _is_ours(name) else ""])
+        group = {n: r for n, r in d.items() if "_accumulate" not in n and n != "six_fp8_gemms_alone"}
+        for name, r in _ours_and_failures(group).items():
+            rows.append([model, tokens, name, _median(r), f"{r['tflops']:.0f}" if "tflops" in r else "",
+                         _versus(group, name, [n for n in group if not _is_ours(n)]) if _is_ours(name) else ""])
         if "six_fp8_gemms_alone" in d:
             rows.append([model, tokens, "six_fp8_gemms_alone (floor)", _median(d["six_fp8_gemms_alone"]), "", ""])
     out.append(table(["model", "tokens", "impl", "ms (spread)", "TFLOP/s", "vs best peer"], rows))
@@ -264,13 +262,17 @@ def full_depth_section(out, run, conventions=True):
         out.append(f"{shape['parameters'] / 1e9:.2f} B parameters; LoRA: rank {shape.get('lora_rank', 8)}, alpha "
                    f"{shape.get('lora_alpha', 16)} on q/k/v/o/gate/up/down ({shape['lora_parameters'] / 1e6:.1f} M "
                    f"trainable), base frozen in bf16; full fine-tune: bf16 weights, fp32 masters and moments. Every "
-                   f"contender steps the one-pass master-weight AdamW kernel. Model TFLOP/s: "
-                   f"{method.get('model_tflops', '')}. Timing: {method.get('timing', '')}. Peak = max "
+                   f"contender steps the one-pass master-weight AdamW kernel. Model TFLOP/s: 6 x weights x tokens + "
+                   f"causal attention per example (the JSON's conventions). Timing: {method.get('timing', '')}. Peak = max "
                    f"allocated over one step (weights, optimizer state, gradients, activations).\n")
     else:
         out.append(f"{shape['parameters'] / 1e9:.2f} B parameters, LoRA {shape['lora_parameters'] / 1e6:.1f} M "
                    "trainable; method, FLOPs and peak as in the section above.\n")
     for workload, result in run["workloads"].items():
+        if workload.startswith("full_low_memory"):
+            optimizers = {n: r.get("optimizer_name") for n, r in result.get("contenders", {}).items()}
+            out.append(f"{workload}: no fp32 masters; each contender's own optimizer ("
+                       + ", ".join(f"{n}: {o}" for n, o in optimizers.items()) + ").\n")
         if "contenders" not in result:
             out.append(f"{workload}: " + str(result.get("error", "no results (a run cut short: rounds_so_far)"))[:200]
                        + "\n")

@@ -473,7 +473,8 @@ def main():
                   "peak_bytes": "torch.cuda.max_memory_allocated over one step after reset_peak_memory_stats: weights, "
                                 "optimizer state, gradients, activations",
                   "optimizer": "paddle_fastffn.torch.llama.FusedMasterAdamW for every contender (fp32 masters and moments of the "
-                               "trainable parameters), lr 1e-5, weight decay 0.01, no clipping",
+                               "trainable parameters), lr 1e-5, weight decay 0.01, no clipping; full_low_memory: each "
+                               "contender's own (its rows' optimizer_name)",
                   "timing": f"round-robin over rebuilt contenders, {max(args.rounds, MIN_REPEATS)} rounds of "
                             f"{args.warmup} warm-up + {args.steps} timed steps; median of round medians (spread)"},
               "workloads": {}}

@@ -61,10 +61,10 @@ def timing(samples, **fields):
     return {**percentiles(samples), **fields}
 
 
-def test_fp8_accumulation_rows_are_compared_only_among_themselves_and_loss_names_compile(tmp_path, monkeypatch):
-    """The 4-call `_accumulate4` loop is a table of its own: ours FP8 accumulating against torchao
-    accumulating, never against single-call rows; the fused loss names torch.compile where it is the
-    fastest peer."""
+def test_fp8_accumulation_rows_stay_in_the_json_and_loss_names_compile(tmp_path, monkeypatch):
+    """REPORT's FP8 FFN table compares single calls only: the 4-call `_accumulate4` rows (faster per
+    call, and a loop of their own) are neither rendered nor the best peer of a single-call row; the
+    fused loss names torch.compile where it is the fastest peer."""
     shape = {"model": "llama3_8b", "tokens": 8192}
     ffn = [{**shape, "impl": "ours_fp8_current", **timing([7.0, 7.1, 7.2])},
            {**shape, "impl": "torchao_tensorwise", **timing([9.0, 9.1, 9.2])},
@@ -86,9 +86,7 @@ def test_fp8_accumulation_rows_are_compared_only_among_themselves_and_loss_names
     out = []
     report.like_for_like_sections(out, "run15")
     assert "torchao_tensorwise: 1.282x, faster" in table_line(out, "| llama3_8b | 8192 | ours_fp8_current |")
-    assert "torchao_tensorwise_accumulate4: 1.475x, faster" in table_line(
-        out, "| llama3_8b | 8192 | ours_fp8_current_accumulate4 |")
-    assert "error: RuntimeError('x')" in table_line(out, "| llama3_8b | 8192 | torchao_rowwise_accumulate4 |")
+    assert not any("_accumulate4 |" in line for line in "\n".join(out).splitlines() if line.startswith("| llama3"))
     assert "hf_torch_compile: 0.910x, slower" in table_line(out, "| 128256 | ours |")
 
 
