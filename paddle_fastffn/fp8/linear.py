@@ -182,8 +182,8 @@ class Fp8Linear:
 
     def holds_frozen_weight(self) -> bool:
         """Whether this layer's base weight is held only in FP8: LoRA's frozen base under
-        recipe.frozen_weights "fp8", in a layer that computes in FP8."""
-        return (self.recipe.frozen_weights == "fp8" and _is_lora(self.linear) and self.linear.weight.stop_gradient
+        recipe.frozen_weights "fp8" or "fp8_both", in a layer that computes in FP8."""
+        return (self.recipe.frozen_weights != "resident" and _is_lora(self.linear) and self.linear.weight.stop_gradient
                 and self.layer_in_fp8 and self.aligned)
 
     def _base(self, x):
@@ -217,7 +217,8 @@ class Fp8Linear:
         backend = CUDA if cuda else EMULATED
         if cuda:
             states_on(self.states, place)
-        frozen = FrozenFp8Weight.freeze(backend, weight, self.states.weight)
+        frozen = FrozenFp8Weight.freeze(backend, weight, self.states.weight,
+                                        both_copies=self.recipe.frozen_weights == "fp8_both")
         self.frozen_quantizations += 1
         self._home = weight.place
         _move_storage(weight, paddle.CUDAPinnedPlace() if weight.place.is_gpu_place() else paddle.CPUPlace())

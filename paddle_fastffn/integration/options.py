@@ -109,8 +109,9 @@ class FastFFNOptions:
     fp8_frozen_weights: str = option("fp8", (
         "Frozen weights under fast_ffn_precision=fp8 (LoRA's base projections): \"fp8\" holds each only as the "
         "FP8 copy its forward GEMM reads (1 byte a parameter on the GPU; the 16-bit weight moves to host memory, "
-        "where merging, saving and revert read it; backward transposes the copy for its dgrad GEMM) or "
-        "\"resident\" (the 16-bit weight stays on the GPU beside both FP8 copies). Same numerics."))
+        "where merging, saving and revert read it; backward transposes the copy for its dgrad GEMM), \"fp8_both\" "
+        "holds both FP8 copies instead (2 bytes, no transposition) or \"resident\" (the 16-bit weight stays on "
+        "the GPU beside both FP8 copies). Same numerics."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "

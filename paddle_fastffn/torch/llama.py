@@ -138,13 +138,14 @@ class FastDecoderLayer(torch.nn.Module):
             from paddle_fastffn.torch.fp8.linear import Fp8LinearState, freeze_weight
 
             self.fp8 = {name: Fp8LinearState(fp8_recipe, self.w_in.device) for name, _, _ in UNFUSED_PROJECTIONS}
-            if fp8_recipe.frozen_weights == "fp8":
+            if fp8_recipe.frozen_weights != "resident":
                 # Each frozen base held only as its forward's FP8 copy; the 16-bit weight moves to
                 # host memory (what a merge or a save reads), as the Paddle path's Fp8Linear does.
                 self.frozen_fp8 = {}
                 for name, attribute, _ in UNFUSED_PROJECTIONS:
                     weight = getattr(self, attribute)
-                    self.frozen_fp8[name] = freeze_weight(weight, self.fp8[name])
+                    self.frozen_fp8[name] = freeze_weight(weight, self.fp8[name],
+                                                          both_copies=fp8_recipe.frozen_weights == "fp8_both")
                     weight.data = weight.data.to("cpu", copy=True)
 
     def invalidate_fp8_weights(self):

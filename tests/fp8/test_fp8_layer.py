@@ -177,7 +177,7 @@ def quantizations(fp8) -> int:
     return fp8.weight_cache.quantizations + fp8.frozen_quantizations
 
 
-@pytest.mark.parametrize("frozen_weights", ["fp8", "resident"])
+@pytest.mark.parametrize("frozen_weights", ["fp8", "fp8_both", "resident"])
 def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lora_layer, frozen_weights):
     from paddle_fastffn.integration.fp8_attach import attach_fp8_linear, detach_fp8_linear
 
@@ -190,7 +190,7 @@ def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lo
         opt.step()
         opt.clear_grad()
     assert quantizations(fp8) == 1, "frozen base weight: one quantisation"
-    assert fp8.holds_frozen_weight() == (frozen_weights == "fp8")
+    assert fp8.holds_frozen_weight() == (frozen_weights != "resident")
     lora_layer.eval()  # merges the adapters into the weight (set_value)
     x = paddle.randn([4, 48])
     merged = lora_layer(x)
@@ -204,7 +204,8 @@ def test_lora_base_weight_is_quantised_once_for_the_run_and_again_after_merge(lo
     assert "train" not in lora_layer.__dict__ and "eval" not in lora_layer.__dict__
 
 
-def test_lora_base_held_only_in_fp8_has_the_resident_paths_numerics(lora_layer):
+@pytest.mark.parametrize("held", ["fp8", "fp8_both"])
+def test_lora_base_held_only_in_fp8_has_the_resident_paths_numerics(lora_layer, held):
     """recipe.frozen_weights "fp8" (the weight's forward copy only, transposed for dgrad in backward)
     against "resident" (the weight cache's two copies): the same quantisation, so the same output,
     input gradient and adapter gradients, bit for bit; the 16-bit weight moved to host memory with
@@ -214,7 +215,7 @@ def test_lora_base_held_only_in_fp8_has_the_resident_paths_numerics(lora_layer):
     original, home_pointer = lora_layer.weight.numpy().copy(), lora_layer.weight.data_ptr()
     twin_layer = copy.deepcopy(lora_layer)
     results = {}
-    for mode, layer in (("fp8", lora_layer), ("resident", twin_layer)):
+    for mode, layer in ((held, lora_layer), ("resident", twin_layer)):
         fp8 = Fp8Linear(layer, Fp8Recipe(scaling="current", frozen_weights=mode))
         out = {}
         for step in range(2):
@@ -226,7 +227,7 @@ def test_lora_base_held_only_in_fp8_has_the_resident_paths_numerics(lora_layer):
             out[step] = [t.numpy().copy() for t in (y, x.grad, layer.lora_A.grad, layer.lora_B.grad)]
             layer.clear_gradients()
         results[mode] = (fp8, out)
-    fp8, out = results["fp8"]
+    fp8, out = results[held]
     for step in out:
         for name, held, resident in zip(("y", "dx", "lora_A grad", "lora_B grad"), out[step], results["resident"][1][step]):
             np.testing.assert_array_equal(held, resident, f"step {step}: {name}")
@@ -249,7 +250,7 @@ def test_frozen_fp8_weight_record_and_the_ops_argument_check():
     recipe = Fp8Recipe(scaling="current")
     weight = paddle.randn([48, 32])
     frozen = FrozenFp8Weight.freeze(EMULATED, weight, recipe.linear_states().weight)
-    assert frozen.copy == WEIGHT_COPIES["in_out"]["forward"] and frozen.shape == (48, 32)
+    assert frozen.copies == (WEIGHT_COPIES["in_out"]["forward"],) and frozen.shape == (48, 32)
     assert frozen.nbytes(EMULATED) == 48 * 32 + 4
     x = paddle.randn([5, 48])
     with pytest.raises(ValueError, match="either weight .* or frozen_weight"):

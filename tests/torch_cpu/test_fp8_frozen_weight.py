@@ -1,6 +1,6 @@
-"""A frozen weight held only in FP8 (Fp8Recipe.frozen_weights "fp8", LoRA's base): the torch
+"""A frozen weight held only in FP8 (Fp8Recipe.frozen_weights "fp8" / "fp8_both", LoRA's base): the torch
 binding's FrozenFp8Weight keeps only the copy its forward GEMM reads and backward transposes it
-into the dgrad copy; the result is the weight cache's path (both copies) bit for bit, and a LoRA
+into the dgrad copy (or it keeps both copies); the result is the weight cache's path (both copies) bit for bit, and a LoRA
 decoder layer built with it holds no 16-bit base weight on the device it computes on."""
 
 import pytest
@@ -10,15 +10,16 @@ from paddle_fastffn.core.fp8.recipe import Fp8Recipe
 from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight
 
 
+@pytest.mark.parametrize("both_copies", [False, True])
 @pytest.mark.parametrize("scaling", ["delayed", "current"])
-def test_frozen_weight_is_the_cached_paths_numerics(scaling):
+def test_frozen_weight_is_the_cached_paths_numerics(scaling, both_copies):
     torch.manual_seed(0)
     recipe = Fp8Recipe(scaling=scaling)
     weight = torch.randn(48, 32, dtype=torch.bfloat16)  # [out, in]
     held_state, cached_state = Fp8LinearState(recipe, "cpu"), Fp8LinearState(recipe, "cpu")
-    frozen = freeze_weight(weight, held_state)
-    assert frozen.quantized.data is not None and frozen.quantized.data_t is None, "only the forward copy"
-    assert frozen.nbytes(held_state.weight.backend) == 48 * 32 + 4
+    frozen = freeze_weight(weight, held_state, both_copies)
+    assert frozen.quantized.data is not None and (frozen.quantized.data_t is not None) == both_copies
+    assert frozen.nbytes(held_state.weight.backend) == (2 if both_copies else 1) * 48 * 32 + 4
     for step in range(2):
         x = torch.randn(32, 32, dtype=torch.bfloat16)
         dy = torch.randn(32, 48, dtype=torch.bfloat16)

@@ -27,7 +27,7 @@ the Paddle CUDA path). The weight's copies depend on the framework's layout (WEI
   |        |            | torch: q(dy)^T [out, T], B q(x)^T [in, T] -> dW [out, in]          |
 
 A frozen weight (LoRA's base) may instead be given as a FrozenFp8Weight (weight None): only the copy
-the forward reads stays resident, one byte a parameter in place of the 16-bit weight's two plus the
+the forward reads stays resident (or both copies, both_copies), one byte a parameter in place of the 16-bit weight's two plus the
 cache's two FP8 copies; backward transposes it into the dgrad copy (be.fp8_transpose, a transient of
 one weight's size: cuBLASLt's FP8 GEMMs read K-major operands only, and the dgrad's K is the other
 dimension). Its numerics are the cached path's: the same per-tensor quantisation, made once.
@@ -67,20 +67,25 @@ class FrozenFp8Weight:
     the linear's weight ScalingState, which records the amax); nothing updates it, so a weight that
     changes (a load, a merge) needs a new one."""
 
-    def __init__(self, quantized, copy: str, fmt: str, shape: tuple, dtype):
-        self.quantized, self.copy, self.fmt, self.shape, self.dtype = quantized, copy, fmt, shape, dtype
+    def __init__(self, quantized, copies: tuple, fmt: str, shape: tuple, dtype):
+        self.quantized, self.copies, self.fmt, self.shape, self.dtype = quantized, copies, fmt, shape, dtype
 
     @classmethod
-    def freeze(cls, be, weight, state) -> "FrozenFp8Weight":
-        copy = WEIGHT_COPIES[be.weight_layout]["forward"]
-        quantized = be.quantize_weight(weight, state, copies=(copy,))
-        return cls(quantized, copy, state.fmt, be.shape(weight), be.dtype(weight))
+    def freeze(cls, be, weight, state, both_copies: bool = False) -> "FrozenFp8Weight":
+        """both_copies: the dgrad GEMM's copy too (no transposition in backward, a byte more a
+        parameter)."""
+        layout = WEIGHT_COPIES[be.weight_layout]
+        copies = (layout["forward"], layout["dgrad"]) if both_copies else (layout["forward"],)
+        quantized = be.quantize_weight(weight, state, copies=copies)
+        return cls(quantized, copies, state.fmt, be.shape(weight), be.dtype(weight))
+
+    def holds(self, copy: str) -> bool:
+        return copy in self.copies
 
     def nbytes(self, be) -> int:
-        """Resident bytes: the FP8 copy (one byte an element) and its fp32 scale_inv."""
-        data, _ = be.fp8_parts(self.quantized, self.copy)
-        rows, cols = be.shape(data)
-        return rows * cols + 4
+        """Resident bytes: the FP8 copies (one byte an element each) and their fp32 scale_inv."""
+        rows, cols = self.shape
+        return len(self.copies) * rows * cols + 4
 
 
 class Fp8LinearOp(FusedOp):
@@ -102,7 +107,8 @@ class Fp8LinearOp(FusedOp):
             saved.weight_copy = copies["dgrad"]
         else:
             qw, w_fmt, w_dtype = frozen_weight.quantized, frozen_weight.fmt, frozen_weight.dtype
-            saved.weight_copy = frozen_weight.copy  # backward transposes it into the dgrad copy
+            # the dgrad copy where it is held, else the forward's, which backward transposes
+            saved.weight_copy = copies["dgrad"] if frozen_weight.holds(copies["dgrad"]) else copies["forward"]
         y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
         saved.save(*x_parts, *be.fp8_parts(qw, saved.weight_copy))

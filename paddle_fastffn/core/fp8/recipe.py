@@ -41,7 +41,7 @@ from .formats import FP8_MAX, check_format  # noqa: F401  (part of the recipe's 
 SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SAVED_GATE_UP = ("fp8", "activation")
-FROZEN_WEIGHTS = ("fp8", "resident")
+FROZEN_WEIGHTS = ("fp8", "fp8_both", "resident")
 FP8_FORMATS = ("e4m3", "e5m2")
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
@@ -86,9 +86,11 @@ class Fp8Recipe:
     # way; only the backward reads the copy.
     saved_gate_up: str = "fp8"
     # Frozen weights (LoRA's base): "fp8" holds each only as the FP8 copy its forward GEMM reads (1
-    # byte a parameter on the device; the 16-bit weight moves to host memory, where merging, saving
-    # and reverting read it); "resident" keeps the 16-bit weight on the device beside the cached FP8
-    # copies (4 bytes a parameter). The same quantisation either way, so the same numerics.
+    # byte a parameter on the device, transposed for the input-gradient GEMM in each backward; the
+    # 16-bit weight moves to host memory, where merging, saving and reverting read it); "fp8_both"
+    # holds both FP8 copies instead (2 bytes, the 16-bit weight's size, no transposition);
+    # "resident" keeps the 16-bit weight on the device beside the cached FP8 copies (4 bytes). The
+    # same quantisation each way, so the same numerics.
     frozen_weights: str = "fp8"
 
     def __post_init__(self):

@@ -76,7 +76,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
     return Fp8LinearFunction.apply(x, weight, None, state.states, state.cache, None)
 
 
-def freeze_weight(weight: torch.Tensor, state: Fp8LinearState) -> FrozenFp8Weight:
-    """`weight` [N, K] (frozen) as the FP8 copy its forward GEMM reads, quantised once with the
-    linear's weight scaling state (Fp8Recipe.frozen_weights "fp8")."""
-    return FrozenFp8Weight.freeze(state.weight.backend, weight.detach(), state.weight)
+def freeze_weight(weight: torch.Tensor, state: Fp8LinearState, both_copies: bool = False) -> FrozenFp8Weight:
+    """`weight` [N, K] (frozen) as the FP8 copy its forward GEMM reads (and, both_copies, its
+    input-gradient GEMM's), quantised once with the linear's weight scaling state
+    (Fp8Recipe.frozen_weights "fp8" / "fp8_both")."""
+    return FrozenFp8Weight.freeze(state.weight.backend, weight.detach(), state.weight, both_copies)
