@@ -163,8 +163,7 @@ class FastDecoderLayer(torch.nn.Module):
         if self.fp8 is None:
             return 0, 0
         if self.frozen_fp8 is not None:
-            from paddle_fastffn.torch.fp8.backend import TORCH
-            return sum(held.nbytes(TORCH) for held in self.frozen_fp8.values()), 0
+            return sum(held.nbytes() for held in self.frozen_fp8.values()), 0
         if self.lora is not None:
             weights = [getattr(self, attribute) for _, attribute, _ in UNFUSED_PROJECTIONS]
         else:

@@ -82,8 +82,9 @@ class FrozenFp8Weight:
     def holds(self, copy: str) -> bool:
         return copy in self.copies
 
-    def nbytes(self, be) -> int:
-        """Resident bytes: the FP8 copies (one byte an element each) and their fp32 scale_inv."""
+    def nbytes(self) -> int:
+        """Resident bytes on an FP8 device: the FP8 copies (one byte an element each) and their fp32
+        scale_inv (the emulation keeps one fp32 copy for both instead)."""
         rows, cols = self.shape
         return len(self.copies) * rows * cols + 4
 
