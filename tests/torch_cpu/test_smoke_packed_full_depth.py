@@ -88,3 +88,30 @@ def test_packed_sft_section(monkeypatch, tiny_profiles):
     failures = []
     model_steps("packed_sft", contenders, failures, liger_contenders=[n for n in contenders if n.startswith("hf_liger")])
     check("packed_sft", bench_packed_sft.CONTENDERS, failures)
+
+
+def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
+    """bench_full_depth --profile: each named contender built as the timed rows build it and handed,
+    with its own optimizer, to profile_step.profile_training (here one plain training step: the
+    profiler's CUDA timeline needs a GPU); an unknown contender is refused by name."""
+    from benchmarks.gpu import bench_full_depth, profile_step
+
+    monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
+    profiled = {}
+
+    def one_step(forward, model, make_optimizer, steps):
+        loss = bench_step.training_step(forward, model, make_optimizer(model.parameters()))()
+        profiled[make_optimizer.__name__] = finite_loss("full_depth", "profile", loss)
+        return {"gpu_only": {"kernel_ms_by_category": {}}}
+
+    monkeypatch.setattr(profile_step, "profile_training", one_step)
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    data = bench_full_depth.StepData("gsm8k", shape, full_depth_args(), device="cpu")
+    report = {}
+    bench_full_depth.profile_contenders(["ours_int8_compensated", "ours_bf16_adamw"], "full_low_memory", shape,
+                                        data, "llama2_7b", report, lambda: None, lambda line: None)
+    assert set(report["profiles"]) == {"workload", "data", "ours_int8_compensated", "ours_bf16_adamw"}
+    assert set(profiled) == {"int8_compensated_adamw", "fused_torch_adamw"}
+    with pytest.raises(SystemExit, match="'nobody' is not a full_low_memory contender"):
+        bench_full_depth.profile_contenders(["nobody"], "full_low_memory", shape, data, "llama2_7b", {}, lambda: None,
+                                            lambda line: None)
