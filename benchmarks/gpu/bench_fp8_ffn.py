@@ -279,6 +279,8 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
         d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
         x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
         q_gate_up = k.quantize(gate_up, e4m3, one, transpose=False).data
+        # a frozen FFN weight's FP8 copy [I, H]: its dgrad copy is made per backward (frozen_weights "fp8")
+        q_weight = k.quantize(torch.randn(inter, hidden, device="cuda", dtype=DT), e4m3, one, transpose=False).data
         amax2 = fp8_c_api.scalar(0.0)
 
         def scale_update():
@@ -310,6 +312,8 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
                 lambda: k.swiglu_bwd_fp8(q_gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one,
                                          gate_up_scale_inv=one),
                 gu_bytes // 2 + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
+            "fp8_transpose_weight": (lambda: k.transpose(q_weight), q_weight.numel() * 2),
+            "torch_fp8_transpose_weight": (lambda: q_weight.t().contiguous(), q_weight.numel() * 2),
         }
         for name, (fn, nbytes) in kernels.items():
             t = timeit(graphed(fn))

@@ -121,14 +121,14 @@ def fp8_ffn(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tensor, *
     w_down [I, H] -> y [..., H] in x.dtype; dx in x.dtype, dW in each weight's dtype. The
     quantisation points and formats of the module docstring, fp32 GEMMs on the FP8 values. States
     are updated by every call; weight_cache reuses the weights' FP8 copies until they change
-    (without one they are quantised on every call). Any shape (Fp8FFN decides what runs in FP8)."""
+    (without one each GEMM's copy is quantised when it runs: core/fp8/linear.py weight_for_forward). Any shape (Fp8FFN decides what runs in FP8)."""
     _check_shapes("fp8_ffn", x, w_gate_up, w_down)
     warn_emulated()
     return _EmulatedFp8FFN.apply(x, w_gate_up, w_down, states, weight_cache, None)
 
 
 def fp8_ffn_cuda(x: paddle.Tensor, w_gate_up: paddle.Tensor, w_down: paddle.Tensor, *, states: FfnScalingStates,
-                 weight_cache: WeightCache) -> paddle.Tensor:
+                 weight_cache: WeightCache | None) -> paddle.Tensor:
     """The FP8 FFN on a Hopper GPU: fp8_ffn's contract through the C entry points (module
     docstring). H and I multiples of 16, any token count; x bf16, fp16 or fp32."""
     hidden, inter = _check_shapes("fp8_ffn_cuda", x, w_gate_up, w_down)
@@ -208,9 +208,11 @@ class Fp8FFN:
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         w_gate_up, w_down = self.gate_up.weight, self.down.weight
+        trained = not (w_gate_up.stop_gradient and w_down.stop_gradient)
+        cache = self.weight_cache if self.recipe.caches_weight(trained) else None
         if math.prod(x.shape[:-1]) > 0 and backend_for(self.backend, x) == "cuda":
-            return fp8_ffn_cuda(x, w_gate_up, w_down, states=self.states, weight_cache=self.weight_cache)
-        return fp8_ffn(x, w_gate_up, w_down, states=self.states, weight_cache=self.weight_cache)
+            return fp8_ffn_cuda(x, w_gate_up, w_down, states=self.states, weight_cache=cache)
+        return fp8_ffn(x, w_gate_up, w_down, states=self.states, weight_cache=cache)
 
     def fp8_state_dict(self) -> dict:
         return self.states.state_dict()

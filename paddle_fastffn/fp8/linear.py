@@ -66,7 +66,8 @@ def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle.Tens
     gradient in states.grad_output's (see the module docstring); GEMMs in fp32; y and dx in
     x.dtype, dW in weight.dtype, db in bias.dtype. States are updated by every call (delayed
     scaling records amaxes). weight_cache: reuse the weight's FP8 copy until it changes (one
-    quantisation per optimizer step); without one the weight is quantised on every call.
+    quantisation per optimizer step); without one each GEMM's copy is quantised when it runs
+    (core/fp8/linear.py weight_for_forward).
     frozen_weight: a FrozenFp8Weight in place of weight (None), for a frozen weight held only in FP8.
     Any shape works here; Fp8Linear decides which layers are worth and able to run in FP8."""
     warn_emulated()
@@ -192,13 +193,12 @@ class Fp8Linear:
         if self.uses_fp8(tokens):
             cuda = backend_for(self.backend, x) == "cuda"
             frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
+            cache = self.weight_cache if self.recipe.caches_weight(not weight.stop_gradient) else None
             if frozen is not None:
                 weight = None
             if cuda:
-                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=self.weight_cache,
-                                       frozen_weight=frozen)
-            return fp8_linear(x, weight, bias, states=self.states, weight_cache=self.weight_cache,
-                              frozen_weight=frozen)
+                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=cache, frozen_weight=frozen)
+            return fp8_linear(x, weight, bias, states=self.states, weight_cache=cache, frozen_weight=frozen)
         if tokens == 0 and self._home is not None:  # a base held only in FP8 stays so: no token to multiply
             return paddle.zeros(list(x.shape[:-1]) + [self.out_features], x.dtype)
         self.restore_weight()  # a GEMM below recipe.min_gemm_size reads the 16-bit weight

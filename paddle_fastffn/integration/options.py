@@ -112,6 +112,11 @@ class FastFFNOptions:
         "where merging, saving and revert read it; backward transposes the copy for its dgrad GEMM), \"fp8_both\" "
         "holds both FP8 copies instead (2 bytes, no transposition) or \"resident\" (the 16-bit weight stays on "
         "the GPU beside both FP8 copies). Same numerics."))
+    fp8_weight_copies: str = option("per_use", (
+        "Trained weights' FP8 copies under fast_ffn_precision=fp8: \"per_use\" quantises the copy each GEMM "
+        "reads when it runs and holds none (FP8 adds no weight memory to bf16's; one more read of each weight per "
+        "backward), \"cached\" holds both FP8 copies of every weight until it changes (2 bytes a parameter more; "
+        "gradient accumulation quantises each weight once a step). Same numerics."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "

@@ -181,6 +181,13 @@ class CpuFp8Kernels:
         amax = torch.zeros(1, dtype=torch.float32, device=x.device) if amax is None else amax
         return _quantized(x.float(), fp8, scale, rowwise, transpose, amax, out, out_t)
 
+    def transpose(self, data, out_t=None):
+        """An FP8 copy's other layout, the same bytes."""
+        if out_t is None:
+            return data.t().contiguous()
+        out_t.copy_(data.t())
+        return out_t
+
     def dequantize(self, q, scale_inv, dtype=torch.float32):
         return _float32(q, scale_inv).to(dtype)
 

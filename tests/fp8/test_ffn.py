@@ -12,8 +12,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import (FP8_MAX, Fp8FFN, Fp8Recipe, fp8_ffn, fp8_ffn_cuda, fp8_ffn_ref, scale_from_amax,
-                            track_optimizer)
+from paddle_fastffn.fp8 import (FP8_MAX, Fp8FFN, Fp8Recipe, WeightCache, fp8_ffn, fp8_ffn_cuda, fp8_ffn_ref,
+                            scale_from_amax, track_optimizer)
 from tolerances import FP8_FFN_BUDGET, assert_close, assert_relative_norm_within, to_numpy64
 
 # (leading shape of x, H, I): H and I multiples of 16 (the FP8 GEMMs' alignment); token counts that
@@ -146,7 +146,7 @@ def test_delayed_first_step_is_current_scaling_and_later_steps_follow_the_histor
 
 def test_weights_are_quantised_once_per_version_and_states_save_and_restore():
     layer = Fp8FFN(paddle.nn.Linear(64, 192, bias_attr=False), paddle.nn.Linear(96, 64, bias_attr=False),
-                   Fp8Recipe(amax_history_len=4), backend="emulated")
+                   Fp8Recipe(amax_history_len=4, weight_copies="cached"), backend="emulated")
     optimizer = track_optimizer(paddle.optimizer.SGD(learning_rate=0.1,
                                                      parameters=[layer.gate_up.weight, layer.down.weight]))
     for _ in range(3):
@@ -165,26 +165,57 @@ def test_weights_are_quantised_once_per_version_and_states_save_and_restore():
         assert restored.seeded
 
 
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
 @pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
-def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up):
-    """What autograd holds between forward and backward: q(x) and the weights' FP8 copies with
-    their scale_inv, gate_up (the SwiGLU recompute reads it) as its e4m3 copy (saved_gate_up
-    "fp8", its scale_inv beside it) or in the activation dtype, h's scale; no copy of h, x or the
-    weights in 16 or 32 bits."""
+def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up, weight_copies):
+    """What autograd holds between forward and backward: q(x) with its scale_inv, gate_up (the
+    SwiGLU recompute reads it) as its e4m3 copy (saved_gate_up "fp8", its scale_inv beside it) or in
+    the activation dtype, h's scale; the weights' dgrad FP8 copies with their scale_inv (cached), or
+    the weights themselves with the scale their forward copies used (per use: no FP8 weight memory
+    held); no copy of h or x in 16 or 32 bits."""
     states = Fp8Recipe(saved_gate_up=saved_gate_up).ffn_states()
     x, w_gate_up, w_down, dy = ffn_inputs((20,), 64, 96, paddle.bfloat16)
     saved = []
+    cache = WeightCache() if weight_copies == "cached" else None
     with paddle.autograd.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.shape)) or t, lambda t: t):
-        y = fp8_ffn(x, w_gate_up, w_down, states=states)
+        y = fp8_ffn(x, w_gate_up, w_down, states=states, weight_cache=cache)
     e4m3, f32 = paddle.float8_e4m3fn, paddle.float32
     # gate_up: its e4m3 copy and that copy's scale_inv, or the bf16 tensor alone
     gate_up = [(e4m3, [20, 192]), (f32, [1])] if saved_gate_up == "fp8" else [(paddle.bfloat16, [20, 192])]
-    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), (e4m3, [64, 192]),
-                (f32, [1]), (e4m3, [96, 64]), (f32, [1])]
+    weights = e4m3 if weight_copies == "cached" else paddle.bfloat16
+    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), (weights, [64, 192]),
+                (f32, [1]), (weights, [96, 64]), (f32, [1])]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     y.backward(dy)
     assert float(states.d_gate_up.amax_history[-1]) > 0 and float(states.dy.amax_history[-1]) == float(
         dy.astype(f32).abs().max())
+
+
+def test_weight_copies_per_use_are_the_cached_copies_bit_for_bit():
+    """recipe.weight_copies "per_use" (the default: each GEMM's weight copy quantised when it runs,
+    the dgrad copies in backward) against "cached": the same outputs and gradients, bit for bit,
+    over two steps with an update between them; per use holds no copy."""
+    results = {}
+    for mode in ("per_use", "cached"):
+        paddle.seed(3)
+        layer = Fp8FFN(paddle.nn.Linear(64, 192, bias_attr=False), paddle.nn.Linear(96, 64, bias_attr=False),
+                       Fp8Recipe(amax_history_len=4, weight_copies=mode), backend="emulated")
+        optimizer = track_optimizer(paddle.optimizer.SGD(learning_rate=0.1,
+                                                         parameters=[layer.gate_up.weight, layer.down.weight]))
+        got = []
+        for step in range(2):
+            x = paddle.randn([3, 16, 64])
+            x.stop_gradient = False
+            y = layer(x)
+            y.mean().backward()
+            got += [y.numpy(), x.grad.numpy(), layer.gate_up.weight.grad.numpy(), layer.down.weight.grad.numpy()]
+            optimizer.step()
+            optimizer.clear_grad()
+        results[mode] = got
+        assert (layer.weight_cache.quantizations == 0) == (mode == "per_use")
+        assert not layer.weight_cache.cached() or mode == "cached"
+    for per_use, cached in zip(results["per_use"], results["cached"]):
+        np.testing.assert_array_equal(per_use, cached)
 
 
 def test_no_grad_for_frozen_inputs():

@@ -27,15 +27,20 @@ def twin(recipe):
     return lambda x, layer: fp8_linear(x, layer.weight, layer.bias, states=states, weight_cache=cache)
 
 
-def test_plain_linear_is_fp8_linear_and_keeps_its_parameters():
-    recipe = Fp8Recipe()
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
+def test_plain_linear_is_fp8_linear_and_keeps_its_parameters(weight_copies):
+    """A trained weight's FP8 copies: cached, one quantisation per weight version; per use (the
+    default), none held."""
+    recipe = Fp8Recipe(weight_copies=weight_copies)
     layer = paddle.nn.Linear(48, 32)
     names = list(layer.state_dict())
     fp8, reference = Fp8Linear(layer, recipe), twin(recipe)
     for _ in range(2):
         x = paddle.randn([5, 48])
         np.testing.assert_array_equal(fp8(x).numpy(), reference(x, layer).numpy())
-    assert list(layer.state_dict()) == names and fp8.weight_cache.quantizations == 1
+    assert list(layer.state_dict()) == names
+    assert fp8.weight_cache.quantizations == (1 if weight_copies == "cached" else 0)
+    assert len(fp8.weight_cache.cached()) == (1 if weight_copies == "cached" else 0)
     saved = fp8.fp8_state_dict()
     other = Fp8Linear(layer, recipe)
     other.set_fp8_state_dict(saved)
@@ -59,7 +64,7 @@ def test_first_and_last_layers_stay_high_precision():
 
 
 def test_small_gemms_stay_high_precision_without_warnings():
-    recipe = Fp8Recipe(min_gemm_size=8 * 16 * 32)
+    recipe = Fp8Recipe(min_gemm_size=8 * 16 * 32, weight_copies="cached")  # the cache counts the FP8 calls
     layer = paddle.nn.Linear(32, 16)
     fp8 = Fp8Linear(layer, recipe)
     with warnings.catch_warnings():

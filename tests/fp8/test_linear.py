@@ -10,8 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import (FP8_DTYPES, Fp8Linear, Fp8Recipe, fp8_linear, fp8_linear_ref, scale_from_amax,
-                            track_optimizer)
+from paddle_fastffn.fp8 import (FP8_DTYPES, Fp8Linear, Fp8Recipe, WeightCache, fp8_linear, fp8_linear_ref,
+                            scale_from_amax, track_optimizer)
 from tolerances import TOLERANCES, assert_close, to_numpy64
 
 # (leading shape of x, in, out): one row, odd sizes, widths not a multiple of 8, a 3-D input.
@@ -113,21 +113,43 @@ def test_error_against_unquantised_linear(lead, k, n):
     assert_within_fp8_budget(w.grad, x64.T, dy64, ("e4m3", "e5m2"), (s_in, s_dy), "dw")
 
 
-def test_backward_keeps_x_in_fp8_and_quantises_grad_in_e5m2():
-    """What autograd holds between forward and backward: x and W as FP8 (1 byte an element) and
-    their fp32 [1] scale_inv, no high-precision copy of x; backward records dy's amax."""
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
+def test_backward_keeps_x_in_fp8_and_quantises_grad_in_e5m2(weight_copies):
+    """What autograd holds between forward and backward: x as FP8 (1 byte an element) with its fp32
+    [1] scale_inv, no high-precision copy of x; W's dgrad FP8 copy with its scale_inv (cached) or W
+    itself with its forward copy's scale (per use: backward quantises the dgrad copy, no FP8 weight
+    memory held); backward records dy's amax."""
     states = Fp8Recipe().linear_states()
     x, w, b, dy = make_inputs((64,), 128, 96)
     saved = []
+    cache = WeightCache() if weight_copies == "cached" else None
     with paddle.autograd.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.shape)) or t, lambda t: t):
-        y = fp8_linear(x, w, b, states=states)
-    expected = [(paddle.float8_e4m3fn, [64, 128]), (paddle.float8_e4m3fn, [128, 96]),
+        y = fp8_linear(x, w, b, states=states, weight_cache=cache)
+    weight = paddle.float8_e4m3fn if weight_copies == "cached" else paddle.float32
+    expected = [(paddle.float8_e4m3fn, [64, 128]), (weight, [128, 96]),
                 (paddle.float32, [1]), (paddle.float32, [1])]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     assert not states.grad_output.amax_history.numpy().any()
     y.backward(dy)
     assert float(states.grad_output.amax_history[-1]) == float(dy.abs().max())
     np.testing.assert_array_equal(b.grad.numpy(), dy.sum(axis=0).numpy())  # dbias is not quantised
+
+
+@pytest.mark.parametrize("dtype", [paddle.float32, paddle.bfloat16])
+def test_weight_per_use_is_the_cached_weight_bit_for_bit(dtype):
+    """Without a weight cache (recipe.weight_copies "per_use") the dgrad GEMM's copy is quantised in
+    backward from the weight and the forward's scale: the same bytes as the cached copy, so y, dx,
+    dW and db are equal bit for bit."""
+    got = {}
+    for mode in ("per_use", "cached"):
+        paddle.seed(5)
+        states = Fp8Recipe().linear_states()
+        x, w, b, dy = make_inputs((48,), 64, 32, dtype)
+        y = fp8_linear(x, w, b, states=states, weight_cache=WeightCache() if mode == "cached" else None)
+        y.backward(dy)
+        got[mode] = [t.astype(paddle.float32).numpy() for t in (y, x.grad, w.grad, b.grad)]
+    for per_use, cached in zip(got["per_use"], got["cached"]):
+        np.testing.assert_array_equal(per_use, cached)
 
 
 def test_no_grad_for_frozen_inputs():

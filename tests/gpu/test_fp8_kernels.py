@@ -317,7 +317,7 @@ def test_quantize_rejects_bad_arguments(k):
     scale = fp8.scalar(1.0)
     ok = fp8.describe(q, scale=scale)
     assert k.quantize_status(fp8.describe(x), ok, fp8.describe(q_t)) == 0
-    assert k.quantize_status(fp8.describe(q), ok, fp8.describe(q_t)) == fp8.STATUS_UNSUPPORTED_DTYPE
+    assert k.quantize_status(fp8.describe(q), ok, fp8.describe(q_t)) == fp8.STATUS_INVALID_ARGUMENT  # FP8 x: no out
     assert k.quantize_status(fp8.describe(x), fp8.describe(x), fp8.describe(None, E4M3)) == fp8.STATUS_UNSUPPORTED_DTYPE
     assert k.quantize_status(fp8.describe(x), ok, fp8.describe(q)) == fp8.STATUS_INVALID_ARGUMENT  # not [cols, rows]
     assert k.lib.fastffn_last_error().decode().startswith("fastffn_fp8_quantize_cuda: out_t must be [")
@@ -325,6 +325,39 @@ def test_quantize_rejects_bad_arguments(k):
     assert k.quantize_status(fp8.describe(x), ok, fp8.describe(e5)) == fp8.STATUS_INVALID_ARGUMENT  # dtype mismatch
     aliased = fp8.describe(q, scale=scale, scale_inv=scale)
     assert k.quantize_status(fp8.describe(x), aliased, fp8.describe(q_t)) == fp8.STATUS_INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("shape", CAST_SHAPES, ids=str)
+def test_transpose_of_an_fp8_copy_is_its_bytes_transposed(k, shape, fmt):
+    """Every byte pattern (NaN and Inf codes included) at every shape: the tile walk's edges."""
+    data = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda").view(fmt)
+    assert_bytes_equal(k.transpose(data), data.t(), "transposed")
+
+
+def test_transpose_of_strided_views_writes_only_their_elements(k):
+    base = torch.randint(0, 256, (77, 200), dtype=torch.uint8, device="cuda").view(E4M3)
+    for col_off, out_off in ((0, 16), (3, 5)):
+        data = base[:, col_off: col_off + 160]
+        out_buf = fp8.empty((160, 77 + 24), E4M3)
+        k.transpose(data, out_t=out_buf[:, out_off: out_off + 77])
+        assert_bytes_equal(out_buf[:, out_off: out_off + 77], data.t(), f"offsets {col_off}/{out_off}")
+        for pad in (out_buf[:, :out_off], out_buf[:, out_off + 77:]):
+            assert (pad.view(torch.uint8) == fp8.FP8_NAN_BYTE).all(), "wrote outside the output view"
+
+
+def test_transpose_of_an_fp8_copy_rejects_scaling_and_other_outputs(k):
+    data = torch.randint(0, 256, (32, 48), dtype=torch.uint8, device="cuda").view(E4M3)
+    out_t = fp8.empty((48, 32), E4M3)
+    none = fp8.describe(None, E4M3, shape=(32, 48))
+    assert k.quantize_status(fp8.describe(data), none, fp8.describe(out_t)) == 0
+    scaled = fp8.describe(None, E4M3, scale=fp8.scalar(2.0), shape=(32, 48))
+    assert k.quantize_status(fp8.describe(data), scaled, fp8.describe(out_t)) == fp8.STATUS_INVALID_ARGUMENT
+    assert "transposed byte for byte into out_t" in k.lib.fastffn_last_error().decode()
+    e5 = fp8.empty((48, 32), E5M2)
+    assert k.quantize_status(fp8.describe(data), none, fp8.describe(e5)) == fp8.STATUS_INVALID_ARGUMENT
+    assert k.quantize_status(fp8.describe(data), none, fp8.describe(None, E4M3, shape=(48, 32))) == \
+        fp8.STATUS_INVALID_ARGUMENT
 
 
 # --- dequantisation -------------------------------------------------------------------------

@@ -784,7 +784,7 @@ def test_fp8_ffn_weight_cache_requantises_a_weight_written_in_place():
     version counter: an in-place write (an optimizer step is one) re-quantises that weight alone
     at its next use, and the FFN computes with the new values."""
     x, w_gu, w_d, dy = ffn_inputs(64, 256, 688)
-    state = fp8_ffn.Fp8FFNState()
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(weight_copies="cached"))
     w_gu.requires_grad_()
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
@@ -818,18 +818,20 @@ class TeHistory:
         return used
 
 
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
 @pytest.mark.parametrize("kind", ["current", "delayed"])
-def test_fp8_ffn_toy_training_loop(kind):
+def test_fp8_ffn_toy_training_loop(kind, weight_copies):
     """Five SGD steps of one FFN on fresh inputs (loss = sum(y * g), so dy = g): the scales follow
     the recipe step by step (delayed: its warm start, then a history of 3, which wraps), the
-    weight cache quantises once per step, and every step, the first included, stays within the
-    FP8 budget of an fp32 FFN at the same weights."""
+    weight cache quantises once per step (cached; per use: each GEMM's copy when it runs, none
+    kept), and every step, the first included, stays within the FP8 budget of an fp32 FFN at the
+    same weights."""
     t, hidden, inter = 64, 256, 688
     steps, lr, length = 5, 1e-3, 3  # lr: about 5% of the weights' RMS per step at this shape
     _, w_gu, w_d, g = ffn_inputs(t, hidden, inter)
     w_gu.requires_grad_()
     w_d.requires_grad_()
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=length))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=length, weight_copies=weight_copies))
     state.record = rec = {}
     x_model, dy_model = TeHistory(length, 448.0), TeHistory(length, 57344.0)
     for step in range(steps):
@@ -850,7 +852,7 @@ def test_fp8_ffn_toy_training_loop(kind):
             assert np.float32(state.dy.scale.item()) == dy_model.scale, f"step {step}: next dy scale"
         for q, used, what in ((rec["q_x"], x_used, "x"), (rec["q_dy"], dy_used, "dy")):
             assert np.float32(q.scale_inv.item()) == np.float32(1) / used, f"step {step}: {what} scale used"
-        assert state.cache.quantizations == 2 * (step + 1)
+        assert state.cache.quantizations == (2 * (step + 1) if weight_copies == "cached" else 0)
         assert_within_budget(got, ref32, None, f"{kind} step {step}")  # delayed's first: its warm start
         with torch.no_grad():
             w_gu -= lr * w_gu.grad

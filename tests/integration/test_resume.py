@@ -178,13 +178,15 @@ def test_fp8_trainer_requantises_every_weight_after_every_optimizer_step(fused_o
     """Explicit FP8 weight freshness under the Trainer (fp8/weight_cache.py): FastAdamW marks the
     weights it updates, the stock AdamW is tracked by the Trainer integration; either way each FP8
     weight is quantised once per step, and the last step's update is seen too: the next use
-    re-quantises each weight once, into the current weight's FP8 copy."""
+    re-quantises each weight once, into the current weight's FP8 copy. (Cached copies,
+    fast_ffn_fp8_weight_copies "cached"; the default quantises per use and keeps nothing to refresh.)"""
     from paddle_fastffn.fp8.emulated import EMULATED
     from paddle_fastffn.optim import FastAdamW
 
     steps = 3
     trainer = train(tmp_path, steps=steps, fast_ffn_precision="fp8", fast_ffn_fp8_emulate=True,
-                    fast_ffn_fp8_scaling="current", fast_ffn_fused_optimizer=fused_optimizer)
+                    fast_ffn_fp8_scaling="current", fast_ffn_fused_optimizer=fused_optimizer,
+                    fast_ffn_fp8_weight_copies="cached")
     assert isinstance(trainer.optimizer, FastAdamW) is fused_optimizer
     layers = fast_fp8_layers(trainer.model)
     assert layers

@@ -134,6 +134,47 @@ amax_kernel(const T* __restrict__ x, int64_t n, bool vec, const float* scale, fl
   if (amax != nullptr) block_amax_to(amax, m, warp_amax);
 }
 
+// The byte-for-byte transpose of an FP8 x [rows, cols] into out_t [cols, rows]: a stored FP8 copy's
+// other layout (a frozen weight's dgrad copy from its forward copy), with quantize_kernel's tile walk
+// and shared-memory transpose but no conversion. A thread issues its four 16-byte segment loads of
+// a tile before it parks any of them, so each block keeps a whole tile of loads in flight.
+__device__ __forceinline__ uint4 load16_bytes(const uint8_t* p, int valid, bool vec) {
+  if (vec && valid == kSeg) return *reinterpret_cast<const uint4*>(p);
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < kSeg; ++j)
+    if (j < valid) w[j / 4] |= static_cast<uint32_t>(p[j]) << (8 * (j % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+struct TransposeParams {
+  const uint8_t* x;
+  uint8_t* out_t;
+  int64_t rows, cols, x_stride, out_t_stride, col_tiles, tiles;
+  bool vec_x, vec_out_t;
+};
+
+__global__ void __launch_bounds__(kThreads) transpose_fp8_kernel(const TransposeParams p) {
+  __shared__ uint4 tile[kTile * kSegsPerRow];
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t r0 = t / p.col_tiles * kTile, c0 = t % p.col_tiles * kTile;
+    uint4 q[kSegsPerThread];
+#pragma unroll
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+      q[i] = s.valid > 0 ? load16_bytes(p.x + s.r * p.x_stride + s.c, s.valid, p.vec_x) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSegsPerThread; ++i) {
+      const TileSeg s = tile_seg(r0, c0, i, p.rows, p.cols);
+      tile[tile_slot(s.row, s.seg)] = q[i];
+    }
+    __syncthreads();
+    store_tile_transposed(tile, r0, c0, p.rows, p.cols, p.out_t, p.out_t_stride, p.vec_out_t);
+    __syncthreads();  // the next tile overwrites `tile`
+  }
+}
+
 template <typename T, __nv_fp8_interpretation_t F>
 __global__ void __launch_bounds__(kThreads)
 dequantize_kernel(const uint8_t* __restrict__ q, T* __restrict__ y, int64_t rows, int64_t cols,
@@ -189,6 +230,39 @@ dequantize_kernel(const uint8_t* __restrict__ q, T* __restrict__ y, int64_t rows
 
 using namespace fastffn::cuda;
 
+namespace {
+
+// fastffn_fp8_quantize_cuda for an FP8 x: the transposed copy of its bytes (scaled_tensor.h).
+fastffn_status transpose_fp8(const char* entry, fastffn_tensor x, fastffn_tensor out, fastffn_tensor out_t,
+                             int sm_count, cudaStream_t stream) {
+  FASTFFN_CHECK_ARG(out.data == nullptr && out.scale == nullptr && out.scale_inv == nullptr && out.amax == nullptr,
+                    entry, "an FP8 x (%s) is transposed byte for byte into out_t: out.data, out.scale, "
+                    "out.scale_inv and out.amax must be NULL", ::fastffn::dtype_name(x.dtype));
+  FASTFFN_CHECK(out_t.dtype == x.dtype, FASTFFN_STATUS_INVALID_ARGUMENT, entry,
+                "out_t.dtype (%s) must be x.dtype (%s) when x is FP8", ::fastffn::dtype_name(out_t.dtype),
+                ::fastffn::dtype_name(x.dtype));
+  FASTFFN_CHECK_ARG(out_t.data != nullptr || x.rows == 0 || x.cols == 0, entry,
+                    "out_t.data must not be NULL when x is FP8 (its transposed copy is the only output)");
+  FASTFFN_TRY_STATUS(check_shaped(entry, "out_t", out_t, x.cols, x.rows));
+  if (x.rows == 0 || x.cols == 0) return ::fastffn::ok();
+  TransposeParams p;
+  p.x = static_cast<const uint8_t*>(x.data);
+  p.out_t = static_cast<uint8_t*>(out_t.data);
+  p.rows = x.rows;
+  p.cols = x.cols;
+  p.x_stride = x.row_stride;
+  p.out_t_stride = out_t.row_stride;
+  p.col_tiles = (x.cols + kTile - 1) / kTile;
+  p.tiles = (x.rows + kTile - 1) / kTile * p.col_tiles;
+  p.vec_x = bytes_aligned16(x.data, x.row_stride);
+  p.vec_out_t = bytes_aligned16(out_t.data, out_t.row_stride);
+  const int64_t blocks = persistent_tile_blocks(transpose_fp8_kernel, p.tiles, sm_count);
+  transpose_fp8_kernel<<<static_cast<unsigned int>(blocks), kThreads, 0, stream>>>(p);
+  return launch_status();
+}
+
+}  // namespace
+
 extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
                                                     fastffn_tensor out_t, void* stream) {
   const bool empty = x.rows == 0 || x.cols == 0;
@@ -196,6 +270,12 @@ extern "C" fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_te
                     "x must have rows, cols >= 0 and row_stride >= cols, got [%lld, %lld] stride %lld",
                     (long long)x.rows, (long long)x.cols, (long long)x.row_stride);
   FASTFFN_CHECK_ARG(x.data != nullptr || empty, __func__, "x.data must not be NULL");
+  if (x.dtype == FASTFFN_DTYPE_FP8_E4M3 || x.dtype == FASTFFN_DTYPE_FP8_E5M2) {
+    fastffn_device_limits limits;
+    const fastffn_status queried = current_device_limits(&limits);
+    if (queried != FASTFFN_STATUS_OK) return queried;
+    return transpose_fp8(__func__, x, out, out_t, limits.sm_count, static_cast<cudaStream_t>(stream));
+  }
   FASTFFN_TRY_STATUS(::fastffn::check_storage_dtype(__func__, "x.dtype", x.dtype, false));
   FASTFFN_TRY_STATUS(check_fp8(__func__, "out.dtype", out.dtype));
   if (out.data != nullptr) FASTFFN_TRY_STATUS(check_shaped(__func__, "out", out, x.rows, x.cols));

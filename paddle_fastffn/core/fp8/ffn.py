@@ -6,13 +6,15 @@ its C calls, on the CUDA backends, are integration/composition.py's fp8_ffn_call
 the harness's). paddle_fastffn/fp8/ffn.py documents the data flow and the GEMM table.
 
   forward   q(x), q(x)^T          states.x (its step ends with the forward)
-            q(W_gu), q(W_d)       both copies, once per weight version (WeightCache)
+            q(W_gu), q(W_d)       both copies, once per weight version (WeightCache), or the
+                                  forward's copies per use (linear.weight_for_forward)
             gate_up               x.dtype = gemm(q(x), q(W_gu)), fast accumulation
             q(h) [, q(gate_up)]   one swiglu_fwd_fp8 pass (states.h, states.gate_up: their scales
                                   together); h only in fp32
             y                     x.dtype = gemm(q(h), q(W_d)), fast accumulation
             kept                  q(x)^T, gate_up's FP8 copy (or the 16-bit gate_up), h's scale,
-                                  the weights' dgrad copies
+                                  the weights' dgrad copies (per use: the weights and
+                                  their scales)
   backward  q(dy), q(dy)^T        states.dy
             d_h                   x.dtype = gemm(q(dy), q(W_d))
             q(d_gate_up) (+^T), q(h)^T   one swiglu_bwd_fp8 pass from the kept gate_up and d_h;
@@ -28,7 +30,7 @@ the harness's). paddle_fastffn/fp8/ffn.py documents the data flow and the GEMM t
 from __future__ import annotations
 
 from ..autograd import FusedOp, Saved
-from .linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, quantized_weight, weight_gradient
+from .linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, weight_for_dgrad, weight_for_forward, weight_gradient
 from .recipe import FAST_ACCUM_FORWARD
 from .scaling import quantize_with
 
@@ -43,8 +45,8 @@ class Fp8FFNOp(FusedOp):
         cols = be.transpose_cols(be.shape(x2d)[0])
         copies = WEIGHT_COPIES[be.weight_layout]
         qx = states.x.quantize(x2d, end_step=False, backend=be, rowwise=True, transpose=True, transpose_cols=cols)
-        q_gu = quantized_weight(be, w_gate_up, states.w_gate_up, weight_cache)
-        q_d = quantized_weight(be, w_down, states.w_down, weight_cache)
+        q_gu, gu_kept = weight_for_forward(be, w_gate_up, states.w_gate_up, weight_cache)
+        q_d, d_kept = weight_for_forward(be, w_down, states.w_down, weight_cache)
         x_dtype = be.dtype(x)
         gate_up = be.fp8_gemm(qx, ROWWISE, q_gu, copies["forward"], x_dtype, fast_accum=FAST_ACCUM_FORWARD)
         h, gu = states.h, states.gate_up
@@ -62,9 +64,9 @@ class Fp8FFNOp(FusedOp):
             if state is not None:
                 state.end_step(be)
         kept_gate_up = (gate_up, None) if gu is None else be.fp8_parts(q_saved, ROWWISE)
-        saved.save(*be.fp8_parts(qx, TRANSPOSED), *kept_gate_up, h_scale,
-                   *be.fp8_parts(q_gu, copies["dgrad"]), *be.fp8_parts(q_d, copies["dgrad"]))
+        saved.save(*be.fp8_parts(qx, TRANSPOSED), *kept_gate_up, h_scale, *gu_kept, *d_kept)
         saved.states, saved.record, saved.transpose_cols = states, record, cols
+        saved.per_use = weight_cache is None
         saved.dtypes = (x_dtype, be.dtype(w_gate_up), be.dtype(w_down))
         saved.x_shape = be.shape(x)
         if record is not None:
@@ -74,14 +76,12 @@ class Fp8FFNOp(FusedOp):
 
     @staticmethod
     def backward(be, saved: Saved, grad_output):
-        (x_t, x_scale_inv, gate_up, gate_up_scale_inv, h_scale, gu_data, gu_scale_inv, d_data,
-         d_scale_inv) = saved.tensors
+        x_t, x_scale_inv, gate_up, gate_up_scale_inv, h_scale, *kept = saved.tensors
         states, record, cols = saved.states, saved.record, saved.transpose_cols
         x_dtype, gu_dtype, d_dtype = saved.dtypes
         need_dx, need_dgu, need_dd = saved.needs
         copies = WEIGHT_COPIES[be.weight_layout]
-        q_gu = be.fp8_join(gu_data, gu_scale_inv, states.w_gate_up.fmt, copies["dgrad"])
-        q_d = be.fp8_join(d_data, d_scale_inv, states.w_down.fmt, copies["dgrad"])
+        q_d = weight_for_dgrad(be, kept[2:], states.w_down.fmt, saved.per_use)
         dy2d = be.contiguous(be.cast(be.rows(grad_output), x_dtype))
         qdy = states.dy.quantize(dy2d, end_step=False, backend=be, rowwise=True, transpose=True, transpose_cols=cols)
         d_h = be.fp8_gemm(qdy, ROWWISE, q_d, copies["dgrad"], x_dtype)
@@ -101,6 +101,7 @@ class Fp8FFNOp(FusedOp):
             d_w_d = weight_gradient(be, q_h, qdy, d_dtype)
         qdy = q_h = None
         if need_dx:
+            q_gu = weight_for_dgrad(be, kept[:2], states.w_gate_up.fmt, saved.per_use)
             dx = be.reshape(be.fp8_gemm(q_dgu, ROWWISE, q_gu, copies["dgrad"], x_dtype), saved.x_shape)
         if need_dgu:
             q_x = be.fp8_join(x_t, x_scale_inv, states.x.fmt, TRANSPOSED)

@@ -5,9 +5,11 @@ through its framework's autograd adapter (paddle_fastffn/fp8/_autograd.py `pylay
 paddle_fastffn/torch/fp8/backend.py `function`).
 
     forward  q(x) [T, in] (+ q(x)^T)   forward format (e4m3), states.input; ends its step
-             q(W), both copies          once per weight version (WeightCache), states.weight
+             q(W)                       states.weight: both copies once per weight version (a
+                                        WeightCache), or the forward's copy per use (no cache)
              y [T, out]                 x.dtype = gemm(q(x), q(W)), fast accumulation, + b
              kept for backward          q(x)^T (only where W wants a gradient) and q(W)'s dgrad copy
+                                        (per use: W and its scale, the copy made in backward)
     backward q(dy) (+ q(dy)^T)         backward format (e5m2), states.grad_output, only the
                                         copies the GEMMs that run read
              dx [T, in]                 x.dtype = gemm(q(dy), q(W))
@@ -45,11 +47,32 @@ WEIGHT_COPIES = {"in_out": {"forward": TRANSPOSED, "dgrad": ROWWISE},
                  "out_in": {"forward": ROWWISE, "dgrad": TRANSPOSED}}
 
 
-def quantized_weight(be, weight, state, weight_cache):
-    """q(W), both copies: from the cache (one quantisation per weight version), or made now."""
-    if weight_cache is None:
-        return be.quantize_weight(weight, state)
-    return weight_cache.get(weight, state, be.quantize_weight)
+def weight_for_forward(be, weight, state, weight_cache):
+    """(q(W) holding the forward GEMM's copy, the pair backward keeps for its dgrad copy).
+
+    Cached (a WeightCache): both copies, made once per weight version and held until the weight
+    changes (2 bytes a parameter beside the 16-bit weight; micro-batches reuse them); backward
+    keeps the dgrad copy's (data, scale_inv). Per use (weight_cache None): only the forward's copy,
+    a transient of the GEMM; backward keeps (the weight itself, the scale just used) and quantises
+    its dgrad copy from them (weight_for_dgrad): no FP8 weight memory held, one more read of the
+    weight per backward, the same bytes (the weight has not changed in between)."""
+    copies = WEIGHT_COPIES[be.weight_layout]
+    if weight_cache is not None:
+        q = weight_cache.get(weight, state, be.quantize_weight)
+        return q, be.fp8_parts(q, copies["dgrad"])
+    q = be.quantize_weight(weight, state, copies=(copies["forward"],))
+    return q, (weight, be.clone(state.scale_used))
+
+
+def weight_for_dgrad(be, kept, fmt: str, per_use: bool):
+    """q(W) holding the dgrad GEMM's copy from what weight_for_forward kept."""
+    dgrad = WEIGHT_COPIES[be.weight_layout]["dgrad"]
+    if not per_use:
+        return be.fp8_join(*kept, fmt, dgrad)
+    weight, scale = kept
+    scratch_amax = be.fp32_full(1, 0.0, like=scale)  # the weight's amax was recorded in forward
+    return be.quantize(be.contiguous(weight), scale, scratch_amax, fmt, rowwise=dgrad == ROWWISE,
+                       transpose=dgrad == TRANSPOSED)
 
 
 def weight_gradient(be, q_input, q_grad, dtype):
@@ -103,16 +126,19 @@ class Fp8LinearOp(FusedOp):
         qx = states.input.quantize(x2d, backend=be, rowwise=True, transpose=need_dw,
                                    transpose_cols=be.transpose_cols(tokens) if need_dw else 0)
         copies = WEIGHT_COPIES[be.weight_layout]
+        saved.per_use = frozen_weight is None and weight_cache is None
         if frozen_weight is None:
-            qw, w_fmt, w_dtype = quantized_weight(be, weight, states.weight, weight_cache), states.weight.fmt, be.dtype(weight)
+            qw, w_kept = weight_for_forward(be, weight, states.weight, weight_cache)
+            w_fmt, w_dtype = states.weight.fmt, be.dtype(weight)
             saved.weight_copy = copies["dgrad"]
         else:
             qw, w_fmt, w_dtype = frozen_weight.quantized, frozen_weight.fmt, frozen_weight.dtype
             # the dgrad copy where it is held, else the forward's, which backward transposes
             saved.weight_copy = copies["dgrad"] if frozen_weight.holds(copies["dgrad"]) else copies["forward"]
+            w_kept = be.fp8_parts(qw, saved.weight_copy)
         y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
-        saved.save(*x_parts, *be.fp8_parts(qw, saved.weight_copy))
+        saved.save(*x_parts, *w_kept)
         saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, w_fmt)
         saved.dtypes = (be.dtype(x), w_dtype, None if bias is None else be.dtype(bias))
         saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
@@ -120,7 +146,7 @@ class Fp8LinearOp(FusedOp):
 
     @staticmethod
     def backward(be, saved: Saved, grad_output):
-        x_data, x_scale_inv, w_data, w_scale_inv = saved.tensors
+        x_data, x_scale_inv, w_data, w_scale_inv = saved.tensors  # per use: the weight and its scale
         x_dtype, w_dtype, b_dtype = saved.dtypes
         need_dx, need_dw, need_db = saved.needs
         copies = WEIGHT_COPIES[be.weight_layout]
@@ -132,7 +158,7 @@ class Fp8LinearOp(FusedOp):
             if need_dx:
                 if saved.weight_copy != copies["dgrad"]:
                     w_data = be.fp8_transpose(w_data)
-                qw = be.fp8_join(w_data, w_scale_inv, saved.fmts[1], copies["dgrad"])
+                qw = weight_for_dgrad(be, (w_data, w_scale_inv), saved.fmts[1], saved.per_use)
                 dx = be.reshape(be.fp8_gemm(qdy, ROWWISE, qw, copies["dgrad"], x_dtype), saved.x_shape)
             if need_dw:
                 qx = be.fp8_join(x_data, x_scale_inv, saved.fmts[0], TRANSPOSED)

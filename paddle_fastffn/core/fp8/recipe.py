@@ -42,6 +42,7 @@ SCALING_MODES = ("current", "delayed")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SAVED_GATE_UP = ("fp8", "activation")
 FROZEN_WEIGHTS = ("fp8", "fp8_both", "resident")
+WEIGHT_COPIES = ("per_use", "cached")
 FP8_FORMATS = ("e4m3", "e5m2")
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
@@ -92,12 +93,20 @@ class Fp8Recipe:
     # "resident" keeps the 16-bit weight on the device beside the cached FP8 copies (4 bytes). The
     # same quantisation each way, so the same numerics.
     frozen_weights: str = "fp8"
+    # Trained weights' FP8 copies: "per_use" quantises the copy each GEMM reads when it runs (the
+    # forward's in forward; the input gradient's in backward, from the weight and the forward's
+    # scale, so the same bytes) and holds none, so FP8 adds no weight memory to bf16's, for one more
+    # read of each weight per backward; "cached" holds both copies of each weight from its first use
+    # until it changes (2 bytes a parameter more; a gradient-accumulation step then quantises each
+    # weight once). Frozen weights held in 16 bits ("resident") are always cached: they never change.
+    weight_copies: str = "per_use"
 
     def __post_init__(self):
         _check_choice("scaling", self.scaling, SCALING_MODES)
         _check_choice("amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGOS)
         _check_choice("saved_gate_up", self.saved_gate_up, SAVED_GATE_UP)
         _check_choice("frozen_weights", self.frozen_weights, FROZEN_WEIGHTS)
+        _check_choice("weight_copies", self.weight_copies, WEIGHT_COPIES)
         check_format(self.forward_format)
         check_format(self.backward_format)
         _check_type("amax_history_len", self.amax_history_len, int)
@@ -126,6 +135,11 @@ class Fp8Recipe:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def caches_weight(self, trained: bool) -> bool:
+        """Whether a weight's FP8 copies are kept between its uses (weight_copies; a frozen
+        weight's always)."""
+        return not trained or self.weight_copies == "cached"
 
     def layer_uses_fp8(self, layer_index: int, num_layers: int) -> bool:
         """Whether decoder layer `layer_index` (0-based, of `num_layers`) runs its GEMMs in FP8."""

@@ -6,6 +6,7 @@ torch only allocates, supplies the stream and computes references.
 Shapes and precision, row-major throughout:
   quantize    x [R, C] bf16/fp16/fp32 -> q [R, C] fp8 and q_t [C, R] fp8, round(x * scale) with
               saturation, amax = max |x| (fp32), scale_inv = 1 / scale
+  transpose   q [R, C] fp8 -> q^T [C, R] fp8, the same bytes (an FP8 copy's other layout)
   dequantize  q [R, C] fp8 -> y [R, C] bf16/fp16/fp32 = q * scale_inv (fp32 product)
   gemm        D[M, N] = alpha * A[M, K] @ B[N, K]^T (+ D), fp32 accumulation; FP8 needs both
               operands K-major (pass the q_t copies for dgrad/wgrad)
@@ -133,6 +134,16 @@ class Fp8Kernels:
             describe(out_t, fp8, shape=(cols, rows)), self._stream())
         self._check(status, "fp8_quantize")
         return Quantized(out, out_t, scale, scale_inv, amax)
+
+    def transpose(self, data: torch.Tensor, out_t: torch.Tensor | None = None) -> torch.Tensor:
+        """An FP8 copy's other layout: data [R, C] -> [C, R], byte for byte (the FP8 x case of
+        fastffn_fp8_quantize_cuda: no scaling, no amax)."""
+        rows, cols = data.shape
+        out_t = empty((cols, rows), data.dtype, data.device) if out_t is None else out_t
+        status = self.lib.fastffn_fp8_quantize_cuda(describe(data), describe(None, data.dtype, shape=(rows, cols)),
+                                                    describe(out_t), self._stream())
+        self._check(status, "fp8_transpose")
+        return out_t
 
     def quantize_status(self, x_desc: Tensor, out_desc: Tensor, out_t_desc: Tensor) -> int:
         """The raw status for hand-made descriptors (argument-check tests)."""

@@ -140,4 +140,5 @@ def fp8_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     y [..., H] in x's dtype. T = x.numel() // H, H and I must be multiples of 16."""
     hidden = x.shape[-1]
     check_shapes(x.numel() // hidden if hidden else 0, w_gate_up, w_down, hidden)
-    return Fp8FFN.apply(x, w_gate_up, w_down, state.states, state.cache, state.record)
+    cache = state.cache if state.recipe.caches_weight(w_gate_up.requires_grad or w_down.requires_grad) else None
+    return Fp8FFN.apply(x, w_gate_up, w_down, state.states, cache, state.record)

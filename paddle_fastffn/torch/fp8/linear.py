@@ -73,7 +73,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
                         else weight, width)
     if frozen:
         return Fp8LinearFunction.apply(x, None, None, state.states, state.cache, weight)
-    return Fp8LinearFunction.apply(x, weight, None, state.states, state.cache, None)
+    cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
+    return Fp8LinearFunction.apply(x, weight, None, state.states, cache, None)
 
 
 def freeze_weight(weight: torch.Tensor, state: Fp8LinearState, both_copies: bool = False) -> FrozenFp8Weight:

@@ -133,6 +133,11 @@ const char* fastffn_gemm_last_error(void);
 // Any shape and row strides: 16-byte loads and stores where a tensor's pointer and row stride
 // allow, element accesses elsewhere. Returns UNSUPPORTED_DTYPE for other dtypes,
 // INVALID_ARGUMENT for shapes that do not match or aliased scale / scale_inv / amax pointers.
+//
+// An FP8 x (FP8_E4M3 / FP8_E5M2) is not quantised again but transposed byte for byte into out_t
+// (of x's dtype): an FP8 copy's other layout (a frozen weight's dgrad copy made from its forward
+// copy, which the K-major GEMMs need). out.data, out.scale, out.scale_inv and out.amax must then be
+// NULL and out_t.data must not be (INVALID_ARGUMENT otherwise).
 // ---------------------------------------------------------------------------------------------
 fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
                                          fastffn_tensor out_t, void* stream);
