@@ -159,11 +159,14 @@ class FastDecoderLayer(torch.nn.Module):
 
     def fp8_weight_bytes(self) -> tuple[int, int]:
         """(bytes of the frozen weights held only in FP8, bytes of the FP8 copies the weight caches
-        make of the other weights computing in FP8: both stored copies, a byte an element each)."""
+        hold of the other weights computing in FP8: both stored copies, a byte an element each;
+        none for trained weights quantised per use, Fp8Recipe.weight_copies)."""
         if self.fp8 is None:
             return 0, 0
         if self.frozen_fp8 is not None:
             return sum(held.nbytes() for held in self.frozen_fp8.values()), 0
+        if not next(iter(self.fp8.values())).recipe.caches_weight(trained=self.lora is None):
+            return 0, 0
         if self.lora is not None:
             weights = [getattr(self, attribute) for _, attribute, _ in UNFUSED_PROJECTIONS]
         else:
