@@ -162,19 +162,19 @@ FASTFFN_HOST_DEVICE void fill_map_entry(DynamicMapTables& t, int i) {
 }
 
 // Entry i of `guess` (i < 2 * kGuessSize) from the finished maps: the number of positive entries
-// (codes zero + 1 .. 254) below the bucket's lowest value, by bisection.
+// (codes zero + 1 .. 254) below the bucket's lowest value, by a bisection of fixed length (no
+// data-dependent branch, so a thread filling several entries overlaps their reads).
 FASTFFN_HOST_DEVICE void fill_guess_entry(DynamicMapTables& t, int i) {
   const int which = i / kGuessSize;
   const float* map = t.map[which];
   const float lowest = bits_float(static_cast<uint32_t>(kGuessFirst + i % kGuessSize) << kGuessShift);
   const int first = zero_code(which == 0) + 1;
-  int lo = first, hi = kMapSize - 1;  // the first entry >= lowest is in [lo, hi] (map[255] = 1)
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (map[mid] < lowest) lo = mid + 1;
-    else hi = mid;
+  int below = 0;  // entries of [first, first + below) are < lowest; map[255] = 1 is not
+  for (int step = kMapSize / 2; step > 0; step /= 2) {
+    const int probe = first + below + step - 1;
+    if (probe < kMapSize - 1 && map[probe] < lowest) below += step;
   }
-  t.guess[which][i % kGuessSize] = static_cast<uint8_t>(lo - first);
+  t.guess[which][i % kGuessSize] = static_cast<uint8_t>(below);
 }
 
 // The code whose map entry is nearest to x (ties: the lower code); x outside the map's range takes

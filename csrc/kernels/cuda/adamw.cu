@@ -142,6 +142,7 @@ constexpr int kQuantThreads = 256;
 constexpr int kQuantWarps = kQuantThreads / 32;
 constexpr int kLaneElems = kQuantBlock / 32;
 static_assert(kQuantBlock % 32 == 0 && kLaneElems % 8 == 0, "whole 8-element vectors per lane");
+static_assert(2 * kGuessSize % kQuantThreads == 0, "every thread fills as many search-table entries");
 
 // max over the warp (NaN kept), every lane receives it: max is exact, so the order of the
 // butterfly does not matter.
@@ -258,7 +259,8 @@ adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
   __shared__ DynamicMapTables maps;
   for (int i = threadIdx.x; i < 2 * kMapSize; i += kQuantThreads) fill_map_entry(maps, i);
   __syncthreads();
-  for (int i = threadIdx.x; i < 2 * kGuessSize; i += kQuantThreads) fill_guess_entry(maps, i);
+#pragma unroll
+  for (int r = 0; r < 2 * kGuessSize / kQuantThreads; ++r) fill_guess_entry(maps, r * kQuantThreads + threadIdx.x);
   __syncthreads();
   const AdamwStep s =
       adamw_step(a, read(a.lr), read(a.beta1_pow), read(a.beta2_pow), read(a.grad_scale));
