@@ -377,3 +377,61 @@ def test_low_memory_state_matches_the_numpy_reference_on_the_gpu(dtype):
     from tests.torch_cpu.test_low_memory_adamw_cpu import check_against_reference
 
     check_against_reference(dtype, "cuda")
+
+
+def lead(dtype, aligned):
+    """The offset that puts a guarded view of `dtype` on a 16-byte boundary, or one element past it."""
+    per_vector = 16 // torch.empty((), dtype=dtype).element_size()
+    return -GUARD % per_vector + (0 if aligned else 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_blockwise_state_aligned_and_misaligned_paths_agree_bit_for_bit(dtype):
+    """fastffn_adamw_with_state_cuda with 8-bit moments (and compensation for bf16) over (1 << 20) + 77
+    elements: several quantisation blocks per warp of the persistent grid and a partial last block.
+    Aligned tensors (16-byte vectors a lane) and the same state in views one element off a 16-byte
+    boundary (the element-wise path) give the same bits after three steps, and neither writes
+    outside its views."""
+    k = c_api.kernels()
+    n = (1 << 20) + 77
+    blocks = -(-n // 256)
+    torch.manual_seed(0)
+    init = torch.randn(n, device="cuda")
+    grads = [torch.randn(n, device="cuda") * 10.0 ** (step - 2) for step in range(3)]
+    names = ("param", "compensation", "codes1", "codes2", "absmax1", "absmax2")
+    states = []
+    for aligned in (True, False):
+        offset, code_offset = lead(dtype, aligned), lead(torch.uint8, aligned)
+
+        def codes_view(fill):
+            buf = torch.full((GUARD + code_offset + n + GUARD,), 0xAB, dtype=torch.uint8, device="cuda")
+            buf[GUARD + code_offset: GUARD + code_offset + n] = fill
+            return buf, buf[GUARD + code_offset: GUARD + code_offset + n]
+
+        param_buf, param = guarded(init, dtype, offset)
+        comp_buf, comp = guarded(torch.zeros(n, device="cuda"), dtype, offset) if dtype != torch.float32 else (None, None)
+        codes1_buf, codes1 = codes_view(127)  # the signed map's 0.0
+        codes2_buf, codes2 = codes_view(0)
+        absmax_buf = torch.full((2, blocks + 2), float("nan"), device="cuda")
+        absmax1, absmax2 = absmax_buf[0, 1:-1], absmax_buf[1, 1:-1]
+        absmax1.zero_()
+        absmax2.zero_()
+        what = f"{dtype} {'aligned' if aligned else 'misaligned'}"
+        for step, g in enumerate(grads, start=1):
+            grad_buf, grad = guarded(g, dtype, offset)
+            b1p, b2p = pows(HYPER["beta1"], HYPER["beta2"], step)
+            k.adamw_with_state(param, grad, codes1, codes2, None, comp, absmax1, absmax2, lr=1e-2, beta1_pow=b1p,
+                               beta2_pow=b2p, **HYPER)
+            assert_guards_untouched(grad_buf, n, offset, f"{what} grad")
+        assert_guards_untouched(param_buf, n, offset, f"{what} param")
+        if comp_buf is not None:
+            assert_guards_untouched(comp_buf, n, offset, f"{what} compensation")
+        for buf in (codes1_buf, codes2_buf):
+            outside = torch.cat([buf[: GUARD + code_offset], buf[GUARD + code_offset + n:]])
+            assert (outside == 0xAB).all(), f"{what}: the kernel wrote outside its codes"
+        assert torch.isnan(absmax_buf[:, [0, -1]]).all(), f"{what}: the kernel wrote outside its absmax"
+        assert (absmax1 > 0).all() and (absmax2 > 0).all(), what
+        states.append(dict(zip(names, (param, comp, codes1, codes2, absmax1, absmax2))))
+    for name in names:
+        if states[0][name] is not None:
+            assert torch.equal(states[0][name], states[1][name]), f"{dtype} {name}: the two paths differ"

@@ -85,20 +85,21 @@ def test_optimizer_section():
     failures = []
     shapes = bench_optimizer.parameter_shapes(**SHAPE)
     grads = [(torch.randn(s) * 1e-3).to(torch.bfloat16) for s in shapes]
-    for name in bench_optimizer.OPTIMIZERS:
-        for clip in (False, True):
-            try:
-                params, _, step = bench_optimizer.make_contender(name, shapes, clip, grads)
-            except Exception as error:  # noqa: BLE001
-                failures.append(f"optimizer/{name}: construction failed: {type(error).__name__}: {error}")
-                continue
-            before = [p.detach().clone() for p in params]
+    contenders = [(name, clip) for name in bench_optimizer.OPTIMIZERS for clip in (False, True)]
+    contenders += [(name, False) for name in bench_optimizer.LOW_MEMORY_OPTIMIZERS]
+    for name, clip in contenders:
+        try:
+            params, _, step = bench_optimizer.make_contender(name, shapes, clip, grads)
+        except Exception as error:  # noqa: BLE001
+            failures.append(f"optimizer/{name}: construction failed: {type(error).__name__}: {error}")
+            continue
+        before = [p.detach().clone() for p in params]
 
-            def run(params=params, step=step, before=before):
-                step()
-                assert any(not torch.equal(p, b) for p, b in zip(params, before)), "the step changed no parameter"
-            run_step("optimizer", name, run, failures)
-    check("optimizer", bench_optimizer.OPTIMIZERS, failures)
+        def run(params=params, step=step, before=before):
+            step()
+            assert any(not torch.equal(p, b) for p, b in zip(params, before)), "the step changed no parameter"
+        run_step("optimizer", name, run, failures)
+    check("optimizer", {**bench_optimizer.OPTIMIZERS, **bench_optimizer.LOW_MEMORY_OPTIMIZERS}, failures)
 
 
 def test_decoder_section():

@@ -71,28 +71,24 @@ void adamw_dense(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G*
   }
 }
 
-// The dynamic maps, evaluated once (thread-safe static initialisation).
-struct DynamicMaps {
-  float signed_map[kMapSize], unsigned_map[kMapSize];
-  DynamicMaps() {
-    for (int c = 0; c < kMapSize; ++c) {
-      signed_map[c] = dynamic_map_value(c, true);
-      unsigned_map[c] = dynamic_map_value(c, false);
-    }
-  }
-};
-
-const DynamicMaps& dynamic_maps() {
-  static const DynamicMaps maps;
-  return maps;
+// The dynamic maps and their search tables, evaluated once (thread-safe static initialisation).
+const DynamicMapTables& dynamic_maps() {
+  static const DynamicMapTables tables = [] {
+    DynamicMapTables t;
+    for (int i = 0; i < 2 * kMapSize; ++i) fill_map_entry(t, i);
+    for (int i = 0; i < 2 * kGuessSize; ++i) fill_guess_entry(t, i);
+    return t;
+  }();
+  return tables;
 }
 
 // One quantisation block per work item: dequantise, update, new absmax, requantise.
 template <typename T, typename G, Weight W>
 void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G* grad,
                      uint8_t* codes1, uint8_t* codes2, float* absmax1, float* absmax2) {
-  const float* map1 = dynamic_maps().signed_map;
-  const float* map2 = dynamic_maps().unsigned_map;
+  const DynamicMapTables& maps = dynamic_maps();
+  const float* map1 = maps.map[0];
+  const float* map2 = maps.map[1];
   const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
 #pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
   for (int64_t b = 0; b < blocks; ++b) {
@@ -113,8 +109,8 @@ void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, cons
     absmax1[b] = new_absmax1;
     absmax2[b] = new_absmax2;
     for (int k = 0; k < count; ++k) {
-      codes1[first + k] = static_cast<uint8_t>(quantize(map1, m1[k], new_absmax1));
-      codes2[first + k] = static_cast<uint8_t>(quantize(map2, m2[k], new_absmax2));
+      codes1[first + k] = static_cast<uint8_t>(quantize(maps, true, m1[k], new_absmax1));
+      codes2[first + k] = static_cast<uint8_t>(quantize(maps, false, m2[k], new_absmax2));
     }
   }
 }

@@ -6,7 +6,9 @@
 // device (read at run time), enough loads in flight to stream at the device's bandwidth; the
 // learning rate, beta powers and clip coefficient are read on the device, so nothing waits on
 // the host and a CUDA graph of the step replays with their current values. 8-bit moments run
-// adamw_blockwise_kernel (below), one quantisation block per thread block at a time.
+// adamw_blockwise_kernel (below): one warp per 256-element quantisation block, 8 consecutive
+// elements a lane moved as 16-byte vectors, the block's absmax a warp-shuffle reduction, the codes
+// found through the maps and search tables each thread block builds in shared memory.
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -130,35 +132,24 @@ adamw_kernel(fastffn_adamw_args a, Tensors<T, G, W> t) {
 }
 
 // --- 8-bit blockwise moments ---------------------------------------------------------------
-// A thread block owns whole quantisation blocks (grid-stride over them): kQuantThreads threads,
-// each kQuantBlock / kQuantThreads elements strided by kQuantThreads, so that every load and store
-// of a warp is one contiguous run (no alignment needed); the block's absmax is a reduction across
-// the thread block. 32 such blocks per SM fill an SM's 2048 threads.
-constexpr int kQuantThreads = 64;
-constexpr int kQuantPerThread = kQuantBlock / kQuantThreads;
-constexpr int kQuantBlocksPerSm = 32;
-static_assert(kQuantBlock % kQuantThreads == 0 && kQuantThreads % 32 == 0, "whole warps per block");
+// One warp owns one quantisation block at a time (warps grid-stride over the blocks), each lane
+// kLaneElems consecutive elements: the block's 16-bit values move as one 16-byte vector a lane,
+// its codes as one 8-byte vector, and the absmax is a warp-shuffle reduction (no barrier). The
+// last, partial block and misaligned pointers take the same organisation element by element.
+// Each thread block first builds the maps and their search tables (DynamicMapTables) in shared
+// memory, once for all the quantisation blocks it visits.
+constexpr int kQuantThreads = 256;
+constexpr int kQuantWarps = kQuantThreads / 32;
+constexpr int kLaneElems = kQuantBlock / 32;
+static_assert(kQuantBlock % 32 == 0 && kLaneElems % 8 == 0, "whole 8-element vectors per lane");
+static_assert(2 * kGuessSize % kQuantThreads == 0, "every thread fills as many search-table entries");
 
-// max over the thread block of a and of b (NaN kept), every thread receives both.
-__device__ __forceinline__ void block_nan_max(float& a, float& b, float (*partial)[kQuantThreads / 32]) {
+// max over the warp (NaN kept), every lane receives it: max is exact, so the order of the
+// butterfly does not matter.
+__device__ __forceinline__ float warp_nan_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    a = nan_max(a, __shfl_xor_sync(0xffffffffu, a, offset));
-    b = nan_max(b, __shfl_xor_sync(0xffffffffu, b, offset));
-  }
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    partial[0][warp] = a;
-    partial[1][warp] = b;
-  }
-  __syncthreads();
-  a = partial[0][0];
-  b = partial[1][0];
-#pragma unroll
-  for (int w = 1; w < kQuantThreads / 32; ++w) {
-    a = nan_max(a, partial[0][w]);
-    b = nan_max(b, partial[1][w]);
-  }
+  for (int offset = 16; offset > 0; offset /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
 }
 
 template <typename T, typename G, Weight W>
@@ -168,53 +159,122 @@ struct BlockwiseTensors {
   uint8_t* __restrict__ codes2;
   float* __restrict__ absmax1;
   float* __restrict__ absmax2;
-};
 
-template <typename T, typename G, Weight W>
-__global__ void __launch_bounds__(kQuantThreads)
-adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
-  __shared__ float map1[kMapSize], map2[kMapSize];
-  __shared__ float partial[2][kQuantThreads / 32];
-  for (int c = threadIdx.x; c < kMapSize; c += kQuantThreads) {
-    map1[c] = dynamic_map_value(c, true);
-    map2[c] = dynamic_map_value(c, false);
-  }
-  __syncthreads();
-  const AdamwStep s =
-      adamw_step(a, read(a.lr), read(a.beta1_pow), read(a.beta2_pow), read(a.grad_scale));
-  const int64_t blocks = (a.n + kQuantBlock - 1) / kQuantBlock;
-  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const float scale1 = t.absmax1[b], scale2 = t.absmax2[b];
-    float m1[kQuantPerThread], m2[kQuantPerThread];
+  // The lane's elements [i, i + kLaneElems) of quantisation block b, of which the first `count`
+  // exist. kVector: all of them exist and every pointer is 16-byte aligned. Reached by all 32
+  // lanes of the warp (the absmax is a shuffle).
+  template <bool kVector>
+  __device__ __forceinline__ void update(const AdamwStep& s, const DynamicMapTables& maps,
+                                         int64_t b, int64_t i, int count) const {
+    constexpr int N = kLaneElems;
+    float p[N], g[N], m1[N], m2[N];
+    uint8_t c1[N], c2[N];
+    if constexpr (kVector) {
+      weights.template load_weights<N>(i, p);
+      load_as_float<N>(weights.grad + i, g);
+      load_codes(codes1 + i, c1);
+      load_codes(codes2 + i, c2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        if (k >= count) break;
+        float pk[1], gk[1];
+        weights.template load_weights<1>(i + k, pk);
+        load_as_float<1>(weights.grad + i + k, gk);
+        p[k] = pk[0];
+        g[k] = gk[0];
+        c1[k] = codes1[i + k];
+        c2[k] = codes2[i + k];
+      }
+    }
+    const float scale1 = absmax1[b], scale2 = absmax2[b];
     float max1 = 0.f, max2 = 0.f;
 #pragma unroll
-    for (int k = 0; k < kQuantPerThread; ++k) {
-      const int64_t i = b * kQuantBlock + k * kQuantThreads + threadIdx.x;
-      m1[k] = m2[k] = 0.f;
-      if (i >= a.n) continue;
-      float p[1], g[1];
-      t.weights.template load_weights<1>(i, p);
-      load_as_float<1>(t.weights.grad + i, g);
-      m1[k] = map1[t.codes1[i]] * scale1;
-      m2[k] = map2[t.codes2[i]] * scale2;
-      adamw_update(s, p[0], g[0], m1[k], m2[k]);
-      t.weights.template store_weights<1>(i, p);
+    for (int k = 0; k < N; ++k) {
+      if (!kVector && k >= count) break;
+      m1[k] = maps.map[0][c1[k]] * scale1;
+      m2[k] = maps.map[1][c2[k]] * scale2;
+      adamw_update(s, p[k], g[k], m1[k], m2[k]);
       max1 = nan_max(max1, fabsf(m1[k]));
       max2 = nan_max(max2, fabsf(m2[k]));
     }
-    block_nan_max(max1, max2, partial);  // every thread has read absmax[b] before this
-    if (threadIdx.x == 0) {
-      t.absmax1[b] = max1;
-      t.absmax2[b] = max2;
+    if constexpr (kVector) {
+      weights.template store_weights<N>(i, p);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        if (k >= count) break;
+        const float pk[1] = {p[k]};
+        weights.template store_weights<1>(i + k, pk);
+      }
+    }
+    max1 = warp_nan_max(max1);  // every lane has read absmax[b] before lane 0 overwrites it
+    max2 = warp_nan_max(max2);
+    if (threadIdx.x % 32 == 0) {
+      absmax1[b] = max1;
+      absmax2[b] = max2;
     }
 #pragma unroll
-    for (int k = 0; k < kQuantPerThread; ++k) {
-      const int64_t i = b * kQuantBlock + k * kQuantThreads + threadIdx.x;
-      if (i >= a.n) continue;
-      t.codes1[i] = static_cast<uint8_t>(quantize(map1, m1[k], max1));
-      t.codes2[i] = static_cast<uint8_t>(quantize(map2, m2[k], max2));
+    for (int k = 0; k < N; ++k) {
+      if (!kVector && k >= count) break;
+      c1[k] = static_cast<uint8_t>(quantize(maps, true, m1[k], max1));
+      c2[k] = static_cast<uint8_t>(quantize(maps, false, m2[k], max2));
     }
-    __syncthreads();  // `partial` is rewritten by the next block's reduction
+    if constexpr (kVector) {
+      store_codes(codes1 + i, c1);
+      store_codes(codes2 + i, c2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        if (k >= count) break;
+        codes1[i + k] = c1[k];
+        codes2[i + k] = c2[k];
+      }
+    }
+  }
+
+  __device__ __forceinline__ static void load_codes(const uint8_t* p, uint8_t (&out)[kLaneElems]) {
+#pragma unroll
+    for (int c = 0; c < kLaneElems; c += 8) {
+      const Vec<uint8_t, 8> v = load_vec<8>(p + c);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[c + k] = v.v[k];
+    }
+  }
+
+  __device__ __forceinline__ static void store_codes(uint8_t* p, const uint8_t (&in)[kLaneElems]) {
+#pragma unroll
+    for (int c = 0; c < kLaneElems; c += 8) {
+      Vec<uint8_t, 8> v;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v.v[k] = in[c + k];
+      store_vec<8>(p + c, v);
+    }
+  }
+};
+
+template <typename T, typename G, Weight W, bool kVector>
+__global__ void __launch_bounds__(kQuantThreads)
+adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
+  __shared__ DynamicMapTables maps;
+  for (int i = threadIdx.x; i < 2 * kMapSize; i += kQuantThreads) fill_map_entry(maps, i);
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2 * kGuessSize / kQuantThreads; ++r) fill_guess_entry(maps, r * kQuantThreads + threadIdx.x);
+  __syncthreads();
+  const AdamwStep s =
+      adamw_step(a, read(a.lr), read(a.beta1_pow), read(a.beta2_pow), read(a.grad_scale));
+  const int lane = threadIdx.x % 32;
+  const int64_t blocks = (a.n + kQuantBlock - 1) / kQuantBlock;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kQuantWarps;
+  for (int64_t b = blockIdx.x * int64_t(kQuantWarps) + threadIdx.x / 32; b < blocks; b += stride) {
+    const int64_t i = b * kQuantBlock + lane * kLaneElems;
+    if (kVector && (b + 1) * kQuantBlock <= a.n) {
+      t.template update<true>(s, maps, b, i, kLaneElems);
+    } else {
+      const int64_t left = a.n - i;
+      t.template update<false>(s, maps, b, i, left < 0 ? 0 : (left < kLaneElems ? int(left) : kLaneElems));
+    }
   }
 }
 
@@ -262,11 +322,13 @@ extern "C" fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args,
             const BlockwiseTensors<T, G, W> q{t, static_cast<uint8_t*>(state.moment1),
                                               static_cast<uint8_t*>(state.moment2), state.absmax1,
                                               state.absmax2};
-            const int64_t quant_blocks = (args.n + kQuantBlock - 1) / kQuantBlock;
-            const unsigned int grid =
-                blocks_for(quant_blocks, 1, int64_t(kQuantBlocksPerSm) * limits.sm_count);
-            adamw_blockwise_kernel<T, G, W><<<grid, kQuantThreads, 0, s>>>(args, q);
-            return launch_status();
+            const int64_t warp_items = ((args.n + kQuantBlock - 1) / kQuantBlock + kQuantWarps - 1) / kQuantWarps;
+            return FASTFFN_BOOL_SWITCH(vector, kVector, [&] {
+              const auto kernel = adamw_blockwise_kernel<T, G, W, kVector>;
+              const int64_t grid = persistent_blocks(kernel, warp_items, kQuantThreads, limits.sm_count);
+              kernel<<<static_cast<unsigned int>(grid), kQuantThreads, 0, s>>>(args, q);
+              return launch_status();
+            });
           }
           return FASTFFN_BOOL_SWITCH(vector, kVector, [&] {
             constexpr int N = kVector ? kElems : 1;

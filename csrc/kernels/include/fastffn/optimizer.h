@@ -65,8 +65,8 @@
 //   block whose largest |m1| is negative stores it 0.7% small.
 //   Block size 256: bitsandbytes' and torchao's for 8-bit optimizer states; the absmax costs 1.6% of
 //   the codes, and a smaller block follows the local scale of m2 better than a whole tensor. The
-//   CUDA kernel gives each block of threads whole quantisation blocks, so the absmax is a reduction
-//   within one thread block.
+//   CUDA kernel gives each warp whole quantisation blocks, so the absmax is a reduction within one
+//   warp.
 //   NaN in a block's moments makes its absmax NaN (a NaN-propagating max), so the whole block reads
 //   NaN afterwards, as an fp32 moment that took a NaN stays NaN.
 //
