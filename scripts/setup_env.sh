@@ -13,7 +13,7 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --upgrade pip "setuptools>=77" wheel
-"$venv/bin/python" -m pip install -q -e ".[cpu,test]"
+"$venv/bin/python" -m pip install -q -e ".[cpu,paddlenlp,test]"
 "$venv/bin/python" -c "import paddlenlp, scipy, sklearn" \
   || { echo "setup_env: PaddleNLP's dependencies are incomplete (see above)" >&2; exit 1; }
 "$venv/bin/python" -c "from paddle_fastffn import ops; ops.ensure_loaded(); print('paddle_fastffn operators ready')"

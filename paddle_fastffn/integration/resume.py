@@ -258,7 +258,9 @@ def _fused_parameter(layer, param, kind: str, owner, model, stock_names, family)
 
 
 def _base_config(model):
-    from paddlenlp.transformers.model_utils import unwrap_model
+    from .library import module
+
+    unwrap_model = module("transformers.model_utils").unwrap_model
 
     model = unwrap_model(model)
     return getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
