@@ -50,20 +50,28 @@ def extend_paddlenlp_trainer(module) -> None:
     reports the fast path when it is built. Called by the import hook right after the module ran."""
     from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
 
-    if _extend_trainer(module):
+    if _with_fast_ffn_fields(module):
+        _report_when_built(module.Trainer)
         _load_hub_folders_through_checkpoint()
 
 
+def extend_paddleformers_training_args(module) -> None:
+    """paddleformers.trainer.training_args (where paddleformers.trainer's lazy TrainingArguments comes
+    from) with the fields: every subclass defined after it has them, PaddleFormers' FinetuningArguments
+    (the launcher's) among them. Its lazy package is not touched: reading its attributes here would
+    import the Trainer while paddleformers.transformers is still being imported."""
+    _with_fast_ffn_fields(module)
+
+
 def extend_paddleformers_trainer(module) -> None:
-    """paddleformers.trainer, as extend_paddlenlp_trainer: its TrainingArguments (and so every subclass
-    defined after it, PaddleFormers' FinetuningArguments among them) with the fields."""
-    _extend_trainer(module)
+    """paddleformers.trainer.trainer: its Trainer reports the fast path when it is built."""
+    _report_when_built(module.Trainer)
 
 
 def extend_paddleformers_parser(module) -> None:
     """paddleformers.cli.hparams.parser, the parser of `paddleformers.cli.launcher train x.yaml`: its
-    FinetuningArguments in _TRAIN_ARGS (and _TRAIN_CLS) with the fields, where it lacks them (it has
-    them when paddleformers.trainer was extended before FinetuningArguments was defined)."""
+    FinetuningArguments in _TRAIN_ARGS with the fields, where it lacks them (it has them when
+    paddleformers.trainer.training_args was extended before FinetuningArguments was defined)."""
     from .integration.training_args import has_fast_ffn_fields, with_fast_ffn_fields
 
     for index, cls in enumerate(module._TRAIN_ARGS):
@@ -71,16 +79,18 @@ def extend_paddleformers_parser(module) -> None:
             module._TRAIN_ARGS[index] = with_fast_ffn_fields(cls, "FinetuningArguments")
 
 
-def _extend_trainer(module) -> bool:
-    """The library's trainer module with FastFFNTrainingArguments and the report on Trainer
-    construction; False where it was extended already."""
-    from .integration.training_args import with_fast_ffn_fields
+def _with_fast_ffn_fields(module) -> bool:
+    """module.TrainingArguments with the fields; False where it has them already."""
+    from .integration.training_args import has_fast_ffn_fields, with_fast_ffn_fields
 
-    if getattr(module, "_fast_ffn_extended", False):
+    if has_fast_ffn_fields(module.TrainingArguments):
         return False
     module.TrainingArguments = with_fast_ffn_fields(module.TrainingArguments, "FastFFNTrainingArguments")
-    module._fast_ffn_extended = True
-    trainer_class = module.Trainer
+    return True
+
+
+def _report_when_built(trainer_class) -> None:
+    """trainer_class.__init__ followed by the fast path's report line (and PADDLE_FASTFFN_REPORT)."""
     original_init = trainer_class.__init__
 
     def init_and_report(self, *args, **kwargs):
@@ -96,7 +106,6 @@ def _extend_trainer(module) -> bool:
     trainer_class.__init__ = init_and_report
     if os.environ.get(REPORT_ENV_VAR):
         atexit.register(_write_report, os.environ[REPORT_ENV_VAR])
-    return True
 
 
 def _hub_llama_folder(path) -> bool:

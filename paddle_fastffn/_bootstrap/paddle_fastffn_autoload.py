@@ -20,7 +20,8 @@ ENV_VAR = "PADDLE_FASTFFN_PLUGIN"
 # Module -> the paddle_fastffn.plugin function that extends it right after it ran.
 TARGETS = {
     "paddlenlp.trainer": "extend_paddlenlp_trainer",
-    "paddleformers.trainer": "extend_paddleformers_trainer",
+    "paddleformers.trainer.training_args": "extend_paddleformers_training_args",
+    "paddleformers.trainer.trainer": "extend_paddleformers_trainer",
     "paddleformers.cli.hparams.parser": "extend_paddleformers_parser",
 }
 

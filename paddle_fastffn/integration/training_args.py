@@ -82,7 +82,10 @@ def has_fast_ffn_fields(cls) -> bool:
 def with_fast_ffn_fields(base: type, name: str | None = None) -> type:
     """`base` (a TrainingArguments dataclass) plus `use_fast_ffn` and one `fast_ffn_<option>` field per
     FastFFNOptions field (its type, default and help: options.py declares them once); made once
-    per base. Parsing it with use_fast_ffn=True enables the fast path."""
+    per base (a base that has them already is returned as it is). Parsing it with use_fast_ffn=True
+    enables the fast path."""
+    if has_fast_ffn_fields(base):
+        return base
     fields_class = make_dataclass(f"_FastFFNFieldsOf{base.__name__}", [
         ("use_fast_ffn", bool, field(default=False, metadata={"help": USE_FAST_FFN_HELP})),
         *training_argument_fields()], bases=(base,))
