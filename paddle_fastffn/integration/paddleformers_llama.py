@@ -43,7 +43,7 @@ from ..ops._backend import PaddleBackend
 from . import state
 from .llama import _MLPParts
 from .messages import info_once, warn_once
-from .options import FastFFNOptions
+from .options import FastFFNOptions, OptionError
 
 MODEL_TYPES = ("llama",)
 LIBRARY = "paddleformers"
@@ -398,8 +398,8 @@ def apply(options: FastFFNOptions, model=None) -> None:
     """Patch LLaMA's classes and modeling module for `options` (once per options); `model` needs no
     instance setting (nothing is configured per model)."""
     if options.precision == "fp8":
-        raise NotImplementedError("paddle_fastffn: fast_ffn_precision=fp8 is not available for PaddleFormers' "
-                                  "LLaMA yet: use fast_ffn_precision=bf16 (its fused ops still apply)")
+        raise OptionError("fast_ffn_precision", "\"bf16\" for PaddleFormers' LLaMA (FP8 GEMMs are not wired for "
+                          "this family yet; its other fused ops apply in bf16)", options.precision)
     if _STATE.applied == options:
         return
     for (owner, name), (key, fast) in _patches(options).items():
