@@ -40,8 +40,10 @@ def apply_fast_ffn_to_llama(model=None, swiglu: bool = True, rms_norm: bool = Tr
     recipe and emulation keywords of FastFFNOptions (fp8_scaling=..., fp8_emulate=True, ...). Where
     FP8 can run neither on an sm_90 GPU nor emulated, this raises before patching anything, unless
     fp8_fallback="bf16" (one warning, the bf16 path)."""
-    from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
-    from .integration import FastFFNOptions, enable
+    from .integration import FastFFNOptions, enable, library
+
+    if library.active() == library.PADDLENLP:
+        from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
     from .integration.registry import apply_to_model
 
     options = FastFFNOptions(swiglu=swiglu, rms_norm=rms_norm, rotary=rotary, attention=attention,
@@ -68,10 +70,11 @@ def __getattr__(name):
     if name == "revert_fast_ffn":
         return importlib.import_module(".integration", __name__).disable
     if name == "FastFFNTrainingArguments":
-        from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
-        from .integration.training_args import FastFFNTrainingArguments
+        from .integration import library, training_args
 
-        return FastFFNTrainingArguments
+        if library.active() == library.PADDLENLP:
+            from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
+        return training_args.FastFFNTrainingArguments
     raise AttributeError(f"module 'paddle_fastffn' has no attribute {name!r}")
 
 

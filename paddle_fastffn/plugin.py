@@ -1,4 +1,6 @@
-"""Run a PaddleNLP script we did not write with paddle_fastffn loaded.
+"""Run a PaddleNLP or PaddleFormers script we did not write with paddle_fastffn loaded.
+
+    python -m paddle_fastffn -m paddleformers.cli.launcher train sft.yaml            # PaddleFormers' launcher
 
     python -m paddle_fastffn finetune_generation.py llama/sft_argument.json      # PaddleNLP's llm/ script
     python -m paddle_fastffn -m paddle.distributed.launch --gpus 0,1 finetune_generation.py llama/sft_argument.json
@@ -35,9 +37,10 @@ from pathlib import Path
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 REPORT_ENV_VAR = "PADDLE_FASTFFN_REPORT"
 USAGE = ("usage: python -m paddle_fastffn SCRIPT.py [ARGS...]\n"
-         "       python -m paddle_fastffn -m MODULE [ARGS...]   (e.g. -m paddle.distributed.launch ...)\n"
+         "       python -m paddle_fastffn -m MODULE [ARGS...]   (e.g. -m paddle.distributed.launch ..., or\n"
+         "                                                        -m paddleformers.cli.launcher train x.yaml)\n"
          "Runs SCRIPT (or MODULE) with paddle_fastffn loaded: `use_fast_ffn` and the fast_ffn_* keys parse as\n"
-         "fields of PaddleNLP's TrainingArguments, in this process and in the processes it starts.")
+         "fields of PaddleNLP's or PaddleFormers' TrainingArguments, in this process and in the processes it starts.")
 
 _STATE = {"report": None}  # the last Trainer's fast-path report, for PADDLE_FASTFFN_REPORT
 
@@ -46,26 +49,61 @@ def extend_paddlenlp_trainer(module) -> None:
     """paddlenlp.trainer with FastFFNTrainingArguments as its TrainingArguments, and a Trainer that
     reports the fast path when it is built. Called by the import hook right after the module ran."""
     from .finetune import checkpoint  # noqa: F401  (offers the patch its Hub-folder loader)
-    from .integration.training_args import FastFFNTrainingArguments
 
-    if module.TrainingArguments is FastFFNTrainingArguments:
-        return
-    module.TrainingArguments = FastFFNTrainingArguments
-    trainer_class = module.Trainer
+    if _with_fast_ffn_fields(module):
+        _report_when_built(module.Trainer)
+        _load_hub_folders_through_checkpoint()
+
+
+def extend_paddleformers_training_args(module) -> None:
+    """paddleformers.trainer.training_args (where paddleformers.trainer's lazy TrainingArguments comes
+    from) with the fields: every subclass defined after it has them, PaddleFormers' FinetuningArguments
+    (the launcher's) among them. Its lazy package is not touched: reading its attributes here would
+    import the Trainer while paddleformers.transformers is still being imported."""
+    _with_fast_ffn_fields(module)
+
+
+def extend_paddleformers_trainer(module) -> None:
+    """paddleformers.trainer.trainer: its Trainer reports the fast path when it is built."""
+    _report_when_built(module.Trainer)
+
+
+def extend_paddleformers_parser(module) -> None:
+    """paddleformers.cli.hparams.parser, the parser of `paddleformers.cli.launcher train x.yaml`: its
+    FinetuningArguments in _TRAIN_ARGS with the fields, where it lacks them (it has them when
+    paddleformers.trainer.training_args was extended before FinetuningArguments was defined)."""
+    from .integration.training_args import has_fast_ffn_fields, with_fast_ffn_fields
+
+    for index, cls in enumerate(module._TRAIN_ARGS):
+        if cls.__name__ == "FinetuningArguments" and not has_fast_ffn_fields(cls):
+            module._TRAIN_ARGS[index] = with_fast_ffn_fields(cls, "FinetuningArguments")
+
+
+def _with_fast_ffn_fields(module) -> bool:
+    """module.TrainingArguments with the fields; False where it has them already."""
+    from .integration.training_args import has_fast_ffn_fields, with_fast_ffn_fields
+
+    if has_fast_ffn_fields(module.TrainingArguments):
+        return False
+    module.TrainingArguments = with_fast_ffn_fields(module.TrainingArguments, "FastFFNTrainingArguments")
+    return True
+
+
+def _report_when_built(trainer_class) -> None:
+    """trainer_class.__init__ followed by the fast path's report line (and PADDLE_FASTFFN_REPORT)."""
     original_init = trainer_class.__init__
 
     def init_and_report(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         if getattr(self.args, "use_fast_ffn", False):
+            from .integration.library import logger
             from .integration.report import fast_path_report, report_line
-            from paddlenlp.utils.log import logger
 
             report = fast_path_report(self.model, self.args)
             _STATE["report"] = report
-            logger.info(report_line(report))
+            logger().info(report_line(report))
 
     trainer_class.__init__ = init_and_report
-    _load_hub_folders_through_checkpoint()
     if os.environ.get(REPORT_ENV_VAR):
         atexit.register(_write_report, os.environ[REPORT_ENV_VAR])
 

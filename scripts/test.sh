@@ -11,6 +11,13 @@ if command -v nvcc >/dev/null; then
   bash scripts/fetch_cuda_headers.sh "$FASTFFN_CUDA_MATH_HEADERS" >/dev/null
 fi
 "$venv/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
+# PaddleFormers' side (tests/paddleformers) in its own environment: PaddleNLP and PaddleFormers cannot
+# share one (pyproject.toml says why). FASTFFN_SKIP_PADDLEFORMERS=1 leaves it out of a local run.
+if [[ ${FASTFFN_SKIP_PADDLEFORMERS:-0} != 1 ]]; then
+  bash scripts/setup_paddleformers_env.sh
+  pf_venv=${FASTFFN_PF_VENV:-.pf-venv}
+  "$pf_venv/bin/python" -m pytest tests/paddleformers -q -p no:cacheprovider
+fi
 # The GPU benchmarks' CPU smoke (tests/torch_cpu, and tests/benchmarks_logic's torch tests): every section's contenders built and stepped at tiny
 # shapes in the GPU machine's torch (its own venv: that machine has no Paddle; the benchmarks import
 # paddle_fastffn from the tree). FASTFFN_SKIP_TORCH_SMOKE=1 leaves it out of a local run.

@@ -19,6 +19,10 @@ HAS_PADDLE = importlib.util.find_spec("paddle") is not None
 # The GPU machine has torch but no Paddle: only tests/gpu is collected there. tests/torch_cpu (the GPU
 # benchmarks' CPU smoke) runs in the torch environment scripts/test.sh sets up, without Paddle.
 collect_ignore = ["torch_cpu"] if HAS_PADDLE else ["ops", "integration", "build_checks", "fp8", "optim"]
+# tests/paddleformers runs in PaddleFormers' environment (scripts/setup_paddleformers_env.sh), which
+# cannot hold PaddleNLP: scripts/test.sh runs it there.
+if importlib.util.find_spec("paddlenlp") is not None or importlib.util.find_spec("paddleformers") is None:
+    collect_ignore.append("paddleformers")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -17,7 +17,19 @@ import os
 import sys
 
 ENV_VAR = "PADDLE_FASTFFN_PLUGIN"
-TARGET = "paddlenlp.trainer"
+# Module -> the paddle_fastffn.plugin function that extends it right after it ran.
+TARGETS = {
+    "paddlenlp.trainer": "extend_paddlenlp_trainer",
+    "paddleformers.trainer.training_args": "extend_paddleformers_training_args",
+    "paddleformers.trainer.trainer": "extend_paddleformers_trainer",
+    "paddleformers.cli.hparams.parser": "extend_paddleformers_parser",
+}
+
+
+def _extend(module) -> None:
+    import paddle_fastffn.plugin
+
+    getattr(paddle_fastffn.plugin, TARGETS[module.__name__])(module)
 
 
 class _AfterImport(importlib.abc.Loader):
@@ -31,14 +43,12 @@ class _AfterImport(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        from paddle_fastffn.plugin import extend_paddlenlp_trainer
-
-        extend_paddlenlp_trainer(module)
+        _extend(module)
 
 
-class PaddleNLPTrainerFinder(importlib.abc.MetaPathFinder):
+class TrainerModuleFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
+        if fullname not in TARGETS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
@@ -47,14 +57,12 @@ class PaddleNLPTrainerFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Extend paddlenlp.trainer now if it is imported already, else when it is."""
-    if TARGET in sys.modules:
-        from paddle_fastffn.plugin import extend_paddlenlp_trainer
-
-        extend_paddlenlp_trainer(sys.modules[TARGET])
-        return
-    if not any(isinstance(finder, PaddleNLPTrainerFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, PaddleNLPTrainerFinder())
+    """Extend each target module now if it is imported already, else when it is."""
+    for name in TARGETS:
+        if name in sys.modules:
+            _extend(sys.modules[name])
+    if not any(isinstance(finder, TrainerModuleFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, TrainerModuleFinder())
 
 
 def install_from_environment() -> None:

@@ -25,7 +25,9 @@ def cu_seqlens_of(lengths) -> np.ndarray:
 def segment_lengths_from_row_ends(ends, op: str = OP) -> list[int]:
     """PaddleNLP's causal ``attn_mask_startend_row_indices`` read to the host as [batch, seq] ints (for
     each key column, the row where its example ends) -> the segment lengths, rows one after another.
-    Columns of one example carry the same value; a new value starts a new example."""
+    Columns of one example carry the same value; a new value starts a new example. A column whose
+    value is its own index is seen by no row (PaddleFormers' collator pads a row that way: column j
+    carries j); a run of them is one padding segment, whose outputs no real token reads."""
     ends = np.asarray(ends, dtype=np.int64)
     batch, seq = ends.shape
     lengths = []
@@ -33,6 +35,13 @@ def segment_lengths_from_row_ends(ends, op: str = OP) -> list[int]:
         start = 0
         while start < seq:
             end = int(ends[row, start])
+            if end == start:
+                padding = start
+                while padding < seq and ends[row, padding] == padding:
+                    padding += 1
+                lengths.append(padding - start)
+                start = padding
+                continue
             if not start < end <= seq or np.any(ends[row, start:end] != end):
                 raise ValueError(f"{op}: `attn_mask_startend_row_indices` row {row}: the example starting at "
                                  f"column {start} must end within the row and all its columns must carry its "

@@ -34,8 +34,12 @@ class ModelFamily(Protocol):
     MODEL_TYPES: tuple
     """The config.model_type values this family serves (the registry's keys)."""
 
+    LIBRARY: str
+    """The library whose models it patches ("paddlenlp" or "paddleformers", library.py): registry.py
+    registers the families of the installed one."""
+
     def modeling_module(self) -> ModuleType:
-        """The PaddleNLP modeling module whose classes and functions the family patches (imported
+        """The library's modeling module whose classes and functions the family patches (imported
         on first use: importing the family imports no PaddleNLP model)."""
 
     def example_config(self, **overrides):

@@ -108,11 +108,9 @@ def resolve_fp8(options, info_once):
 
 
 def lora_linear_class():
-    try:
-        from paddlenlp.peft.lora.lora_layers import LoRALinear
-    except ImportError:  # pragma: no cover
-        return None
-    return LoRALinear
+    from .library import lora_linear_class
+
+    return lora_linear_class()
 
 
 def fp8_of(layer):

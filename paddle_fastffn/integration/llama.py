@@ -62,6 +62,7 @@ from .patching import own_attribute, restore_attribute
 # revert, decoder_layers, patched_layer_count, configure, mark_fast_built, fuse_fn, split_fn,
 # unfused_linear_class).
 MODEL_TYPES = ("llama",)
+LIBRARY = "paddlenlp"
 _PADDLE = PaddleBackend()  # the views core.decoder asks for
 # The closing residual add: one gradient tensor for both inputs (Paddle's add_grad copies it twice).
 _RESIDUAL_ADD = pylayer(ResidualAdd)

@@ -29,9 +29,9 @@ def info_once(key: str, message: str, covers: tuple = ()) -> None:
     before enabling), the layer keeps PaddleNLP's sub-layers: one info line, not a fallback
     warning. `covers`: the per-forward reasons this line already explains."""
     if key not in _INFORMED:
-        from paddlenlp.utils.log import logger
+        from .library import logger
 
-        logger.info(f"paddle_fastffn: {message}")
+        logger().info(f"paddle_fastffn: {message}")
     _INFORMED.add(key)
     _INFORMED.update(covers)
 

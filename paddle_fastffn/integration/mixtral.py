@@ -42,6 +42,7 @@ from .messages import info_once, warn_once
 from .options import FastFFNOptions
 
 MODEL_TYPES = ("mixtral",)
+LIBRARY = "paddlenlp"
 FUSED_LAYOUTS: dict = {}  # PaddleNLP 2.8.1 builds no fused q/k/v or w1/w3 sub-layer for Mixtral
 _STATE = state.for_family(__name__.rpartition(".")[2])
 is_plain_linear = lm_head.is_plain_linear

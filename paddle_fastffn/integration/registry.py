@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import warnings
 
-from . import fp8_attach, llama, messages, mixtral, state, trainer
+from . import fp8_attach, library, llama, messages, mixtral, paddleformers_llama, state, trainer
 from .family import FAMILIES, family_for, register, registered_families, supported_model_types  # noqa: F401
 from .options import FastFFNOptions
 from .state import FamilyState
 
-register(llama)
-register(mixtral)
+# One file per family; the installed library's families serve (library.py: PaddleNLP and
+# PaddleFormers cannot share an environment, and both have a LLaMA).
+ALL_FAMILIES = (llama, mixtral, paddleformers_llama)
+for _family in ALL_FAMILIES:
+    if _family.LIBRARY == library.active():
+        register(_family)
 
 
 def family_state(model_type: str) -> FamilyState:

@@ -57,8 +57,8 @@ def fast_path_report(model, args=None) -> dict:
     mlps = [layer.mlp for layer in decoders if hasattr(layer, "mlp")]  # a MoE family has experts instead
     if not family.FUSED_LAYOUTS:
         for switch in ("fuse_projections", "swiglu_recompute"):
-            off.setdefault(switch, f"{family.causal_lm_class().__name__}: PaddleNLP builds no fused projection for "
-                                   f"this family")
+            off.setdefault(switch, f"{family.causal_lm_class().__name__}: {family.LIBRARY} builds no fused projection "
+                                   f"for this family")
     elif "fuse_projections" not in off:
         fused_qkv = _count(attentions, lambda a: getattr(a, "fuse_attention_qkv", False))
         fused_ffn = _count(mlps, lambda m: getattr(m, "fuse_attention_ffn", False))

@@ -258,7 +258,9 @@ def _fused_parameter(layer, param, kind: str, owner, model, stock_names, family)
 
 
 def _base_config(model):
-    from paddlenlp.transformers.model_utils import unwrap_model
+    from .library import module
+
+    unwrap_model = module("transformers.model_utils").unwrap_model
 
     model = unwrap_model(model)
     return getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
@@ -365,15 +367,15 @@ def save_fp8_state(model, folder: str, world_size: int = 1, process_index: int =
 def load_fp8_state(model, folder: str, world_size: int = 1, process_index: int = 0) -> bool:
     """Restore the FP8 states saved in checkpoint `folder`; False (FP8 starts fresh, one info line)
     where it has none, or where the model computes nothing in FP8."""
-    from paddlenlp.utils.log import logger
+    from .library import logger
 
     _, layers = fp8_checkpoint_layers(model)
     if not layers:
         return False
     path = fp8_state_file(folder, world_size, process_index)
     if not os.path.isfile(path):
-        logger.info(f"paddle_fastffn: {folder} has no FP8 scaling state ({os.path.basename(path)}: saved by stock "
-                    f"PaddleNLP or without fast_ffn_precision=fp8): the FP8 amax histories and scales start fresh")
+        logger().info(f"paddle_fastffn: {folder} has no FP8 scaling state ({os.path.basename(path)}: saved by stock "
+                      f"PaddleNLP or without fast_ffn_precision=fp8): the FP8 amax histories and scales start fresh")
         return False
     set_fp8_state_dict(model, paddle.load(path, return_numpy=True), source=path)
     return True

@@ -1,6 +1,7 @@
-"""The optimizer PaddleNLP's Trainer builds while the fast path is on: FastAdamW.
+"""The optimizer the Trainer builds while the fast path is on: FastAdamW.
 
-PaddleNLP's Trainer.create_optimizer asks the static Trainer.get_optimizer_cls_and_kwargs(args)
+The Trainer is the installed library's (library.py): PaddleFormers' is PaddleNLP's, carried on,
+with the same hooks used here. PaddleNLP's Trainer.create_optimizer asks the static Trainer.get_optimizer_cls_and_kwargs(args)
 for its class (paddle.optimizer.AdamW for optim="adamw", the default) and builds it with the
 Trainer's own arguments (learning-rate scheduler, apply_decay_param_fun, weight decay, global-norm
 clipping, multi_precision under AMP O2). With FastFFNOptions.fused_optimizer, that class is
@@ -28,9 +29,9 @@ _OPTIMIZER_STATE: dict = {}  # FastAdamW's state keywords of the options applied
 
 
 def _trainer_class():
-    from paddlenlp.trainer import trainer
+    from .library import trainer_class
 
-    return trainer.Trainer
+    return trainer_class()
 
 
 def _fast_optimizer_cls_and_kwargs(args):
@@ -51,10 +52,9 @@ def install_checkpoint_hooks() -> None:
     if _CHECKPOINT_HOOKS:
         return
 
-    from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
-
     from ..fp8.weight_cache import track_optimizer
     from . import resume
+    from .library import checkpoint_prefix
 
     trainer = _trainer_class()
     _CHECKPOINT_HOOKS.update(create_optimizer=trainer.create_optimizer, save_checkpoint=trainer._save_checkpoint,
@@ -66,13 +66,13 @@ def install_checkpoint_hooks() -> None:
         # optimizer; FastAdamW does it itself): fp8/weight_cache.py.
         track_optimizer(self.optimizer)
         # unified_checkpoint keys optimizer state by the model's structured names: no renaming.
-        if not self.args.unified_checkpoint:
+        if not getattr(self.args, "unified_checkpoint", False):
             resume.install_stock_layout(self.optimizer, self.model)
         return optimizer
 
     def _save_checkpoint(self, model, metrics=None):
         result = _CHECKPOINT_HOOKS["save_checkpoint"](self, model, metrics=metrics)
-        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        folder = os.path.join(self.args.output_dir, f"{checkpoint_prefix()}-{self.state.global_step}")
         resume.save_fp8_state(self.model, folder, self.args.world_size, self.args.process_index)
         return result
 

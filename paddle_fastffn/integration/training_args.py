@@ -1,34 +1,32 @@
-"""FastFFNTrainingArguments: PaddleNLP's TrainingArguments plus the `use_fast_ffn` flag.
+"""The `use_fast_ffn` flag and the `fast_ffn_*` options as fields of the installed library's
+training arguments (library.py: PaddleNLP's or PaddleFormers' TrainingArguments).
 
-Parsed like PaddleNLP's own scripts do (PdArgumentParser: a JSON file, command-line flags
-overriding it). With use_fast_ffn=True the fast path is enabled as the arguments are built, so
-the model constructed afterwards (from_pretrained / from_config / direct) is patched at
+Parsed as the library's own scripts parse them (PdArgumentParser: a JSON or YAML file, command-line
+flags overriding it). With use_fast_ffn=True the fast path is enabled as the arguments are built,
+so the model constructed afterwards (from_pretrained / from_config / direct) is patched at
 construction.
+
+- FastFFNTrainingArguments: the library's TrainingArguments with the fields;
+- with_fast_ffn_fields(base): any TrainingArguments subclass with them, e.g. PaddleFormers'
+  FinetuningArguments, the class its `paddleformers.cli.launcher train x.yaml` parses
+  (plugin.py puts it into the launcher's parser).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from dataclasses import dataclass, field, make_dataclass
-
-from paddlenlp.trainer import TrainingArguments
+from dataclasses import dataclass, field, fields, make_dataclass
 
 from .options import TRAINING_ARGUMENT_PREFIX, FastFFNOptions, OptionError, training_argument_fields
 from .registry import enable
 
-# PaddleNLP's TrainingArguments, `use_fast_ffn`, and one `fast_ffn_<option>` field per FastFFNOptions
-# field (its type, default and help: options.py declares them once).
-_FastFFNFields = make_dataclass("_FastFFNFields", [
-    ("use_fast_ffn", bool, field(default=False, metadata={
-        "help": "Patch LLaMA-style decoder layers with paddle_fastffn's fused SwiGLU, RMSNorm, rotary and "
-                "attention paths when the model is built."})),
-    *training_argument_fields()], bases=(TrainingArguments,))
-_FastFFNFields.__module__ = __name__
+USE_FAST_FFN_HELP = ("Patch LLaMA-style decoder layers with paddle_fastffn's fused SwiGLU, RMSNorm, rotary and "
+                     "attention paths when the model is built.")
 
 
-@dataclass
-class FastFFNTrainingArguments(_FastFFNFields):
-    """PaddleNLP's TrainingArguments with `use_fast_ffn` and the `fast_ffn_*` options."""
+class _FastFFNArguments:
+    """The methods of every class with_fast_ffn_fields makes (its fields come from options.py)."""
 
     def fast_ffn_options(self) -> FastFFNOptions:
         """The FastFFNOptions of the fast_ffn_* fields (fused projections off where the checkpoint
@@ -62,11 +60,11 @@ class FastFFNTrainingArguments(_FastFFNFields):
             return
         writer = self._checkpoint_writer_without_split() if self.fast_ffn_fuse_projections else None
         if writer:
-            from paddlenlp.utils.log import logger
+            from .library import logger
 
-            logger.info(f"paddle_fastffn: {writer} writes the model's own parameters: projections stay unfused "
-                        f"so checkpoints keep the stock layout (fast_ffn_save_fused_checkpoint=true fuses them and "
-                        f"saves PaddleNLP's fused layout)")
+            logger().info(f"paddle_fastffn: {writer} writes the model's own parameters: projections stay unfused "
+                          f"so checkpoints keep the stock layout (fast_ffn_save_fused_checkpoint=true fuses them and "
+                          f"saves the fused layout)")
         enable(options)
         import paddle
 
@@ -74,3 +72,35 @@ class FastFFNTrainingArguments(_FastFFNFields):
             warnings.warn("paddle_fastffn: this Paddle build has no GPU, and Paddle's CPU AMP is a no-op: "
                           "training runs in float32 (the fused kernels support bf16/fp16 where AMP runs).",
                           RuntimeWarning, stacklevel=2)
+
+
+def has_fast_ffn_fields(cls) -> bool:
+    return any(f.name == "use_fast_ffn" for f in fields(cls))
+
+
+@functools.cache
+def with_fast_ffn_fields(base: type, name: str | None = None) -> type:
+    """`base` (a TrainingArguments dataclass) plus `use_fast_ffn` and one `fast_ffn_<option>` field per
+    FastFFNOptions field (its type, default and help: options.py declares them once); made once
+    per base (a base that has them already is returned as it is). Parsing it with use_fast_ffn=True
+    enables the fast path."""
+    if has_fast_ffn_fields(base):
+        return base
+    fields_class = make_dataclass(f"_FastFFNFieldsOf{base.__name__}", [
+        ("use_fast_ffn", bool, field(default=False, metadata={"help": USE_FAST_FFN_HELP})),
+        *training_argument_fields()], bases=(base,))
+    fields_class.__module__ = __name__
+    name = name or f"FastFFN{base.__name__}"
+    cls = type(name, (_FastFFNArguments, fields_class), {
+        "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{base.__module__}.{base.__name__} with `use_fast_ffn` and the `fast_ffn_*` options."})
+    return dataclass(cls)
+
+
+def __getattr__(name):
+    # The installed library's TrainingArguments is imported on first use (library.py picks it).
+    if name == "FastFFNTrainingArguments":
+        from .library import module
+
+        return with_fast_ffn_fields(module("trainer").TrainingArguments, "FastFFNTrainingArguments")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -145,10 +145,10 @@ def _inform(reason: str) -> None:
     """Paddle's own update runs where the kernel does not apply: one info line per reason."""
     if reason not in _INFORMED:
         _INFORMED.add(reason)
-        from paddlenlp.utils.log import logger
+        from ..integration.library import logger
 
-        logger.info(f"paddle_fastffn: FastAdamW: {reason}: those parameters take Paddle's own "
-                    f"AdamW update")
+        logger().info(f"paddle_fastffn: FastAdamW: {reason}: those parameters take Paddle's own "
+                      f"AdamW update")
 
 
 def _as_float(value) -> float:
