@@ -355,7 +355,8 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
     def on_round(name, index, row):
         summary = (plan.describe_oom(row) if row.get("oom") else row.get("error") or
                    f"step {row.get('step_ms', 0):.1f} ms (fwd+bwd {row.get('forward_backward_ms', 0):.1f}, optimizer "
-                   f"{row.get('optimizer_ms', 0):.1f}), peak {plan.gib(row.get('peak_bytes'))}")
+                   f"{row.get('optimizer_ms', 0):.1f}; host {row.get('host_issue_ms', 0):.1f}), "
+                   f"peak {plan.gib(row.get('peak_bytes'))}")
         log(f"{workload} {data.name} {name} round {index}: {summary}")
         progress.append({"contender": name, "round": index, **{k: v for k, v in row.items() if k != "trace"}})
         save(progress)

@@ -173,9 +173,12 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
     warmup_s = time.time() - started
 
     def timed_step():
-        """(whole step, forward+backward) in ms, from CUDA events around the parts of one step."""
+        """(whole step, forward+backward, host) in ms: CUDA events around the parts of one step, and
+        the host's time to issue the step (from the start event to the end event's record, with no
+        wait in between). A host time near the step's says the GPU waited for the host."""
         start, after_backward, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
+        issued = time.perf_counter()
         loss = forward()
         loss.backward()
         after_backward.record()
@@ -183,8 +186,9 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
         optimizer.zero_grad()
         invalidate()
         end.record()
+        issued = (time.perf_counter() - issued) * 1e3
         end.synchronize()
-        return start.elapsed_time(end), start.elapsed_time(after_backward)
+        return start.elapsed_time(end), start.elapsed_time(after_backward), issued
 
     timed = [timed_step() for _ in range(steps)]
     torch.cuda.synchronize()
@@ -193,9 +197,10 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    return {"step_ms": percentiles([total for total, _ in timed])["p50_ms"],
-            "forward_backward_ms": percentiles([fb for _, fb in timed])["p50_ms"],
-            "optimizer_ms": percentiles([total - fb for total, fb in timed])["p50_ms"],
+    return {"step_ms": percentiles([total for total, _, _ in timed])["p50_ms"],
+            "forward_backward_ms": percentiles([fb for _, fb, _ in timed])["p50_ms"],
+            "optimizer_ms": percentiles([total - fb for total, fb, _ in timed])["p50_ms"],
+            "host_issue_ms": percentiles([host for _, _, host in timed])["p50_ms"],
             "steps_per_round": steps, "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 

@@ -687,15 +687,17 @@ def test_fp8_ffn_within_the_fp8_budget_of_fp32_and_bf16(shape, saved_gate_up):
             assert torch.equal(delayed[name], current[name]), f"delayed step {step} != current: {name}"
 
 
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
 @pytest.mark.parametrize("saved_gate_up", ["fp8", "activation"])
 @pytest.mark.parametrize("kind", ["current", "delayed"])
-def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind, saved_gate_up):
+def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind, saved_gate_up, weight_copies):
     """Every stage checked on its own, from the intermediates the composition records: each
     quantisation bit for bit, each GEMM against the float64 GEMM of its dequantised operands (the
-    tolerances of test_fp8_kernels), and the copies each GEMM reads (see fp8_ffn's table)."""
+    tolerances of test_fp8_kernels), and the copies each GEMM reads (see fp8_ffn's table; per use,
+    the forward records only the weights' forward copies)."""
     t, hidden, inter = 64, 256, 688
     x, w_gu, w_d, dy = ffn_inputs(t, hidden, inter)
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, saved_gate_up=saved_gate_up))
+    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, saved_gate_up=saved_gate_up, weight_copies=weight_copies))
     state.record = rec = {}
     out = run_ffn(fp8_fn(state), x, w_gu, w_d, dy)
     current = kind == "current"
@@ -721,8 +723,9 @@ def test_fp8_ffn_stages_are_the_gemms_of_their_fp8_operands(kind, saved_gate_up)
         assert_gemm_close(d, a64 @ b64.t(), a64.abs() @ b64.abs().t(), kk, "fp8_fast" if fast else "fp8", what)
 
     check_quantised(rec["q_x"], x.float(), E4M3, "q(x)")
-    check_quantised(rec["w_gate_up"], w_gu.float(), E4M3, "q(W_gu)", weight=True)
-    check_quantised(rec["w_down"], w_d.float(), E4M3, "q(W_d)", weight=True)
+    cached = weight_copies == "cached"
+    check_quantised(rec["w_gate_up"], w_gu.float(), E4M3, "q(W_gu)", transposed=cached, weight=True)
+    check_quantised(rec["w_down"], w_d.float(), E4M3, "q(W_d)", transposed=cached, weight=True)
     x64, wgu64, wd64 = (dequantized64(rec[n]) for n in ("q_x", "w_gate_up", "w_down"))
     check_gemm(rec["gate_up"], x64, wgu64, hidden, True, "gate_up = q(x) q(W_gu)^T")
     h32 = unfused_fwd32(rec["gate_up"])
