@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks.cpu import paddleformers_assets as assets
-from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL, FP32_TRAINING_LOSS_RTOL
+from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL, FP8_TRAINING_LOSS_RTOL, FP32_TRAINING_LOSS_RTOL
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS = re.compile(r" - loss: ([0-9.]+), .*global_step: (\d+),")
@@ -62,6 +62,20 @@ def test_sft_through_paddleformers_launcher_matches_stock(tmp_path, tiny_assets,
     assert report and report.group(1) == report.group(2) == str(TINY["num_hidden_layers"]), fast["log"][-3000:]
     assert len(stock["losses"]) == 4
     _assert_same_losses(fast["losses"], stock["losses"], FP32_TRAINING_LOSS_RTOL)
+
+
+def test_emulated_fp8_sft_through_paddleformers_launcher_stays_within_the_fp8_budget(tmp_path, tiny_assets):
+    """`fast_ffn_precision: fp8` with `fast_ffn_fp8_emulate: true` in the YAML: every decoder projection
+    computes in FP8 (emulated) in the launcher's process, and the per-step losses stay within the
+    FP8 training budget of the same run in 16 bits (fp32 on CPU)."""
+    bf16 = launch(tmp_path, "bf16", tiny_assets, True)
+    fp8 = launch(tmp_path, "fp8", tiny_assets, True, fast_ffn_precision="fp8", fast_ffn_fp8_emulate=True)
+    assert "fast_ffn_precision=fp8 runs emulated" in fp8["log"], fp8["log"][-3000:]
+    assert "their linears run Fp8Linear each" in fp8["log"], fp8["log"][-3000:]  # attached in the forward
+    assert "fast_ffn_precision=fp8" not in bf16["log"]
+    _assert_same_losses(fp8["losses"], bf16["losses"], FP8_TRAINING_LOSS_RTOL)
+    # FP8's rounding reached the losses (an FP8 option that changed nothing would pass the bound).
+    assert any(fp8["losses"][k] != bf16["losses"][k] for k in bf16["losses"]), (fp8["losses"], bf16["losses"])
 
 
 def test_checkpoints_resume_both_ways_between_stock_and_fast(tmp_path, tiny_assets):
