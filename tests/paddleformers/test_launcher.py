@@ -3,6 +3,7 @@
 trains the demo's data (erniekit jsonl) with the fast path, and its per-step losses are stock's;
 checkpoints resume both ways between stock and fast runs."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -76,6 +77,29 @@ def test_emulated_fp8_sft_through_paddleformers_launcher_stays_within_the_fp8_bu
     _assert_same_losses(fp8["losses"], bf16["losses"], FP8_TRAINING_LOSS_RTOL)
     # FP8's rounding reached the losses (an FP8 option that changed nothing would pass the bound).
     assert any(fp8["losses"][k] != bf16["losses"][k] for k in bf16["losses"]), (fp8["losses"], bf16["losses"])
+
+
+def test_launcher_under_paddle_distributed_launch_trains_on_the_fast_path(tmp_path, tiny_assets):
+    """`python -m paddle_fastffn -m paddle.distributed.launch ... launcher.py train x.yaml`, what
+    paddleformers-cli train runs: the launched process runs PaddleFormers' launcher script itself, so
+    the plugin reaches it only through PYTHONPATH's sitecustomize (paddle_fastffn/_bootstrap); its
+    YAML's use_fast_ffn is accepted there and trains on the fast path, as the same run started
+    directly. One process: two CPU ranks fail in stock PaddleFormers 1.2.0 before training (its
+    default sharding stage1 v2 asserts amp_master_grad, which needs bf16; without sharding its
+    flex_checkpoint load reshards through Tensor.cuda(): "No available device found")."""
+    direct = launch(tmp_path, "direct", tiny_assets, True)
+    config = assets.sft_yaml(tmp_path / "launched.yaml", tiny_assets, tmp_path / "launched", use_fast_ffn=True)
+    script = importlib.util.find_spec("paddleformers.cli.launcher").origin
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "paddle_fastffn", "-m", "paddle.distributed.launch", "--nproc_per_node",
+                          "1", "--log_dir", str(tmp_path / "logs"), script, "train", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "logs" / "workerlog.0").read_text(errors="replace")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:] + log[-3000:]
+    report = re.search(r"paddle_fastffn: (\d+)/(\d+) LLaMA decoder layers on the fast path", log)
+    assert report and report.group(1) == report.group(2) == str(TINY["num_hidden_layers"]), log[-3000:]
+    losses = {int(step): float(loss) for loss, step in LOSS.findall(log)}
+    _assert_same_losses(losses, direct["losses"], FP32_TRAINING_LOSS_RTOL)
 
 
 def test_checkpoints_resume_both_ways_between_stock_and_fast(tmp_path, tiny_assets):
