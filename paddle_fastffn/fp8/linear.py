@@ -103,7 +103,8 @@ def _in_fp32_on_cpu(fn, *tensors):
 
 
 def _is_lora(layer) -> bool:
-    # PaddleNLP's LoRALinear, recognised by its attributes so that paddlenlp stays optional here.
+    # PaddleNLP's or PaddleFormers' LoRALinear (the same attributes), recognised by its attributes so
+    # that neither library is imported here.
     return all(hasattr(layer, name) for name in ("lora_A", "lora_B", "scaling", "merged", "lora_dropout"))
 
 
@@ -114,8 +115,8 @@ def _move_storage(tensor: paddle.Tensor, place) -> None:
 
 
 class Fp8Linear:
-    """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's LoRALinear (base GEMM in FP8,
-    adapters in the activation dtype: LoRALinear.forward's math). Not a Layer: the wrapped layer
+    """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's or PaddleFormers' LoRALinear (base
+    GEMM in FP8, adapters in the activation dtype: LoRALinear.forward's math). Not a Layer: the wrapped layer
     keeps its parameters, names and checkpoints; this object holds the FP8 scaling states and
     the weight cache, and `fp8_state_dict` / `set_fp8_state_dict` save and restore the states.
 
@@ -130,7 +131,7 @@ class Fp8Linear:
     def __init__(self, linear: paddle.nn.Linear, recipe: Fp8Recipe, layer_index: int | None = None,
                  num_layers: int | None = None, backend: str = "auto"):
         if not isinstance(linear, paddle.nn.Linear):
-            raise TypeError(f"Fp8Linear wraps paddle.nn.Linear (or PaddleNLP's LoRALinear), got "
+            raise TypeError(f"Fp8Linear wraps paddle.nn.Linear (or a LoRALinear), got "
                             f"{type(linear).__name__}; tensor-parallel layers are not supported yet")
         if backend not in ("auto", "cuda", "emulated"):
             raise ValueError(f"Fp8Linear backend must be 'auto', 'cuda' or 'emulated', got {backend!r}")
@@ -173,7 +174,9 @@ class Fp8Linear:
             weights_changed([layer.weight])
             self._merged = layer.merged
         base = self._base(x)
-        if layer.merged:  # eval with merge_weights: the adapters are inside the weight
+        # merged: the adapters are inside the weight (PaddleNLP's eval with merge_weights, PaddleFormers'
+        # merge()); disable_lora: PaddleFormers' switch that runs the base alone.
+        if layer.merged or getattr(layer, "disable_lora", False):
             return base
 
         def add_adapters(x, base, lora_a, lora_b):

@@ -19,13 +19,18 @@ that its fused layouts fuse, split and save as declared.
 
 Adding a family (say PaddleNLP's Qwen2): a file integration/qwen2.py with these members, its fast
 forwards written against its own modeling module, and one `register(qwen2)` line in registry.py.
-Its patch state lives in one state.FamilyState (state.for_family), not in module globals.
+Its patch state lives in one state.FamilyState (state.for_family), not in module globals. A family
+whose patch is one table of attributes and that fuses no projection (mixtral.py,
+paddleformers_llama.py) takes most members from a TableFamily (below) instead of spelling them out.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Callable, Protocol, runtime_checkable
+
+from . import fp8_attach, state
+from .options import FastFFNOptions
 
 
 @runtime_checkable
@@ -181,3 +186,87 @@ def family_for(model_type: str) -> ModelFamily:
             f"paddle_fastffn: use_fast_ffn supports LLaMA-style decoder layers (model_type in "
             f"{supported_model_types()}); this model has model_type={model_type!r}. Remove "
             f"use_fast_ffn or use a LLaMA-architecture checkpoint.") from None
+
+
+class TableFamily:
+    """The members of the contract that every family whose patch is one table and that fuses no
+    projection spells alike; the family's module binds them (`revert = _TABLE.revert`, ...).
+
+    patches(options) -> {(owner, name): (key in family_state.originals, fast version, or a false
+    value for stock)}: patch() sets each attribute, and the modeling module's `recompute` through
+    fp8_attach.switch_fp8 while FP8 runs; revert() restores them all. The class names are looked up
+    in modeling() when used (importing the family imports no model library). attach_fp8(base model,
+    recipe): the family's FP8 attachment, which fp8_checkpoint_layers runs before a resume restores
+    the scaling states. The family's module calls bind(globals()) once, after patches and
+    attach_fp8 are defined, and defines the other members (apply, configure, ...) itself."""
+
+    # The contract members bind() gives the family's module.
+    MEMBERS = ("patched_attributes", "revert", "fuse_fn", "split_fn", "unfused_linear_class", "causal_lm_class",
+               "fp8_recipe", "fp8_checkpoint_layers", "decoder_layers", "patched_layer_count")
+
+    def __init__(self, family_state, modeling: Callable, patches: Callable, *, label: str, decoder_layer: str,
+                 base_model: str, causal_lm: str, attach_fp8: Callable, info_once: Callable):
+        self.state, self.modeling, self.patches, self.label = family_state, modeling, patches, label
+        self.names = dict(decoder_layer=decoder_layer, base_model=base_model, causal_lm=causal_lm)
+        self.attach_fp8, self.info_once = attach_fp8, info_once
+
+    def bind(self, namespace: dict) -> None:
+        """Put MEMBERS into `namespace` (the family module's globals()), refusing to replace one the
+        module defines itself."""
+        taken = sorted(name for name in self.MEMBERS if name in namespace)
+        if taken:
+            raise TypeError(f"paddle_fastffn: {self.label}'s module defines {taken} itself; TableFamily.bind "
+                            f"gives it those members")
+        namespace.update({name: getattr(self, name) for name in self.MEMBERS})
+
+    def _class(self, role: str) -> type:
+        return getattr(self.modeling(), self.names[role])
+
+    def patch(self, options) -> None:
+        """apply()'s class-level part: once per options (applying the same options again, as the
+        TrainingArguments and then apply_fast_ffn_to_llama do, changes nothing)."""
+        if self.state.applied == options:
+            return
+        for (owner, name), (key, fast) in self.patches(options).items():
+            self.state.originals.setdefault(key, owner.__dict__[name])
+            setattr(owner, name, fast or self.state.originals[key])
+        fp8_attach.switch_fp8(self.state, self.modeling(), fp8_attach.resolve_fp8(options, self.info_once))
+        self.state.applied = options
+        self.state.applications += 1
+
+    def revert(self) -> None:
+        self.state.forget()
+        if "recompute" in self.state.originals:
+            fp8_attach.switch_fp8(self.state, self.modeling(), None)
+        for (owner, name), (key, _fast) in self.patches(FastFFNOptions()).items():
+            if key in self.state.originals:
+                setattr(owner, name, self.state.originals[key])
+
+    def patched_attributes(self) -> tuple:
+        return tuple(self.patches(FastFFNOptions())) + ((self.modeling(), "recompute"),)  # the last: FP8 only
+
+    def fuse_fn(self, kind: str, config):
+        raise KeyError(f"paddle_fastffn: {self.label} has no fused layout {kind!r}")
+
+    split_fn = fuse_fn
+
+    def unfused_linear_class(self) -> type:
+        import paddle
+
+        return paddle.nn.Linear
+
+    def causal_lm_class(self) -> type:
+        return self._class("causal_lm")
+
+    def fp8_recipe(self):
+        return self.state.fp8
+
+    def fp8_checkpoint_layers(self, model):
+        return fp8_attach.checkpoint_layers(model, self.state.fp8, self._class("base_model"), self.attach_fp8)
+
+    def decoder_layers(self, model) -> list:
+        layer_class = self._class("decoder_layer")
+        return [layer for layer in model.sublayers(include_self=True) if isinstance(layer, layer_class)]
+
+    def patched_layer_count(self, model) -> int:
+        return len(self.decoder_layers(model)) if state.current() is not None else 0

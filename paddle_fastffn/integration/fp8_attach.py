@@ -1,5 +1,5 @@
-"""Attaching FP8 compute to a model's layers, for any decoder family (llama.py and mixtral.py use
-it): which recipe runs here (resolve_fp8), a family's FP8 switch (switch_fp8: its recipe and the FP8
+"""Attaching FP8 compute to a model's layers, for any decoder family (llama.py, mixtral.py and
+paddleformers_llama.py use it): which recipe runs here (resolve_fp8), a family's FP8 switch (switch_fp8: its recipe and the FP8
 phases of PaddleNLP's recompute) and checkpoint layers, the FP8 FFN hung off an MLP, an Fp8Linear
 hung off each other target linear (nested owners by dotted path: Mixtral's experts), and detaching
 them all.
@@ -252,12 +252,29 @@ def _before_merge(fp8, linear, method: str):
     return call
 
 
+def _restoring(fp8, linear, method: str):
+    """PaddleFormers' LoRALinear.merge()/unmerge() (stock's set_value of the base weight plus or minus
+    the adapters), after putting a base weight held only in FP8 back on the device, so that stock
+    computes the merge there; the next forward quantises the new weight."""
+    def call():
+        fp8.restore_weight()
+        return getattr(type(linear), method)(linear)
+    return call
+
+
+# The instance attributes attach_fp8_linear may set (detach_fp8_linear removes them).
+_ATTACHED = ("forward", "train", "eval", "merge", "unmerge")
+
+
 def attach_fp8_linear(linear, fp8) -> None:
     linear.__dict__[ATTRIBUTE] = fp8
     linear.__dict__["forward"] = fp8  # Fp8Linear(input): Linear.forward's and LoRALinear.forward's signature
-    if getattr(linear, "merge_weights", False):
+    if getattr(linear, "merge_weights", False):  # PaddleNLP's LoRALinear merges in train()/eval()
         for method in ("train", "eval"):
             linear.__dict__[method] = _before_merge(fp8, linear, method)
+    for method in ("merge", "unmerge"):  # PaddleFormers' LoRALinear merges in merge()/unmerge()
+        if callable(getattr(type(linear), method, None)):
+            linear.__dict__[method] = _restoring(fp8, linear, method)
     FP8_LINEARS.add(linear)
 
 
@@ -265,7 +282,7 @@ def detach_fp8_linear(linear) -> None:
     fp8 = linear.__dict__.pop(ATTRIBUTE, None)
     if fp8 is not None and hasattr(fp8, "restore_weight"):
         fp8.restore_weight()
-    for name in ("forward", "train", "eval"):
+    for name in _ATTACHED:
         linear.__dict__.pop(name, None)
     FP8_LINEARS.discard(linear)
 

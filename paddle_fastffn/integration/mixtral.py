@@ -35,6 +35,7 @@ import paddle.nn.functional as F
 from .. import ops
 from ..core import decoder as core_decoder
 from . import fp8_attach, lm_head, masks, state
+from .family import TableFamily
 from .fused_projections import remember_stock, save_pretrained_stock
 from .llama import _DecoderLayerParts, fast_apply_rotary_pos_emb
 from .lora import install_lora_hooks
@@ -299,31 +300,18 @@ def _patches(options: FastFFNOptions) -> dict:
             (m.MixtralForCausalLM, "forward"): ("causal_lm_forward", fast_causal_lm_forward)}
 
 
-def patched_attributes() -> tuple:
-    return tuple(_patches(FastFFNOptions())) + ((_modeling(), "recompute"),)  # the last: FP8 only
+_TABLE = TableFamily(_STATE, _modeling, _patches, label="Mixtral", decoder_layer="MixtralDecoderLayer",
+                     base_model="MixtralModel", causal_lm="MixtralForCausalLM", attach_fp8=attach_fp8,
+                     info_once=info_once)
+_TABLE.bind(globals())  # patched_attributes, revert, fuse_fn, split_fn, decoder_layers, fp8_recipe, ...
 
 
 def apply(options: FastFFNOptions, model=None) -> None:
-    if _STATE.applied != options:
-        for (owner, name), (key, fast) in _patches(options).items():
-            _STATE.originals.setdefault(key, owner.__dict__[name])
-            setattr(owner, name, fast or _STATE.originals[key])
-        fp8_attach.switch_fp8(_STATE, _modeling(), fp8_attach.resolve_fp8(options, info_once))
-        _STATE.applied = options
-        _STATE.applications += 1
+    _TABLE.patch(options)
     if model is not None:
         for layer in model.sublayers(include_self=True):
             if getattr(getattr(layer, "config", None), "model_type", None) in MODEL_TYPES:
                 configure(layer.config, options)
-
-
-def revert() -> None:
-    _STATE.forget()
-    if "recompute" in _STATE.originals:
-        fp8_attach.switch_fp8(_STATE, _modeling(), None)
-    for (owner, name), (key, _fast) in _patches(FastFFNOptions()).items():
-        if key in _STATE.originals:
-            setattr(owner, name, _STATE.originals[key])
 
 
 def configure(config, options: FastFFNOptions) -> None:
@@ -336,38 +324,6 @@ def configure(config, options: FastFFNOptions) -> None:
 
 def mark_fast_built(layer, config) -> None:
     """Nothing to record: the fast path fuses no Mixtral projection."""
-
-
-def fuse_fn(kind: str, config):
-    raise KeyError(f"paddle_fastffn: Mixtral has no fused layout {kind!r}")
-
-
-split_fn = fuse_fn
-
-
-def unfused_linear_class() -> type:
-    return paddle.nn.Linear
-
-
-def causal_lm_class() -> type:
-    return _modeling().MixtralForCausalLM
-
-
-def fp8_recipe():
-    return _STATE.fp8
-
-
-def fp8_checkpoint_layers(model):
-    return fp8_attach.checkpoint_layers(model, _STATE.fp8, _modeling().MixtralModel, attach_fp8)
-
-
-def decoder_layers(model) -> list:
-    layer_class = _modeling().MixtralDecoderLayer
-    return [layer for layer in model.sublayers(include_self=True) if isinstance(layer, layer_class)]
-
-
-def patched_layer_count(model) -> int:
-    return len(decoder_layers(model)) if state.current() is not None else 0
 
 
 def hooked_attributes() -> tuple:

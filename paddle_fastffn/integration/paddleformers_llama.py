@@ -26,8 +26,13 @@ sequence parallel, AMP O1 dtype mixes, a loss_mask, non-sft criteria (DPO, KTO, 
 parallel head. By design: no fused projections (FUSED_LAYOUTS is empty): PaddleFormers' LLaMA
 checkpoints are Hugging Face's q/k/v and gate/up keys (its load converter maps each one), and
 LoRA targets them by those names; so swiglu_recompute, which needs the fused gate/up output, does
-not apply either. FP8 GEMMs are not wired for this family yet (fast_ffn_precision=fp8 stops with
-one line naming it).
+not apply either.
+FP8 (precision="fp8", through fp8_attach.py as PaddleNLP's families): q/k/v/o_proj and
+gate/up/down_proj through Fp8Linear each (LoRA's frozen base GEMM too, held only in FP8 under
+fp8_frozen_weights), attached at each LlamaModel.forward; SwiGLU runs in 16 bits between the MLP's
+FP8 GEMMs. Not the FP8 FFN: it reads one [gate | up] weight, which separate gate_proj and up_proj
+could present only as a per-step copy. Its full recompute replays with the forward's FP8 scales
+(the modeling module's `recompute`, fp8/recompute.py). The LM head keeps 16 bits, as on PaddleNLP.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from ..core import decoder as core_decoder
 from ..core.residual import ResidualAdd
 from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
-from . import state
+from . import fp8_attach, state
+from .family import TableFamily
 from .llama import _MLPParts
 from .messages import info_once, warn_once
-from .options import FastFFNOptions, OptionError
+from .options import FastFFNOptions
 
 MODEL_TYPES = ("llama",)
 LIBRARY = "paddleformers"
@@ -377,6 +383,37 @@ def fast_causal_lm_forward(self, input_ids, position_ids=None, attention_mask=No
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
+# --- FP8 GEMMs (precision="fp8"; the module docstring says what runs in FP8) -------------------------
+
+# "up_gate_proj": PaddleFormers' MLP with fuse_up_gate (LLaMA does not build it; its stock forward
+# then runs, over an Fp8Linear like the others).
+_FP8_TARGETS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                ("mlp", ("gate_proj", "up_proj", "up_gate_proj", "down_proj")))
+_NO_FP8_FFN = "PaddleFormers' LLaMA MLPs (gate_proj and up_proj separate parameters, no fused gate/up weight)"
+
+
+def attach_fp8(llama_model, recipe) -> int:
+    """fp8_attach.attach_fp8 over the decoder layers of a PaddleFormers LlamaModel: an Fp8Linear for
+    each target projection; returns how many linears compute in FP8."""
+    return fp8_attach.attach_fp8(
+        getattr(llama_model, "layers", []), recipe, _FP8_TARGETS, info_once=info_once,
+        attach_ffn=lambda mlp, r: fp8_attach.attach_fp8_ffn(mlp, None, None, r, _NO_FP8_FFN, info_once))
+
+
+def fast_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                       inputs_embeds=None, attn_mask_startend_row_indices=None, use_cache=None,
+                       output_hidden_states=None, return_dict=False):
+    """LlamaModel.forward with the decoder layers' FP8 objects attached first (layers LoRA replaced
+    after construction included); the rest is PaddleFormers' forward."""
+    if _STATE.fp8 is not None:
+        attach_fp8(self, _STATE.fp8)
+    return _STATE.originals["model_forward"](
+        self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+        attn_mask_startend_row_indices=attn_mask_startend_row_indices, use_cache=use_cache,
+        output_hidden_states=output_hidden_states, return_dict=return_dict)
+
+
 # --- the ModelFamily contract (family.py) ----------------------------------------------------------
 
 def _patches(options: FastFFNOptions) -> dict:
@@ -387,35 +424,20 @@ def _patches(options: FastFFNOptions) -> dict:
     return {(m.LlamaDecoderLayer, "forward"): ("decoder_layer", layer and fast_decoder_layer_forward),
             (m.LLamaAttention, "forward"): ("attention", attention and fast_attention_forward),
             (m, "GeneralNorm"): ("general_norm", options.rms_norm and _fast_general_norm_of(m)),
-            (m.LlamaForCausalLM, "forward"): ("causal_lm_forward", options.fused_cross_entropy and fast_causal_lm_forward)}
+            (m.LlamaForCausalLM, "forward"): ("causal_lm_forward", options.fused_cross_entropy and fast_causal_lm_forward),
+            (m.LlamaModel, "forward"): ("model_forward", options.precision == "fp8" and fast_model_forward)}
 
 
-def patched_attributes() -> tuple:
-    return tuple(_patches(FastFFNOptions()))
+_TABLE = TableFamily(_STATE, _modeling, _patches, label="PaddleFormers' LLaMA", decoder_layer="LlamaDecoderLayer",
+                     base_model="LlamaModel", causal_lm="LlamaForCausalLM", attach_fp8=attach_fp8,
+                     info_once=info_once)
+_TABLE.bind(globals())  # patched_attributes, revert, fuse_fn, split_fn, decoder_layers, fp8_recipe, ...
 
 
 def apply(options: FastFFNOptions, model=None) -> None:
-    """Patch LLaMA's classes and modeling module for `options` (once per options); `model` needs no
-    instance setting (nothing is configured per model)."""
-    if options.precision == "fp8":
-        raise OptionError("fast_ffn_precision", "\"bf16\" for PaddleFormers' LLaMA (FP8 GEMMs are not wired for "
-                          "this family yet; its other fused ops apply in bf16)", options.precision)
-    if _STATE.applied == options:
-        return
-    for (owner, name), (key, fast) in _patches(options).items():
-        _STATE.originals.setdefault(key, owner.__dict__[name])
-        setattr(owner, name, fast or _STATE.originals[key])
-    _STATE.applied = options
-    _STATE.applications += 1
-
-
-def revert() -> None:
-    _STATE.forget()
-    if not _STATE.originals:
-        return
-    for (owner, name), (key, _fast) in _patches(FastFFNOptions()).items():
-        if key in _STATE.originals:
-            setattr(owner, name, _STATE.originals[key])
+    """Patch LLaMA's classes and modeling module for `options` (FP8 GEMMs included); `model` needs
+    no instance setting (nothing is configured per model)."""
+    _TABLE.patch(options)
 
 
 def configure(config, options: FastFFNOptions) -> None:
@@ -424,38 +446,6 @@ def configure(config, options: FastFFNOptions) -> None:
 
 def mark_fast_built(layer, config) -> None:
     """Nothing to record: the fast path fuses no PaddleFormers LLaMA projection."""
-
-
-def fuse_fn(kind: str, config):
-    raise KeyError(f"paddle_fastffn: PaddleFormers' LLaMA has no fused layout {kind!r}")
-
-
-split_fn = fuse_fn
-
-
-def unfused_linear_class() -> type:
-    return paddle.nn.Linear
-
-
-def causal_lm_class() -> type:
-    return _modeling().LlamaForCausalLM
-
-
-def fp8_recipe():
-    return None
-
-
-def fp8_checkpoint_layers(model):
-    return None, {}
-
-
-def decoder_layers(model) -> list:
-    layer_class = _modeling().LlamaDecoderLayer
-    return [layer for layer in model.sublayers(include_self=True) if isinstance(layer, layer_class)]
-
-
-def patched_layer_count(model) -> int:
-    return len(decoder_layers(model)) if state.current() is not None else 0
 
 
 def hooked_attributes() -> tuple:

@@ -6,7 +6,7 @@ flag reaches PaddleFormers' TrainingArguments with errors that name the argument
 import pytest
 
 from paddle_fastffn.integration import paddleformers_llama as family
-from paddle_fastffn.integration import registry
+from paddle_fastffn.integration import fp8_attach, registry
 from paddle_fastffn.integration.family import missing_members
 from paddle_fastffn.integration.options import FastFFNOptions, OptionError
 
@@ -29,8 +29,11 @@ def test_registry_serves_the_paddleformers_family_only():
     assert not missing_members(family), missing_members(family)
 
 
-@pytest.mark.parametrize("options", [FastFFNOptions(), FastFFNOptions(rms_norm=False, rotary=False)],
-                         ids=["defaults", "norm_and_rotary_off"])
+ALL_ON_FP8 = FastFFNOptions(precision="fp8", fp8_emulate=True)
+
+
+@pytest.mark.parametrize("options", [FastFFNOptions(), FastFFNOptions(rms_norm=False, rotary=False), ALL_ON_FP8],
+                         ids=["defaults", "norm_and_rotary_off", "fp8_emulated"])
 def test_apply_changes_only_declared_llama_attributes_and_revert_restores_them(options):
     modeling = family.modeling_module()
     owners = [modeling] + [v for v in vars(modeling).values() if isinstance(v, type) and v.__module__ == modeling.__name__]
@@ -41,6 +44,8 @@ def test_apply_changes_only_declared_llama_attributes_and_revert_restores_them(o
                    if before.get(k) is not _own_attributes(owners).get(k)}
         assert changed <= set(family.patched_attributes()), changed - set(family.patched_attributes())
         assert (modeling.LlamaDecoderLayer, "forward") in changed
+        if options is ALL_ON_FP8:
+            assert changed == set(family.patched_attributes()), set(family.patched_attributes()) - changed
         shared_now = _own_attributes(_shared_owners())
         assert all(shared_now[k] is v for k, v in shared_before.items())
     finally:
@@ -77,9 +82,14 @@ def test_training_arguments_take_the_flag_and_name_a_bad_value():
     assert args.fast_ffn_options().swiglu is False and registry.enabled_options() is not None
     with pytest.raises(OptionError, match="fast_ffn_precision must be"):
         PdArgumentParser((FastFFNTrainingArguments,)).parse_dict(dict(base, use_fast_ffn=True, fast_ffn_precision="fp4"))
-    with pytest.raises(OptionError, match="fast_ffn_precision must be \"bf16\" for PaddleFormers' LLaMA"):
-        PdArgumentParser((FastFFNTrainingArguments,)).parse_dict(dict(base, use_fast_ffn=True, fast_ffn_precision="fp8",
-                                                                      fast_ffn_fp8_emulate=True))
+    # FP8 on a CPU without emulation stops before anything is patched, naming the ways on.
+    with pytest.raises(fp8_attach.Fp8UnavailableError, match="fast_ffn_fp8_emulate=true"):
+        PdArgumentParser((FastFFNTrainingArguments,)).parse_dict(dict(base, use_fast_ffn=True, fast_ffn_precision="fp8"))
+    assert registry.enabled_options() is None or registry.enabled_options().precision != "fp8"
+    args = PdArgumentParser((FastFFNTrainingArguments,)).parse_dict(dict(base, use_fast_ffn=True, fast_ffn_precision="fp8",
+                                                                         fast_ffn_fp8_emulate=True,
+                                                                         fast_ffn_fp8_scaling="current"))[0]
+    assert family.fp8_recipe() == args.fast_ffn_options().fp8_recipe() and family.fp8_recipe().scaling == "current"
 
 
 def test_the_launchers_parser_gets_the_fields_when_loaded_late():

@@ -3,6 +3,7 @@
 trains the demo's data (erniekit jsonl) with the fast path, and its per-step losses are stock's;
 checkpoints resume both ways between stock and fast runs."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.cpu import paddleformers_assets as assets
-from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL, FP32_TRAINING_LOSS_RTOL
+from tolerances import FAST_STOCK_TRAINING_LOSS_RTOL, FP8_TRAINING_LOSS_RTOL, FP32_TRAINING_LOSS_RTOL
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS = re.compile(r" - loss: ([0-9.]+), .*global_step: (\d+),")
@@ -62,6 +63,43 @@ def test_sft_through_paddleformers_launcher_matches_stock(tmp_path, tiny_assets,
     assert report and report.group(1) == report.group(2) == str(TINY["num_hidden_layers"]), fast["log"][-3000:]
     assert len(stock["losses"]) == 4
     _assert_same_losses(fast["losses"], stock["losses"], FP32_TRAINING_LOSS_RTOL)
+
+
+def test_emulated_fp8_sft_through_paddleformers_launcher_stays_within_the_fp8_budget(tmp_path, tiny_assets):
+    """`fast_ffn_precision: fp8` with `fast_ffn_fp8_emulate: true` in the YAML: every decoder projection
+    computes in FP8 (emulated) in the launcher's process, and the per-step losses stay within the
+    FP8 training budget of the same run in 16 bits (fp32 on CPU)."""
+    bf16 = launch(tmp_path, "bf16", tiny_assets, True)
+    fp8 = launch(tmp_path, "fp8", tiny_assets, True, fast_ffn_precision="fp8", fast_ffn_fp8_emulate=True)
+    assert "fast_ffn_precision=fp8 runs emulated" in fp8["log"], fp8["log"][-3000:]
+    assert "their linears run Fp8Linear each" in fp8["log"], fp8["log"][-3000:]  # attached in the forward
+    assert "fast_ffn_precision=fp8" not in bf16["log"]
+    _assert_same_losses(fp8["losses"], bf16["losses"], FP8_TRAINING_LOSS_RTOL)
+    # FP8's rounding reached the losses (an FP8 option that changed nothing would pass the bound).
+    assert any(fp8["losses"][k] != bf16["losses"][k] for k in bf16["losses"]), (fp8["losses"], bf16["losses"])
+
+
+def test_launcher_under_paddle_distributed_launch_trains_on_the_fast_path(tmp_path, tiny_assets):
+    """`python -m paddle_fastffn -m paddle.distributed.launch ... launcher.py train x.yaml`, what
+    paddleformers-cli train runs: the launched process runs PaddleFormers' launcher script itself, so
+    the plugin reaches it only through PYTHONPATH's sitecustomize (paddle_fastffn/_bootstrap); its
+    YAML's use_fast_ffn is accepted there and trains on the fast path, as the same run started
+    directly. One process: two CPU ranks fail in stock PaddleFormers 1.2.0 before training (its
+    default sharding stage1 v2 asserts amp_master_grad, which needs bf16; without sharding its
+    flex_checkpoint load reshards through Tensor.cuda(): "No available device found")."""
+    direct = launch(tmp_path, "direct", tiny_assets, True)
+    config = assets.sft_yaml(tmp_path / "launched.yaml", tiny_assets, tmp_path / "launched", use_fast_ffn=True)
+    script = importlib.util.find_spec("paddleformers.cli.launcher").origin
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "paddle_fastffn", "-m", "paddle.distributed.launch", "--nproc_per_node",
+                          "1", "--log_dir", str(tmp_path / "logs"), script, "train", str(config)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "logs" / "workerlog.0").read_text(errors="replace")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:] + log[-3000:]
+    report = re.search(r"paddle_fastffn: (\d+)/(\d+) LLaMA decoder layers on the fast path", log)
+    assert report and report.group(1) == report.group(2) == str(TINY["num_hidden_layers"]), log[-3000:]
+    losses = {int(step): float(loss) for loss, step in LOSS.findall(log)}
+    _assert_same_losses(losses, direct["losses"], FP32_TRAINING_LOSS_RTOL)
 
 
 def test_checkpoints_resume_both_ways_between_stock_and_fast(tmp_path, tiny_assets):
