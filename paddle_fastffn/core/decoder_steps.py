@@ -111,7 +111,7 @@ WEIGHTS = ("w_gate_up", "w_down")
 
 
 def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = True,
-                  saved_gate_up: str = "fp8") -> tuple:
+                  saved_gate_up: str = "fp8", weight_copies: str = "cached") -> tuple:
     """FP8_FFN_CALLS with the calls of a recipe's scaling, for the FFN's first step (every state
     fresh) or a later one (the weight cache re-quantises the weights: an optimizer step was taken).
     A quantisation scaled by its tensor's own amax (the weights always; everything under current
@@ -120,22 +120,31 @@ def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = Tru
     and gate_up's amax together (two fp8_compute_scale). Delayed scaling ends each tensor's step
     once its last use is over: x, h and gate_up after the forward, dy and d_gate_up after the
     backward (fp8_update_amax_history). saved_gate_up "activation" (Fp8Recipe): no FP8 copy of
-    gate_up, the backward reads the 16-bit one."""
+    gate_up, the backward reads the 16-bit one. weight_copies "per_use" (Fp8Recipe): the forward
+    writes only each weight's [out, in] copy, and the backward quantises its [in, out] copy just
+    before the GEMM that reads it, with the forward's scale (no amax pass)."""
     own_amax = scaling == "current" or (first_step and delayed_warm_start)
     copy = saved_gate_up == "fp8"
+    forward, backward = FP8_FFN_FORWARD, FP8_FFN_BACKWARD
+    if weight_copies == "per_use":
+        forward = tuple((kernel, tensor, ((tensor, OUT_IN),)) if kernel == "fp8_quantize" and tensor in WEIGHTS
+                        else (kernel, tensor, writes) for kernel, tensor, writes in forward)
+        backward = tuple(call for kernel, tensor, operands in backward
+                         for call in [("fp8_quantize", w, ((w, IN_OUT),)) for w in WEIGHTS if (w, IN_OUT) in operands]
+                         + [(kernel, tensor, operands)])
 
     def quantised_by(call) -> list:
         """The tensors whose scales a call's own-amax pass sets (h's pass: gate_up's copy too)."""
         kernel, tensor, writes = call
         return [tensor] + (["gate_up"] if ("gate_up", ROWWISE) in writes else [])
 
-    def phase(steps, ending):
+    def phase(steps, ending, weights_scaled_here: bool):
         calls = []
         for kernel, tensor, writes in steps:
             if not copy:
                 writes = tuple(w for w in writes if w != ("gate_up", ROWWISE))
             call = (kernel, tensor, writes)
-            if kernel != "gemm" and (own_amax or tensor in WEIGHTS):
+            if kernel != "gemm" and (own_amax and tensor not in WEIGHTS or tensor in WEIGHTS and weights_scaled_here):
                 calls += [(kernel, tensor, ())] + [("fp8_compute_scale", t, ()) for t in quantised_by(call)]
             calls.append(call)
         if scaling == "delayed":
@@ -143,7 +152,7 @@ def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = Tru
         return calls
 
     forward_ending = ("x", "h", "gate_up") if copy else ("x", "h")
-    return tuple(phase(FP8_FFN_FORWARD, forward_ending) + phase(FP8_FFN_BACKWARD, ("dy", "d_gate_up")))
+    return tuple(phase(forward, forward_ending, True) + phase(backward, ("dy", "d_gate_up"), False))
 
 
 def comparable(calls) -> list:

@@ -171,8 +171,7 @@ def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up,
     """What autograd holds between forward and backward: q(x) with its scale_inv, gate_up (the
     SwiGLU recompute reads it) as its e4m3 copy (saved_gate_up "fp8", its scale_inv beside it) or in
     the activation dtype, h's scale; the weights' dgrad FP8 copies with their scale_inv (cached), or
-    the weights themselves with the scale their forward copies used (per use: no FP8 weight memory
-    held); no copy of h or x in 16 or 32 bits."""
+    the weights themselves (per use: no FP8 weight memory held); no copy of h or x in 16 or 32 bits."""
     states = Fp8Recipe(saved_gate_up=saved_gate_up).ffn_states()
     x, w_gate_up, w_down, dy = ffn_inputs((20,), 64, 96, paddle.bfloat16)
     saved = []
@@ -182,9 +181,11 @@ def test_backward_keeps_fp8_copies_and_gate_up_as_the_recipe_says(saved_gate_up,
     e4m3, f32 = paddle.float8_e4m3fn, paddle.float32
     # gate_up: its e4m3 copy and that copy's scale_inv, or the bf16 tensor alone
     gate_up = [(e4m3, [20, 192]), (f32, [1])] if saved_gate_up == "fp8" else [(paddle.bfloat16, [20, 192])]
-    weights = e4m3 if weight_copies == "cached" else paddle.bfloat16
-    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), (weights, [64, 192]),
-                (f32, [1]), (weights, [96, 64]), (f32, [1])]
+    if weight_copies == "cached":  # the dgrad FP8 copies with their scale_inv
+        weights = [(e4m3, [64, 192]), (f32, [1]), (e4m3, [96, 64]), (f32, [1])]
+    else:  # the weights themselves (parameters: no memory of their own)
+        weights = [(paddle.bfloat16, [64, 192]), (paddle.bfloat16, [96, 64])]
+    expected = [(e4m3, [20, 64]), (f32, [1]), *gate_up, (f32, [1]), *weights]
     assert sorted(saved, key=str) == sorted(expected, key=str)
     y.backward(dy)
     assert float(states.d_gate_up.amax_history[-1]) > 0 and float(states.dy.amax_history[-1]) == float(

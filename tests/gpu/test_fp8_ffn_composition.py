@@ -111,12 +111,13 @@ class HarnessTracer:
 @pytest.mark.parametrize("kind, warm_start, saved_gate_up", [
     ("current", True, "fp8"), ("delayed", True, "fp8"), ("delayed", False, "fp8"),
     ("current", True, "activation"), ("delayed", True, "activation")])
-def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_start, saved_gate_up):
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
+def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_start, saved_gate_up, weight_copies):
     """Two steps (the first, then one after the weights changed) of the harness's FFN against
     composition.fp8_ffn_calls, call by call."""
     k = fp8.kernels()
     state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(kind, amax_history_len=4, delayed_warm_start=warm_start,
-                                                  saved_gate_up=saved_gate_up))
+                                                  saved_gate_up=saved_gate_up, weight_copies=weight_copies))
     tracer = HarnessTracer(k, state, monkeypatch)
     t, hidden, inter = 64, 256, 688
     for step in range(2):
@@ -127,5 +128,5 @@ def test_harness_fp8_ffn_issues_the_composition_calls(monkeypatch, kind, warm_st
         fp8_ffn.fp8_ffn(x, w_gu, w_d, state).backward(torch.randn(t, hidden, device="cuda").to(torch.bfloat16))
         state.cache.invalidate()
         expected = COMPOSITION.fp8_ffn_calls(kind, first_step=step == 0, delayed_warm_start=warm_start,
-                                             saved_gate_up=saved_gate_up)
+                                             saved_gate_up=saved_gate_up, weight_copies=weight_copies)
         assert COMPOSITION.comparable(tracer.calls) == COMPOSITION.comparable(expected), f"step {step}: {tracer.calls}"

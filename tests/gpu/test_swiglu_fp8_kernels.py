@@ -12,6 +12,7 @@ against an fp32 FFN within the FP8 error budget below. Outputs are poisoned befo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -787,7 +788,7 @@ def test_fp8_ffn_weight_cache_requantises_a_weight_written_in_place():
     version counter: an in-place write (an optimizer step is one) re-quantises that weight alone
     at its next use, and the FFN computes with the new values."""
     x, w_gu, w_d, dy = ffn_inputs(64, 256, 688)
-    state = fp8_ffn.Fp8FFNState(fp8_ffn.Fp8Recipe(weight_copies="cached"))
+    state = fp8_ffn.Fp8FFNState(dataclasses.replace(fp8_ffn.DEFAULT_RECIPE, weight_copies="cached"))
     w_gu.requires_grad_()
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)
     fp8_ffn.fp8_ffn(x, w_gu, w_d, state)

@@ -339,7 +339,9 @@ class CudaCallTracer:
 @pytest.mark.parametrize("scaling, warm_start, saved_gate_up", [
     ("current", True, "fp8"), ("delayed", True, "fp8"), ("delayed", False, "fp8"),
     ("current", True, "activation"), ("delayed", True, "activation")])
-def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scaling, warm_start, saved_gate_up):
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
+def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scaling, warm_start, saved_gate_up,
+                                                             weight_copies):
     """The Paddle CUDA FP8 FFN (fp8/ffn.py, traced on CPU with placeholder results) calls the C
     entry points in the order, on the tensors and with the stored copies of
     composition.fp8_ffn_calls, which the harness's Fp8FFN follows too (tests/gpu: the same
@@ -347,7 +349,7 @@ def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scali
     37 tokens: the transposed copies are padded to 48 columns."""
     recipe = Fp8Recipe(scaling=scaling, amax_history_len=4, delayed_warm_start=warm_start,
                        saved_gate_up=saved_gate_up)
-    states, cache = recipe.ffn_states(), WeightCache()
+    states, cache = recipe.ffn_states(), WeightCache() if weight_copies == "cached" else None
     tracer = CudaCallTracer(states)
     monkeypatch.setattr(fp8_cuda, "_run", tracer)
     monkeypatch.setattr(fp8_cuda, "_state_on", lambda state, place: None)
@@ -364,6 +366,6 @@ def test_paddle_cuda_fp8_ffn_issues_the_harness_call_sequence(monkeypatch, scali
         assert y.shape == x.shape and y.dtype == x.dtype
         assert (x.grad.shape, w_gate_up.grad.shape, w_down.grad.shape) == (x.shape, w_gate_up.shape, w_down.shape)
         expected = fp8_ffn_calls(scaling, first_step=step == 0, delayed_warm_start=warm_start,
-                                 saved_gate_up=saved_gate_up)
+                                 saved_gate_up=saved_gate_up, weight_copies=weight_copies)
         assert comparable(tracer.calls) == comparable(expected), f"step {step}:\n{tracer.calls}"
         assert all(state.seeded for state in map(lambda r: getattr(states, r), states.roles()))

@@ -13,8 +13,7 @@ the harness's). paddle_fastffn/fp8/ffn.py documents the data flow and the GEMM t
                                   together); h only in fp32
             y                     x.dtype = gemm(q(h), q(W_d)), fast accumulation
             kept                  q(x)^T, gate_up's FP8 copy (or the 16-bit gate_up), h's scale,
-                                  the weights' dgrad copies (per use: the weights and
-                                  their scales)
+                                  the weights' dgrad copies (per use: the weights)
   backward  q(dy), q(dy)^T        states.dy
             d_h                   x.dtype = gemm(q(dy), q(W_d))
             q(d_gate_up) (+^T), q(h)^T   one swiglu_bwd_fp8 pass from the kept gate_up and d_h;
@@ -81,9 +80,9 @@ class Fp8FFNOp(FusedOp):
         x_dtype, gu_dtype, d_dtype = saved.dtypes
         need_dx, need_dgu, need_dd = saved.needs
         copies = WEIGHT_COPIES[be.weight_layout]
-        q_d = weight_for_dgrad(be, kept[2:], states.w_down.fmt, saved.per_use)
         dy2d = be.contiguous(be.cast(be.rows(grad_output), x_dtype))
         qdy = states.dy.quantize(dy2d, end_step=False, backend=be, rowwise=True, transpose=True, transpose_cols=cols)
+        q_d = weight_for_dgrad(be, kept[2:], states.w_down, saved.per_use)
         d_h = be.fp8_gemm(qdy, ROWWISE, q_d, copies["dgrad"], x_dtype)
         dgu, h_fmt = states.d_gate_up, states.h.fmt if need_dd else ""
         q_dgu, q_h = quantize_with(
@@ -101,7 +100,7 @@ class Fp8FFNOp(FusedOp):
             d_w_d = weight_gradient(be, q_h, qdy, d_dtype)
         qdy = q_h = None
         if need_dx:
-            q_gu = weight_for_dgrad(be, kept[:2], states.w_gate_up.fmt, saved.per_use)
+            q_gu = weight_for_dgrad(be, kept[:2], states.w_gate_up, saved.per_use)
             dx = be.reshape(be.fp8_gemm(q_dgu, ROWWISE, q_gu, copies["dgrad"], x_dtype), saved.x_shape)
         if need_dgu:
             q_x = be.fp8_join(x_t, x_scale_inv, states.x.fmt, TRANSPOSED)

@@ -9,7 +9,7 @@ paddle_fastffn/torch/fp8/backend.py `function`).
                                         WeightCache), or the forward's copy per use (no cache)
              y [T, out]                 x.dtype = gemm(q(x), q(W)), fast accumulation, + b
              kept for backward          q(x)^T (only where W wants a gradient) and q(W)'s dgrad copy
-                                        (per use: W and its scale, the copy made in backward)
+                                        (per use: W itself, the copy made in backward)
     backward q(dy) (+ q(dy)^T)         backward format (e5m2), states.grad_output, only the
                                         copies the GEMMs that run read
              dx [T, in]                 x.dtype = gemm(q(dy), q(W))
@@ -53,26 +53,27 @@ def weight_for_forward(be, weight, state, weight_cache):
     Cached (a WeightCache): both copies, made once per weight version and held until the weight
     changes (2 bytes a parameter beside the 16-bit weight; micro-batches reuse them); backward
     keeps the dgrad copy's (data, scale_inv). Per use (weight_cache None): only the forward's copy,
-    a transient of the GEMM; backward keeps (the weight itself, the scale just used) and quantises
-    its dgrad copy from them (weight_for_dgrad): no FP8 weight memory held, one more read of the
-    weight per backward, the same bytes (the weight has not changed in between)."""
+    a transient of the GEMM; backward keeps (the weight itself, None) and quantises its dgrad copy
+    from it (weight_for_dgrad): no FP8 weight memory held, one more read of the weight per
+    backward."""
     copies = WEIGHT_COPIES[be.weight_layout]
     if weight_cache is not None:
         q = weight_cache.get(weight, state, be.quantize_weight)
         return q, be.fp8_parts(q, copies["dgrad"])
-    q = be.quantize_weight(weight, state, copies=(copies["forward"],))
-    return q, (weight, be.clone(state.scale_used))
+    return be.quantize_weight(weight, state, copies=(copies["forward"],)), (weight, None)
 
 
-def weight_for_dgrad(be, kept, fmt: str, per_use: bool):
-    """q(W) holding the dgrad GEMM's copy from what weight_for_forward kept."""
+def weight_for_dgrad(be, kept, state, per_use: bool):
+    """q(W) holding the dgrad GEMM's copy from what weight_for_forward kept. Per use it is quantised
+    now with the scale the forward's copy used, still the weight's state's (weights are
+    current-scaled and the weight is unchanged until the optimizer steps), its amax max-accumulated
+    into the one the forward recorded (the same weight: the same value): the forward copy's bytes,
+    transposed, with no amax pass and nothing allocated but the copy."""
     dgrad = WEIGHT_COPIES[be.weight_layout]["dgrad"]
     if not per_use:
-        return be.fp8_join(*kept, fmt, dgrad)
-    weight, scale = kept
-    scratch_amax = be.fp32_full(1, 0.0, like=scale)  # the weight's amax was recorded in forward
-    return be.quantize(be.contiguous(weight), scale, scratch_amax, fmt, rowwise=dgrad == ROWWISE,
-                       transpose=dgrad == TRANSPOSED)
+        return be.fp8_join(*kept, state.fmt, dgrad)
+    return be.quantize(be.contiguous(kept[0]), state.scale_used, state.amax_history, state.fmt,
+                       rowwise=dgrad == ROWWISE, transpose=dgrad == TRANSPOSED)
 
 
 def weight_gradient(be, q_input, q_grad, dtype):
@@ -139,14 +140,14 @@ class Fp8LinearOp(FusedOp):
         y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
         saved.save(*x_parts, *w_kept)
-        saved.grad_state, saved.fmts = states.grad_output, (states.input.fmt, w_fmt)
+        saved.grad_state, saved.weight_state, saved.fmts = states.grad_output, states.weight, (states.input.fmt, w_fmt)
         saved.dtypes = (be.dtype(x), w_dtype, None if bias is None else be.dtype(bias))
         saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
         return be.reshape(y, (*be.shape(x)[:-1], be.shape(y)[-1]))
 
     @staticmethod
     def backward(be, saved: Saved, grad_output):
-        x_data, x_scale_inv, w_data, w_scale_inv = saved.tensors  # per use: the weight and its scale
+        x_data, x_scale_inv, w_data, w_scale_inv = saved.tensors  # per use: the weight and None
         x_dtype, w_dtype, b_dtype = saved.dtypes
         need_dx, need_dw, need_db = saved.needs
         copies = WEIGHT_COPIES[be.weight_layout]
@@ -156,9 +157,12 @@ class Fp8LinearOp(FusedOp):
             qdy = saved.grad_state.quantize(dy2d, backend=be, rowwise=need_dx, transpose=need_dw,
                                             transpose_cols=saved.transpose_cols if need_dw else 0)
             if need_dx:
-                if saved.weight_copy != copies["dgrad"]:
-                    w_data = be.fp8_transpose(w_data)
-                qw = weight_for_dgrad(be, (w_data, w_scale_inv), saved.fmts[1], saved.per_use)
+                if saved.per_use:
+                    qw = weight_for_dgrad(be, (w_data, w_scale_inv), saved.weight_state, per_use=True)
+                else:
+                    if saved.weight_copy != copies["dgrad"]:
+                        w_data = be.fp8_transpose(w_data)
+                    qw = be.fp8_join(w_data, w_scale_inv, saved.fmts[1], copies["dgrad"])
                 dx = be.reshape(be.fp8_gemm(qdy, ROWWISE, qw, copies["dgrad"], x_dtype), saved.x_shape)
             if need_dw:
                 qx = be.fp8_join(x_data, x_scale_inv, saved.fmts[0], TRANSPOSED)
