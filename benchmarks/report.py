@@ -23,8 +23,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # The GPU runs whose files README.md's results table cites, newest first, and the files of each that
 # REPORT.md renders (None: every file of the run folder). Run 15's kernel, decoder and packed-SFT
 # tables are superseded by run 17's or cited by no row; its files stay in the folder for step_floor.py.
-# Run 17's LLaMA-2-7B LoRA rows are superseded by run 18's (same workload, current code).
-CURRENT_GPU_RUNS = (("run18", None),
+# Run 17's LLaMA-2-7B LoRA rows are superseded by run 18's (same workload, current code); run 19 re-times the GSM8K
+# LoRA row and the 80 GB full fine-tune on later code beside run 18's oasst1-zh rows.
+CURRENT_GPU_RUNS = (("run19", None), ("run18", None),
                     ("run17", ("gpu_bench.json", "packed_sft.json", "full_depth_llama3_8b.json")),
                     ("run16", None), ("run15", ("step.json", "optimizer.json", "fp8_ffn.json")))
 
