@@ -12,39 +12,16 @@ import numpy as np
 import paddle
 
 import adamw_low_memory_ref
+import dtype_tolerances
 import fp8_ffn_budget
 
-# (atol, rtol) per storage dtype.
-TOLERANCES = {
-    # float64 storage computes in double in the CPU kernels: only reduction order differs.
-    paddle.float64: (1e-10, 1e-9),
-    # fp32 math: fast_expf is within ~2 ulp of expf; row reductions of up to ~1e4 terms add
-    # sqrt(n) * 2^-24 relative error, about 1e-6.
-    paddle.float32: (1e-5, 1e-5),
-    # One rounding to fp16 is 2^-11 (4.9e-4) relative; RMSNorm rounds twice (the normalised row
-    # before the weight multiply, as PaddleNLP does), so allow 2 ulp.
-    paddle.float16: (1e-3, 2e-3),
-    # One rounding to bf16 is 2^-8 (3.9e-3) relative; two roundings (RMSNorm) give 7.8e-3.
-    paddle.bfloat16: (1e-2, 1.6e-2),
-    # FP8, for a value rounded once to the format, compared in the scaled domain (x * scale, where
-    # the FP8 grid lives; saturated values excluded): half an ulp relative in the normal range
-    # (e4m3 has 3 mantissa bits: 2^-4; e5m2 2: 2^-3), half the smallest subnormal spacing absolute
-    # below it (e4m3 2^-10, e5m2 2^-17).
-    # FP8 GEMMs (tests/fp8) derive their budget from these rows. With e = rtol * |a| + atol / scale
-    # the error of each operand element, every term of sum_k a_k b_k is off by at most
-    # e_a |b| + |a| e_b + e_a e_b: the element-wise bound is that sum over K (the worst case). The
-    # norm-wise bound is its random-sign estimate: a rounding error below u has RMS at most
-    # u / sqrt(3), K independent terms grow like sqrt(K) as does the result itself, so
-    # ||error|| / ||result|| <= sqrt(rtol_a^2 + rtol_b^2) / sqrt(3), i.e. about 2^-4 * sqrt(K) times
-    # the typical |a||b| per element for e4m3 x e4m3 (0.051 relative; e4m3 x e5m2: 0.081).
-    paddle.float8_e4m3fn: (2.0**-10, 2.0**-4),
-    paddle.float8_e5m2: (2.0**-17, 2.0**-3),
-}
+# (atol, rtol) per storage dtype: dtype_tolerances.py says why each row is what it is.
+TOLERANCES = {getattr(paddle, name): row for name, row in dtype_tolerances.BY_NAME.items()}
 
 
 # The FP8 FFN's norm-wise budget against an fp32 FFN ({output: max relative error} for y and each
-# gradient), derived in tests/fp8_ffn_budget.py from the FP8 rows above; a file of its own so the
-# GPU tests (no Paddle there) share it.
+# gradient), derived in tests/fp8_ffn_budget.py from the FP8 rows of dtype_tolerances.py; a file of
+# its own so the GPU tests (no Paddle there) share it.
 FP8_FFN_BUDGET = fp8_ffn_budget.FP8_FFN_BUDGET
 
 # FP8 training of the tiny LLaMA against fp32, per-step losses (tests/integration/test_fp8_patch.py):
@@ -200,8 +177,8 @@ MODEL_PARITY_FP32_RTOL = TOLERANCES[paddle.float32][1]
 
 def fp8_model_grad_norm_rtol(num_layers: int) -> float:
     """Norm-wise budget of an emulated-FP8 model's parameter gradients against fp32: each e4m3 x
-    e5m2 GEMM is 0.081 relative norm-wise (the FP8 rows above), and a weight gradient depends on the
-    forward GEMMs below it and the backward GEMMs above it, about 2 per layer, whose independent
+    e5m2 GEMM is 0.081 relative norm-wise (the FP8 rows of dtype_tolerances.py), and a weight
+    gradient depends on the forward GEMMs below it and the backward GEMMs above it, about 2 per layer, whose independent
     errors add in quadrature. Measured 0.12 for 3 layers (budget 0.20)."""
     e4m3, e5m2 = TOLERANCES[paddle.float8_e4m3fn][1], TOLERANCES[paddle.float8_e5m2][1]
     per_gemm = math.sqrt(e4m3**2 + e5m2**2) / math.sqrt(3)

@@ -24,6 +24,8 @@ import paddle.nn.functional as F
 
 from ..core.fp8.linear import Fp8LinearOp, FrozenFp8Weight
 from ..core.fp8.weight_cache import weights_changed
+from ..core.lora import lora_linear
+from ..ops._backend import BACKEND
 from ..ops._fallback import raise_if_strict
 from ._autograd import pylayer
 from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, fp8_linear_cuda, states_on
@@ -116,7 +118,8 @@ def _move_storage(tensor: paddle.Tensor, place) -> None:
 
 class Fp8Linear:
     """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's or PaddleFormers' LoRALinear (base
-    GEMM in FP8, adapters in the activation dtype: LoRALinear.forward's math). Not a Layer: the wrapped layer
+    GEMM in FP8, adapters in the activation dtype: core/lora.py's lora_linear, LoRALinear.forward's
+    math with the second adapter GEMM accumulating into the base output). Not a Layer: the wrapped layer
     keeps its parameters, names and checkpoints; this object holds the FP8 scaling states and
     the weight cache, and `fp8_state_dict` / `set_fp8_state_dict` save and restore the states.
 
@@ -180,7 +183,7 @@ class Fp8Linear:
             return base
 
         def add_adapters(x, base, lora_a, lora_b):
-            return base + (layer.lora_dropout(x) @ lora_a @ lora_b) * layer.scaling
+            return lora_linear(BACKEND, layer.lora_dropout(x), base, lora_a, lora_b, layer.scaling)
 
         return _in_fp32_on_cpu(add_adapters, x, base, layer.lora_A, layer.lora_B)
 

@@ -53,7 +53,7 @@ from .fused_projections import (FusedLayout, init_weights_like_stock, keeps_dist
                                 stock_config_values)
 from .lora import install_lora_hooks
 from .messages import info_once as _info_once, warn_once as _warn_once
-from . import fp8_attach
+from . import fp8_attach, lora_forward
 from .options import FastFFNOptions
 from .patching import own_attribute, restore_attribute
 
@@ -580,11 +580,13 @@ def fast_llama_model_forward(self, input_ids=None, position_ids=None, attention_
     """LlamaModel.forward with what it would build every step passed as implied (CAUSAL_MASK,
     IMPLICIT_POSITIONS) where only the fast forwards read it: no cache and nothing the stock
     forward or a stock kernel reads the tensors for (alibi, fused or long-sequence rope). Under
-    FP8 the decoder layers' linears get their Fp8Linear first. PaddleNLP 2.8.1's signature spelled
+    FP8 the decoder layers' linears get their Fp8Linear first, and their other LoRA layers the
+    fused LoRA forward (lora_forward.py). PaddleNLP 2.8.1's signature spelled
     out: its Layer.__setattr__ wraps a class-level forward patch that lacks output_* / return_dict
     and drops those arguments."""
     if _STATE.fp8 is not None:
         attach_fp8(self, _STATE.fp8)
+    lora_forward.attach_lora_forwards(getattr(self, "layers", []))
     config, options = self.config, state.current()
     fresh = (options is not None and not use_cache
              and (past_key_values is None or all(p is None for p in past_key_values)))

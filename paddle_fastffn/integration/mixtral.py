@@ -34,7 +34,7 @@ import paddle.nn.functional as F
 
 from .. import ops
 from ..core import decoder as core_decoder
-from . import fp8_attach, lm_head, masks, state
+from . import fp8_attach, lm_head, lora_forward, masks, state
 from .family import TableFamily
 from .fused_projections import remember_stock, save_pretrained_stock
 from .llama import _DecoderLayerParts, fast_apply_rotary_pos_emb
@@ -190,9 +190,11 @@ def fast_model_forward(self, input_ids=None, position_ids=None, attention_mask=N
                        use_cache=None, past_key_values=None, output_attentions=False, output_hidden_states=None,
                        output_router_logits=None, return_dict=False, **kwargs):
     """MixtralModel.forward with the causal mask and positions implied where only the fast forwards
-    read them (masks.CAUSAL_MASK, IMPLICIT_POSITIONS), as llama.fast_llama_model_forward."""
+    read them (masks.CAUSAL_MASK, IMPLICIT_POSITIONS), as llama.fast_llama_model_forward; the FP8
+    objects and the fused LoRA forward (lora_forward.py) attached first."""
     if _STATE.fp8 is not None:
         attach_fp8(self, _STATE.fp8)
+    lora_forward.attach_lora_forwards(getattr(self, "layers", []))
     config, options = self.config, state.current()
     fresh = options is not None and not use_cache and (past_key_values is None
                                                        or all(p is None for p in past_key_values))

@@ -26,7 +26,8 @@ sequence parallel, AMP O1 dtype mixes, a loss_mask, non-sft criteria (DPO, KTO, 
 parallel head. By design: no fused projections (FUSED_LAYOUTS is empty): PaddleFormers' LLaMA
 checkpoints are Hugging Face's q/k/v and gate/up keys (its load converter maps each one), and
 LoRA targets them by those names; so swiglu_recompute, which needs the fused gate/up output, does
-not apply either.
+not apply either. Each LoRALinear of the decoder layers adds its adapter through the fused LoRA
+forward (lora_forward.py), attached at each LlamaModel.forward.
 FP8 (precision="fp8", through fp8_attach.py as PaddleNLP's families): q/k/v/o_proj and
 gate/up/down_proj through Fp8Linear each (LoRA's frozen base GEMM too, held only in FP8 under
 fp8_frozen_weights), attached at each LlamaModel.forward; SwiGLU runs in 16 bits between the MLP's
@@ -45,7 +46,7 @@ from ..core import decoder as core_decoder
 from ..core.residual import ResidualAdd
 from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
-from . import fp8_attach, state
+from . import fp8_attach, lora_forward, state
 from .family import TableFamily
 from .llama import _MLPParts
 from .messages import info_once, warn_once
@@ -403,10 +404,12 @@ def attach_fp8(llama_model, recipe) -> int:
 def fast_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                        inputs_embeds=None, attn_mask_startend_row_indices=None, use_cache=None,
                        output_hidden_states=None, return_dict=False):
-    """LlamaModel.forward with the decoder layers' FP8 objects attached first (layers LoRA replaced
-    after construction included); the rest is PaddleFormers' forward."""
+    """LlamaModel.forward with the decoder layers' FP8 objects and the fused LoRA forward
+    (lora_forward.py) attached first (layers LoRA replaced after construction included); the rest is
+    PaddleFormers' forward."""
     if _STATE.fp8 is not None:
         attach_fp8(self, _STATE.fp8)
+    lora_forward.attach_lora_forwards(getattr(self, "layers", []))
     return _STATE.originals["model_forward"](
         self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         past_key_values=past_key_values, inputs_embeds=inputs_embeds,
@@ -425,7 +428,7 @@ def _patches(options: FastFFNOptions) -> dict:
             (m.LLamaAttention, "forward"): ("attention", attention and fast_attention_forward),
             (m, "GeneralNorm"): ("general_norm", options.rms_norm and _fast_general_norm_of(m)),
             (m.LlamaForCausalLM, "forward"): ("causal_lm_forward", options.fused_cross_entropy and fast_causal_lm_forward),
-            (m.LlamaModel, "forward"): ("model_forward", options.precision == "fp8" and fast_model_forward)}
+            (m.LlamaModel, "forward"): ("model_forward", fast_model_forward)}
 
 
 _TABLE = TableFamily(_STATE, _modeling, _patches, label="PaddleFormers' LLaMA", decoder_layer="LlamaDecoderLayer",

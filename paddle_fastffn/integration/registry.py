@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import fp8_attach, library, llama, messages, mixtral, paddleformers_llama, state, trainer
+from . import fp8_attach, library, llama, lora_forward, messages, mixtral, paddleformers_llama, state, trainer
 from .family import FAMILIES, family_for, register, registered_families, supported_model_types  # noqa: F401
 from .options import FastFFNOptions
 from .state import FamilyState
@@ -48,6 +48,7 @@ def disable() -> None:
     state.set_current(None)
     for family in registered_families():
         family.revert()
+    lora_forward.detach_all_lora_forwards()
     trainer.revert()
     messages.forget()
 

@@ -140,6 +140,10 @@ class TorchBackend(IndexingBackend):
         return x @ weight.t()
 
     @staticmethod
+    def linear_accumulate(base, x, weight, alpha):
+        return torch.addmm(base, x, weight.t(), alpha=alpha)
+
+    @staticmethod
     def linear_grad_input(dy, weight):
         return dy @ weight
 

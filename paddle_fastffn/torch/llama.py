@@ -11,7 +11,8 @@ composition, for the benchmarks and the convergence run on the H200 (which has n
   the same list on CPU).
 - With lora= (LoraSettings): the layer of a PaddleNLP LoRAModel on the fast path, the unfused list
   (LLAMA_DECODER_LAYER_UNFUSED): q/k/v_proj, o_proj, gate/up_proj and down_proj each a LoRA linear
-  over its frozen weight (x @ W^T + scaling * ((x @ A^T) @ B^T), PaddleNLP's LoRALinear), rotary on
+  over its frozen weight (x @ W^T + scaling * ((x @ A^T) @ B^T), PaddleNLP's LoRALinear, the adapter's
+  second GEMM accumulating into the base output: core/lora.py), rotary on
   the separate q and k, the two-input SwiGLU between gate/up and down. With an Fp8Recipe as well,
   each of those base GEMMs runs fp8_linear (Paddle's Fp8Linear over a LoRALinear) and the adapters
   stay in bf16.
@@ -44,6 +45,7 @@ import torch.utils.checkpoint
 
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
+from paddle_fastffn.core import lora as core_lora
 from paddle_fastffn.core import optimizer as core_optimizer
 from paddle_fastffn.core import packed_attention as core_packed_attention
 from paddle_fastffn.torch import ops
@@ -175,7 +177,8 @@ class FastDecoderLayer(torch.nn.Module):
 
     def _linear(self, x, weight, fp8_name):
         """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
-        there is one: LoRALinear's result + (x @ A @ B) * scaling."""
+        there is one: core/lora.py's lora_linear (the adapter's second GEMM accumulating into the
+        base output), as the Paddle patch's LoRALinear forward computes it."""
         if self.fp8 is None:
             base = x @ weight.t()
         else:
@@ -184,7 +187,7 @@ class FastDecoderLayer(torch.nn.Module):
             base = fp8_linear(x, held, self.fp8[fp8_name])
         if self.lora is None:
             return base
-        return base + (x @ self.lora_a[fp8_name].t() @ self.lora_b[fp8_name].t()) * self.lora.scaling
+        return core_lora.lora_linear(TORCH, x, base, self.lora_a[fp8_name], self.lora_b[fp8_name], self.lora.scaling)
 
     # --- core.decoder's layer parts (its module docstring names them): torch's plumbing only ----------
     @property

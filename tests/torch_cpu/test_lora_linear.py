@@ -1,0 +1,59 @@
+"""core/lora.py's lora_linear over the harness's backend (TorchBackend.linear_accumulate: addmm
+with alpha = scaling, in the storage dtype) against the stock formula x @ W^T + (x @ A^T @ B^T) *
+scaling evaluated in float64 on the same inputs: the output and every gradient, fp32 and bf16
+(the rows of the one tolerance table, tests/dtype_tolerances.py)."""
+
+import pytest
+import torch
+
+from dtype_tolerances import BY_NAME
+from paddle_fastffn.core.lora import lora_linear
+from paddle_fastffn.torch.ops import BACKEND
+
+ROWS, IN, OUT, RANK, SCALING = (3, 13), 45, 37, 6, 2.5
+
+
+def _run(formula, inputs, dtype):
+    leaves = {name: t.detach().to(dtype).requires_grad_() for name, t in inputs.items() if name != "dy"}
+    y = formula(**leaves)
+    y.backward(inputs["dy"].to(dtype))
+    return y, {name: t.grad for name, t in leaves.items()}
+
+
+def fused(x, weight, lora_a, lora_b):
+    return lora_linear(BACKEND, x, x @ weight.t(), lora_a, lora_b, SCALING)
+
+
+def stock(x, weight, lora_a, lora_b):
+    return x @ weight.t() + (x @ lora_a.t() @ lora_b.t()) * SCALING
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_linear_and_every_gradient_match_the_stock_formula(dtype):
+    gen = torch.Generator().manual_seed(7)
+    inputs = dict(x=torch.randn(*ROWS, IN, generator=gen), weight=torch.randn(OUT, IN, generator=gen) * IN**-0.5,
+                  lora_a=torch.randn(RANK, IN, generator=gen) * IN**-0.5,
+                  lora_b=torch.randn(OUT, RANK, generator=gen) * RANK**-0.5, dy=torch.randn(*ROWS, OUT, generator=gen))
+    inputs = {name: t.to(dtype) for name, t in inputs.items()}  # the reference sees the same rounded values
+    y, grads = _run(fused, inputs, dtype)
+    y_ref, grads_ref = _run(stock, inputs, torch.float64)
+    atol, rtol = BY_NAME[str(dtype).removeprefix("torch.")]
+    assert y.dtype == dtype
+    # Each result is checked against the magnitude of the terms it sums (the element-wise bound): y
+    # and d_x add the base's term to the adapter's, both rounded to the storage dtype first (in the
+    # stock formula too), and the weights' gradients sum over the rows, where a sum that cancels
+    # keeps the rounding errors of its terms.
+    x, w, a, b, dy = (inputs[n].double().abs() for n in ("x", "weight", "lora_a", "lora_b", "dy"))
+    x2, dy2 = x.reshape(-1, IN), dy.reshape(-1, OUT)
+    magnitudes = dict(x=dy @ w + SCALING * (dy @ b) @ a, weight=dy2.t() @ x2,
+                      lora_a=SCALING * (dy2 @ b).t() @ x2, lora_b=SCALING * dy2.t() @ (x2 @ a.t()))
+    _assert_within(y, y_ref, x @ w.t() + SCALING * (x @ a.t()) @ b.t(), atol, rtol, "y")
+    for name, grad in grads.items():
+        assert grad.dtype == dtype, name
+        _assert_within(grad, grads_ref[name], magnitudes[name], atol, rtol, f"d_{name}")
+
+
+def _assert_within(actual, expected, magnitude, atol, rtol, what):
+    excess = (actual.double() - expected).abs() - (atol + rtol * magnitude)
+    worst = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    assert excess.max() <= 0, f"{what}: worst at {worst}: {float(actual[worst])} vs {float(expected[worst])}"
