@@ -125,9 +125,11 @@ class Backend(Protocol):
         """x @ W as a Linear layer of this framework computes it (weight in its own layout)."""
     def linear_accumulate(self, base: Tensor, x: Tensor, weight: Tensor, alpha: float) -> Tensor:
         """base + alpha * linear(x, weight) for 2-D base [rows, out] and x [rows, in], as one GEMM
-        accumulating into a new tensor that starts as base (addmm with beta 1), differentiable by
-        the framework's autograd: its backward carries alpha inside the GEMMs and hands base the
-        output gradient as it is (core/lora.py: LoRA's adapter added to the frozen output)."""
+        accumulating (addmm, beta 1) into base itself where the framework allows writing it in place
+        (base is the frozen projection's fresh output, read by nothing else), else into a copy of
+        it; differentiable by the framework's autograd: its backward carries alpha inside the GEMMs
+        and hands base the output gradient as it is (core/lora.py: LoRA's adapter added to the
+        frozen output)."""
     def linear_grad_input(self, dy: Tensor, weight: Tensor) -> Tensor:
         """dy @ W^T in the math sense: the gradient of `linear` with respect to x."""
     def linear_grad_input_accumulate(self, out: Tensor, dy: Tensor, weight: Tensor) -> None:

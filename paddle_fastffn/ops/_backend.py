@@ -170,7 +170,7 @@ class PaddleBackend(IndexingBackend):
     def linear_accumulate(base, x, weight, alpha):
         # addmm is on neither of Paddle's AMP lists, so under O1 an fp32 weight would promote it to
         # fp32: cast to x's dtype, as autocast casts the operands of the matmul it replaces.
-        return paddle.addmm(base.astype(x.dtype), x, weight.astype(x.dtype), beta=1.0, alpha=alpha)
+        return base.astype(x.dtype).addmm_(x, weight.astype(x.dtype), beta=1.0, alpha=alpha)
 
     @staticmethod
     def linear_grad_input(dy, weight):

@@ -141,6 +141,8 @@ class TorchBackend(IndexingBackend):
 
     @staticmethod
     def linear_accumulate(base, x, weight, alpha):
+        # Not in place: base is often a view of a custom Function's output (the FP8 linear's), which
+        # torch forbids writing in place; addmm copies it into its result (one pass) and accumulates.
         return torch.addmm(base, x, weight.t(), alpha=alpha)
 
     @staticmethod
