@@ -90,8 +90,11 @@ def _with_fast_ffn_fields(module) -> bool:
 
 
 def _report_when_built(trainer_class) -> None:
-    """trainer_class.__init__ followed by the fast path's report line (and PADDLE_FASTFFN_REPORT)."""
+    """trainer_class.__init__ followed by the fast path's report line (and PADDLE_FASTFFN_REPORT);
+    once per class (a second install finds it wrapped)."""
     original_init = trainer_class.__init__
+    if getattr(original_init, "_fast_ffn_reports", False):
+        return
 
     def init_and_report(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
@@ -103,6 +106,7 @@ def _report_when_built(trainer_class) -> None:
             _STATE["report"] = report
             logger().info(report_line(report))
 
+    init_and_report._fast_ffn_reports = True
     trainer_class.__init__ = init_and_report
     if os.environ.get(REPORT_ENV_VAR):
         atexit.register(_write_report, os.environ[REPORT_ENV_VAR])

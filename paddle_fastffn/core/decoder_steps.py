@@ -114,7 +114,7 @@ WEIGHTS = ("w_gate_up", "w_down")
 
 
 def fp8_ffn_calls(scaling: str, first_step: bool, delayed_warm_start: bool = True,
-                  saved_gate_up: str = "fp8", weight_copies: str = "cached") -> tuple:
+                  saved_gate_up: str = "fp8", weight_copies: str = "per_use") -> tuple:
     """FP8_FFN_CALLS with the calls of a recipe's scaling, for the FFN's first step (every state
     fresh) or a later one (the weight cache re-quantises the weights: an optimizer step was taken).
     A quantisation scaled by its tensor's own amax (the weights always; everything under current

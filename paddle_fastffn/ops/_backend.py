@@ -17,6 +17,9 @@ def _on_gpu(t) -> bool:
     return not t.place.is_cpu_place()
 
 
+# Float dtypes by width, for the promotion LoRA's sum does (linear_accumulate).
+_FLOAT_RANK = {paddle.float16: 1, paddle.bfloat16: 1, paddle.float32: 2, paddle.float64: 3}
+
 class PaddleBackend(IndexingBackend):
     # take_rows is IndexingBackend's indexing, not paddle.gather: Paddle's CPU gather has no float16
     # kernel.
@@ -168,9 +171,12 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def linear_accumulate(base, x, weight, alpha):
-        # addmm is on neither of Paddle's AMP lists, so under O1 an fp32 weight would promote it to
-        # fp32: cast to x's dtype, as autocast casts the operands of the matmul it replaces.
-        return base.astype(x.dtype).addmm_(x, weight.astype(x.dtype), beta=1.0, alpha=alpha)
+        # In the wider of base's and x's dtypes, as LoRALinear's `base + ...` promotes: under AMP O1
+        # the FP8 linear's base comes out in fp32 beside a bf16 adapter product, and stays fp32;
+        # a 16-bit base keeps x's dtype (addmm is on neither AMP list, so an fp32 LoRA weight would
+        # otherwise promote it: cast as autocast casts the matmul's operands).
+        dtype = base.dtype if _FLOAT_RANK.get(base.dtype, 0) > _FLOAT_RANK.get(x.dtype, 0) else x.dtype
+        return base.astype(dtype).addmm_(x.astype(dtype), weight.astype(dtype), beta=1.0, alpha=alpha)
 
     @staticmethod
     def linear_grad_input(dy, weight):

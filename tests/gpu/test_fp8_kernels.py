@@ -358,6 +358,10 @@ def test_transpose_of_an_fp8_copy_rejects_scaling_and_other_outputs(k):
     assert k.quantize_status(fp8.describe(data), none, fp8.describe(e5)) == fp8.STATUS_INVALID_ARGUMENT
     assert k.quantize_status(fp8.describe(data), none, fp8.describe(None, E4M3, shape=(48, 32))) == \
         fp8.STATUS_INVALID_ARGUMENT
+    square = torch.randint(0, 256, (32, 32), dtype=torch.uint8, device="cuda").view(E4M3)
+    assert k.quantize_status(fp8.describe(square), fp8.describe(None, E4M3, shape=(32, 32)),
+                             fp8.describe(square)) == fp8.STATUS_INVALID_ARGUMENT  # in place: would race
+    assert "must not overlap x" in k.lib.fastffn_last_error().decode()
 
 
 # --- dequantisation -------------------------------------------------------------------------

@@ -44,3 +44,18 @@ def test_started_processes_get_the_fields_and_the_shadowed_sitecustomize_still_r
 def test_without_the_variable_paddlenlp_is_untouched(tmp_path):
     out = run_child(tmp_path, plugin=False)
     assert "SHADOWED_RAN yes" in out and "FIELD False" in out
+
+
+def test_a_trainer_class_is_wrapped_to_report_once():
+    """A second install (the hook run again, or both libraries' modules extending one Trainer) must not
+    wrap its __init__ twice: one report line, one exit handler."""
+    from paddle_fastffn import plugin
+
+    class Trainer:
+        def __init__(self):
+            self.calls = getattr(self, "calls", 0) + 1
+
+    plugin._report_when_built(Trainer)
+    wrapped = Trainer.__init__
+    plugin._report_when_built(Trainer)
+    assert Trainer.__init__ is wrapped and wrapped._fast_ffn_reports

@@ -63,3 +63,16 @@ def test_linear_accumulate_casts_an_fp32_weight_to_the_activation_dtype():
     out = BACKEND.linear_accumulate(base.astype(paddle.float64), x.astype(paddle.float64), weight, 0.5)
     assert out.dtype == paddle.float64
     assert_close(out, base + 0.5 * (x @ weight), paddle.float32, "linear_accumulate")
+
+
+def test_a_wider_base_keeps_its_dtype_as_stock_promotes():
+    """AMP O1 with FP8: the FP8 linear's base comes out in fp32 (x's dtype there) while the adapter's
+    first GEMM is autocast to bf16; stock's `base + (x @ A @ B) * scaling` promotes to fp32, and so
+    must the fused sum. (Paddle's CPU has no bf16 matmul: float64 and float32 stand in.)"""
+    paddle.seed(0)
+    base = paddle.randn([4, 8]).astype("float64") * 1e3 + 1.0 / 3
+    down, lora_b = paddle.randn([4, 2]), paddle.randn([2, 8])
+    stock = base + (down @ lora_b).astype("float64") * 0.5
+    fused = BACKEND.linear_accumulate(base, down, lora_b, 0.5)  # writes into base: after stock's sum
+    assert fused.dtype == paddle.float64
+    assert_close(fused, stock, paddle.float32, "base + 0.5 * down @ B")

@@ -245,6 +245,13 @@ fastffn_status transpose_fp8(const char* entry, fastffn_tensor x, fastffn_tensor
                     "out_t.data must not be NULL when x is FP8 (its transposed copy is the only output)");
   FASTFFN_TRY_STATUS(check_shaped(entry, "out_t", out_t, x.cols, x.rows));
   if (x.rows == 0 || x.cols == 0) return ::fastffn::ok();
+  // Blocks read x while others write out_t: overlapping storage would race.
+  const char* x_first = static_cast<const char*>(x.data);
+  const char* x_end = x_first + (x.rows - 1) * x.row_stride + x.cols;
+  const char* out_first = static_cast<const char*>(out_t.data);
+  const char* out_end = out_first + (out_t.rows - 1) * out_t.row_stride + out_t.cols;
+  FASTFFN_CHECK_ARG(out_end <= x_first || x_end <= out_first, entry,
+                    "out_t must not overlap x (the transpose reads x while it writes out_t)");
   TransposeParams p;
   p.x = static_cast<const uint8_t*>(x.data);
   p.out_t = static_cast<uint8_t*>(out_t.data);

@@ -137,7 +137,7 @@ const char* fastffn_gemm_last_error(void);
 // An FP8 x (FP8_E4M3 / FP8_E5M2) is not quantised again but transposed byte for byte into out_t
 // (of x's dtype): an FP8 copy's other layout (a frozen weight's dgrad copy made from its forward
 // copy, which the K-major GEMMs need). out.data, out.scale, out.scale_inv and out.amax must then be
-// NULL and out_t.data must not be (INVALID_ARGUMENT otherwise).
+// NULL, and out_t.data must not be NULL nor overlap x (INVALID_ARGUMENT otherwise).
 // ---------------------------------------------------------------------------------------------
 fastffn_status fastffn_fp8_quantize_cuda(fastffn_tensor x, fastffn_tensor out,
                                          fastffn_tensor out_t, void* stream);
