@@ -1,10 +1,18 @@
-"""FP8 against bf16 convergence on the H200: a ~100M-parameter LLaMA (12 layers x 768, GQA 12/4,
-FFN 3072, byte-level vocabulary of 256) trained from scratch on real text found on the machine
-without downloads, the Python standard library's source files, through the fast path's
-composition (paddle_fastffn.torch.llama.FastLlama, MasterWeightAdamW). One run per precision, each from the same
-initial weights and on the same batches:
+"""FP8 against bf16, and the optimizer's memory modes against fp32-state AdamW, in convergence: a
+~100M-parameter LLaMA (12 layers x 768, GQA 12/4, FFN 3072, byte-level vocabulary of 256) trained
+from scratch on real text found on the machine without downloads, the Python standard library's
+source files, through the fast path's composition (paddle_fastffn.torch.llama.FastLlama). Every run
+starts from the same initial weights and sees the same batches:
 
     python3 -m benchmarks.gpu.convergence --out convergence.json [--steps 2000]
+        [--precisions bf16 fp8_current fp8_delayed] [--optimizers int8_compensated torch_bf16 ...]
+
+--precisions: one run each with AdamW on fp32 masters and fp32 moments (MasterWeightAdamW, the
+reference). --optimizers: one bf16 run each with another optimizer state (OPTIMIZERS), as the
+memory modes' evidence: ours (FusedMasterAdamW, FastAdamW's kernel) with 8-bit moments and/or the
+Kahan-compensated bf16 weights in place of fp32 masters, and the peers Hugging Face users pick to
+save that memory: torch's fused AdamW on the bf16 weights (no master) and torchao's AdamW8bit (8-bit
+moments, no master). Every optimizer has the same hyper-parameters and clips the global norm to 1.0.
 
 Reports per-step training losses, held-out losses every --eval-every steps, the final losses
 (mean of the last 100 training steps, and the last held-out loss), and loss spikes. Every run sees
@@ -29,7 +37,7 @@ import torch
 from benchmarks.common import same_batch_spikes
 from benchmarks.gpu.bench_gpu import DT, environment
 from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
-from paddle_fastffn.torch.llama import FastLlama, MasterWeightAdamW
+from paddle_fastffn.torch.llama import FastLlama, FusedMasterAdamW, MasterWeightAdamW
 
 MODEL = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_key_value_heads=4,
              num_hidden_layers=12, vocab_size=256, rms_norm_eps=1e-5, max_position_embeddings=1024,
@@ -59,6 +67,61 @@ def batches(data: torch.Tensor, batch: int, seq: int, seed: int):
 
 
 PRECISIONS = ("bf16", "fp8_current", "fp8_delayed")  # what the section trains by default
+# The bf16 runs with another optimizer state than the reference's fp32 masters and moments, by name:
+# (what it keeps per bf16 parameter beside the weight, whose optimizer).
+OPTIMIZERS = {
+    "fp32_master": "fp32 master, fp32 moments (torch's fused AdamW on the masters: the reference)",
+    "ours_fp32": "fp32 master, fp32 moments (FastAdamW's kernel)",
+    "ours_int8": "fp32 master, 8-bit blockwise moments (FastAdamW moments='int8')",
+    "ours_compensated": "bf16 Kahan compensation, fp32 moments (FastAdamW master_weights='compensated')",
+    "ours_int8_compensated": "bf16 compensation, 8-bit moments (FastAdamW's low-memory state)",
+    "torch_bf16": "no master, bf16 moments (torch.optim.AdamW(fused=True) on the bf16 weights)",
+    "torchao_8bit": "no master, 8-bit moments (torchao.optim.AdamW8bit on the bf16 weights)",
+}
+MEMORY_MODES = ("ours_int8", "ours_compensated", "ours_int8_compensated", "torch_bf16", "torchao_8bit")
+HYPER = dict(betas=(0.9, 0.95), weight_decay=0.1)
+MAX_GRAD_NORM = 1.0
+
+
+class ClippedTorchOptimizer:
+    """A torch optimizer stepping the bf16 parameters themselves, after torch's global-norm clip
+    of their bf16 gradients (what a Hugging Face Trainer does with max_grad_norm)."""
+
+    def __init__(self, optimizer, params):
+        self.optimizer, self.params = optimizer, params
+
+    def set_lr(self, lr):
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers hold it as a tensor, written in place
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def step(self):
+        torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM, foreach=True)
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def make_optimizer(name: str, params, lr: float):
+    """The optimizer `name` of OPTIMIZERS over `params`, with set_lr(lr), step() and zero_grad()."""
+    params = [p for p in params if p.requires_grad]
+    if name == "fp32_master":
+        return MasterWeightAdamW(params, lr=lr, max_grad_norm=MAX_GRAD_NORM, **HYPER)
+    if name.startswith("ours_"):
+        fmt = name.removeprefix("ours_")
+        return FusedMasterAdamW(params, lr=lr, max_grad_norm=MAX_GRAD_NORM, **HYPER,
+                                moments="int8" if "int8" in fmt else "fp32",
+                                master_weights="compensated" if "compensated" in fmt else "fp32")
+    if name == "torch_bf16":
+        return ClippedTorchOptimizer(torch.optim.AdamW(params, lr=lr, fused=True, **HYPER), params)
+    if name == "torchao_8bit":
+        from torchao.optim import AdamW8bit
+
+        return ClippedTorchOptimizer(AdamW8bit(params, lr=lr, **HYPER), params)
+    raise ValueError(f"argument `optimizer` must be one of {list(OPTIMIZERS)}, got {name!r}")
 
 
 def lr_at(step, steps, peak, warmup):
@@ -77,8 +140,9 @@ def fp8_recipe_of(precision: str) -> Fp8Recipe:
     return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest else "fp8")
 
 
-def train(precision, initial_state, train_data, heldout, args, model_config=None, device="cuda"):
-    """model_config: LlamaConfig's arguments (MODEL when None)."""
+def train(precision, initial_state, train_data, heldout, args, model_config=None, device="cuda",
+          optimizer_name="fp32_master"):
+    """model_config: LlamaConfig's arguments (MODEL when None); optimizer_name: one of OPTIMIZERS."""
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
@@ -90,8 +154,7 @@ def train(precision, initial_state, train_data, heldout, args, model_config=None
     recipe = None if precision == "bf16" else fp8_recipe_of(precision)
     model = FastLlama(hf.to(DT), fp8_recipe=recipe)
     del hf
-    optimizer = MasterWeightAdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                  max_grad_norm=1.0)
+    optimizer = make_optimizer(optimizer_name, model.parameters(), args.lr)
     stream = batches(train_data, args.batch, args.seq + 1, seed=1)
     heldout_batches = [b.to(device) for b, _ in zip(batches(heldout, args.batch, args.seq + 1, seed=2), range(8))]
     losses, evals = [], []
@@ -105,8 +168,7 @@ def train(precision, initial_state, train_data, heldout, args, model_config=None
     for step in range(args.steps):
         window = next(stream).to(device, non_blocking=True)
         ids, labels = window[:, :-1], window[:, 1:]  # the pipeline shifts; no ignored positions
-        for group in optimizer.optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        optimizer.set_lr(lr_at(step, args.steps, args.lr, args.warmup))
         loss = model(ids, labels.contiguous())
         loss.backward()
         optimizer.step()
@@ -115,7 +177,7 @@ def train(precision, initial_state, train_data, heldout, args, model_config=None
         losses.append(loss.detach())
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals.append({"step": step + 1, "heldout_loss": evaluate()})
-            print(f"{precision} step {step + 1}: train {float(loss.detach()):.4f} heldout {evals[-1]['heldout_loss']:.4f} "
+            print(f"{precision} {optimizer_name} step {step + 1}: train {float(loss.detach()):.4f} heldout {evals[-1]['heldout_loss']:.4f} "
                   f"({time.time() - started:.0f}s)", flush=True)
     losses = [float(v) for v in torch.stack(losses).cpu()]
     return {"train_loss": losses, "heldout": evals, "final_train_loss_last100": sum(losses[-100:]) / 100,
@@ -133,7 +195,10 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
+    parser.add_argument("--precisions", nargs="*", default=list(PRECISIONS),
+                        help="runs with the reference optimizer (fp32 masters and moments)")
+    parser.add_argument("--optimizers", nargs="*", default=[], choices=[n for n in OPTIMIZERS if n != "fp32_master"],
+                        help=f"bf16 runs with another optimizer state; the memory modes: {' '.join(MEMORY_MODES)}")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     train_data, heldout, info = corpus()
@@ -146,13 +211,21 @@ def main():
     report = {"environment": environment(), "command": "python3 -m benchmarks.gpu.convergence " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}" for k, v in vars(args).items()),
         "model": {**MODEL, "parameters": params}, "data": info,
-        "setup": {"tokens_per_step": args.batch * args.seq, "optimizer": "AdamW on fp32 masters, betas (0.9, 0.95), "
-                  "weight decay 0.1, grad-norm clip 1.0", "schedule": f"linear warm-up {args.warmup} steps, cosine to "
+        "setup": {"tokens_per_step": args.batch * args.seq, "optimizer": "AdamW, betas (0.9, 0.95), weight decay "
+                  "0.1, global grad-norm clip 1.0; --precisions runs on fp32 masters and moments (fp32_master)",
+                  "optimizers": {name: OPTIMIZERS[name] for name in ["fp32_master", *args.optimizers]}, "schedule": f"linear warm-up {args.warmup} steps, cosine to "
                   "0.1x", "fp8": "e4m3 forward, e5m2 gradients, per-tensor; weights current-scaled; delayed: "
                   "amax history 1024, max"},
         "runs": {}}
-    for precision in args.precisions:
-        report["runs"][precision] = train(precision, initial, train_data, heldout, args)
+    plan = [(precision, "fp32_master") for precision in args.precisions]
+    if args.optimizers and "bf16" not in args.precisions:
+        plan.insert(0, ("bf16", "fp32_master"))  # the reference every memory mode is compared with
+    plan += [("bf16", name) for name in args.optimizers]
+    for precision, optimizer_name in plan:
+        run_name = precision if optimizer_name == "fp32_master" else f"bf16+{optimizer_name}"
+        report["runs"][run_name] = train(precision, initial, train_data, heldout, args,
+                                         optimizer_name=optimizer_name)
+        report["runs"][run_name]["optimizer"] = optimizer_name
         with open(args.out, "w") as f:
             json.dump(report, f)
     base = report["runs"].get("bf16")

@@ -426,6 +426,10 @@ class MasterWeightAdamW:
         self.optimizer = torch.optim.AdamW(self.masters, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                            fused=True)
 
+    def set_lr(self, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def zero_grad(self):
         for p in self.params:
             p.grad = None

@@ -216,7 +216,8 @@ def test_fp8_section():
 
 
 def test_convergence_section():
-    """convergence.train for every precision the section trains, a few steps of a tiny LLaMA."""
+    """convergence.train for every precision and every optimizer state the section trains, a few steps of a
+    tiny LLaMA."""
     failures = []
     model_config = dict(hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["inter"],
                         num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["kv_heads"],
@@ -229,11 +230,12 @@ def test_convergence_section():
     state = modeling_llama.LlamaForCausalLM(LlamaConfig(**model_config)).state_dict()
     data = torch.randint(0, SHAPE["vocab"], (4096,))
     args = SimpleNamespace(lr=1e-3, batch=2, seq=16, steps=2, warmup=1, eval_every=2)
-    precisions = convergence.PRECISIONS
-    for precision in precisions:
-        def run(precision=precision):
+    runs = [(precision, "fp32_master") for precision in convergence.PRECISIONS]
+    runs += [("bf16", name) for name in convergence.OPTIMIZERS if name != "fp32_master"]
+    for precision, optimizer in runs:
+        def run(precision=precision, optimizer=optimizer):
             result = convergence.train(precision, state, data, data[:1024], args, model_config=model_config,
-                                       device="cpu")
+                                       device="cpu", optimizer_name=optimizer)
             assert not result["nonfinite_steps"], result["train_loss"]
-        run_step("convergence", precision, run, failures)
-    check("convergence", precisions, failures)
+        run_step("convergence", f"{precision}+{optimizer}", run, failures)
+    check("convergence", [f"{p}+{o}" for p, o in runs], failures)

@@ -1,0 +1,39 @@
+"""benchmarks/plot_convergence.py draws a convergence.json's runs (the reference first, memory modes
+beside it) into a PNG."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import plot_convergence
+
+
+def report(steps=120):
+    rng = np.random.default_rng(0)
+    base = 3.0 * np.exp(-np.arange(steps) / 60) + 1.0 + 0.05 * rng.random(steps)
+
+    def run(offset):
+        losses = (base * (1 + offset)).tolist()
+        return {"train_loss": losses, "heldout": [{"step": s, "heldout_loss": losses[s - 1]} for s in (60, 120)]}
+
+    return {"runs": {"bf16": run(0.0), "bf16+ours_int8_compensated": run(0.002), "bf16+torch_bf16": run(0.01)},
+            "model": {"parameters": 104e6}, "setup": {"tokens_per_step": 8192}, "environment": {"device": "test"}}
+
+
+def test_moving_mean_is_the_window_average():
+    assert plot_convergence.moving_mean([1, 2, 3, 4], 2).tolist() == [1.5, 2.5, 3.5]
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    source, out = tmp_path / "convergence.json", tmp_path / "curves.png"
+    source.write_text(json.dumps(report()))
+    import sys
+
+    argv, sys.argv = sys.argv, ["plot_convergence", str(source), "--out", str(out), "--window", "10"]
+    try:
+        plot_convergence.main()
+    finally:
+        sys.argv = argv
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
