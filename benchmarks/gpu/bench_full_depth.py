@@ -304,6 +304,12 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
             report["profiles"][name] = profile_training(forward, model, optimizer[0] if optimizer else fused_master_adamw,
                                                         steps=2)
         log(f"profiled {name}: " + json.dumps(report["profiles"][name]["gpu_only"]["kernel_ms_by_category"]))
+        host = report["profiles"][name].get("host_python")
+        if host:
+            log(f"  host under cProfile {host['host_ms_per_step_under_cprofile']:.1f} ms a step, "
+                f"{host['python_calls_per_step']:.0f} Python calls; most own time: " + "; ".join(
+                    f"{row['function']} {row['own_ms_per_step']:.1f} ms x{row['calls_per_step']:.0f}"
+                    for row in host["by_own_time"][:12]))
         model = forward = None
         gc.collect()
         torch.cuda.empty_cache()

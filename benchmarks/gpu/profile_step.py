@@ -141,14 +141,47 @@ def kernel_timeline(run, reps: int, with_host: bool = False, top: int = 25) -> d
         return summarize(Trace(path), reps, top)
 
 
+def host_python_profile(step, steps: int, top: int = 40) -> dict:
+    """Where the host's Python time goes in `steps` steps (cProfile: per function, its own time and
+    with its callees, per step), after the GPU has drained, ending with a synchronisation so that
+    a host that waits on a full launch queue shows it in the synchronising call. cProfile's own
+    overhead inflates every Python call by a similar factor: compare functions, not the total with
+    a step time."""
+    import cProfile
+    import pstats
+
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    synchronize()
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    issued = time.perf_counter() - started
+    synchronize()
+    stats = pstats.Stats(profiler).stats
+    rows = []
+    for (path, line, function), (_, calls, own, cumulative, _) in stats.items():
+        rows.append({"function": f"{os.path.relpath(path) if path.startswith('/') else path}:{line}({function})",
+                     "calls_per_step": calls / steps, "own_ms_per_step": own * 1e3 / steps,
+                     "cumulative_ms_per_step": cumulative * 1e3 / steps})
+    rows.sort(key=lambda r: -r["own_ms_per_step"])
+    return {"steps": steps, "host_ms_per_step_under_cprofile": issued * 1e3 / steps,
+            "python_calls_per_step": sum(r["calls_per_step"] for r in rows), "by_own_time": rows[:top],
+            "by_cumulative_time": sorted(rows, key=lambda r: -r["cumulative_ms_per_step"])[:top]}
+
+
 def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3) -> dict:
-    """Two profiles of `steps` steps: the GPU alone (idle as the GPU sees it, the profiler's host
-    overhead kept small) and the GPU with the host's operators (what the host did in each gap;
-    its gaps are wider by the profiler's own overhead)."""
+    """Three profiles of `steps` steps: the GPU alone (idle as the GPU sees it, the profiler's host
+    overhead kept small), the GPU with the host's operators (what the host did in each gap; its
+    gaps are wider by the profiler's own overhead) and the host's Python functions
+    (host_python_profile)."""
     step = training_step(forward, model, make_optimizer(model.parameters()))
     for _ in range(warmup):
         step()
-    return {"gpu_only": kernel_timeline(step, steps), "with_host": kernel_timeline(step, steps, with_host=True)}
+    return {"gpu_only": kernel_timeline(step, steps), "with_host": kernel_timeline(step, steps, with_host=True),
+            "host_python": host_python_profile(step, steps)}
 
 
 def main():

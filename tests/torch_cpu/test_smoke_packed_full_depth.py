@@ -101,9 +101,13 @@ def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
     profiled = {}
 
     def one_step(forward, model, make_optimizer, steps):
-        loss = bench_step.training_step(forward, model, make_optimizer(model.parameters()))()
-        profiled[make_optimizer.__name__] = finite_loss("full_depth", "profile", loss)
-        return {"gpu_only": {"kernel_ms_by_category": {}}}
+        step = bench_step.training_step(forward, model, make_optimizer(model.parameters()))
+        host = profile_step.host_python_profile(step, steps=1)  # the host's profile runs on the CPU as it is
+        assert host["python_calls_per_step"] > 0 and host["by_own_time"], host
+        assert any("fp8/linear.py" in row["function"] or "llama.py" in row["function"]
+                   for row in host["by_cumulative_time"]), [row["function"] for row in host["by_cumulative_time"]]
+        profiled[make_optimizer.__name__] = finite_loss("full_depth", "profile", step())
+        return {"gpu_only": {"kernel_ms_by_category": {}}, "host_python": host}
 
     monkeypatch.setattr(profile_step, "profile_training", one_step)
     shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
