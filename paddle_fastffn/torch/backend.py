@@ -141,9 +141,10 @@ class TorchBackend(IndexingBackend):
 
     @staticmethod
     def linear_accumulate(base, x, weight, alpha):
-        # Not in place: base is often a view of a custom Function's output (the FP8 linear's), which
-        # torch forbids writing in place; addmm copies it into its result (one pass) and accumulates.
-        return torch.addmm(base, x, weight.t(), alpha=alpha)
+        # In place, as Paddle's: base (a projection's fresh output, which its backward does not
+        # read) takes the sum, and no second [tokens, out] buffer is allocated. The FP8 linear hands
+        # its output over as no view made inside its Function, which torch would refuse to write.
+        return base.addmm_(x, weight.t(), alpha=alpha)
 
     @staticmethod
     def linear_grad_input(dy, weight):

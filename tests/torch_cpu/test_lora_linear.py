@@ -57,3 +57,19 @@ def _assert_within(actual, expected, magnitude, atol, rtol, what):
     excess = (actual.double() - expected).abs() - (atol + rtol * magnitude)
     worst = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
     assert excess.max() <= 0, f"{what}: worst at {worst}: {float(actual[worst])} vs {float(expected[worst])}"
+
+
+def test_the_sum_is_written_into_the_base_in_place():
+    """No second [tokens, out] buffer: the adapter's GEMM accumulates into the projection's output,
+    a matmul's (16-bit) and the FP8 linear's alike (tests/torch_cpu/test_fp8_frozen_weight.py runs
+    the FP8 one under LoRA)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(*ROWS, IN, generator=gen, requires_grad=True)
+    weight = torch.randn(OUT, IN, generator=gen, requires_grad=True)
+    lora_a = torch.randn(RANK, IN, generator=gen, requires_grad=True)
+    lora_b = torch.randn(OUT, RANK, generator=gen, requires_grad=True)
+    base = x @ weight.t()
+    y = lora_linear(BACKEND, x, base, lora_a, lora_b, SCALING)
+    assert y.data_ptr() == base.data_ptr()
+    expected = (x @ weight.t() + (x @ lora_a.t() @ lora_b.t()) * SCALING).detach()
+    torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-5)

@@ -122,7 +122,9 @@ class TorchFp8Backend(SharedTensorMethods):
         return t.contiguous()
 
     def reshape(self, t, shape):
-        return t.reshape(*shape)
+        # t itself where the shape is already right: an autograd.Function's output that is a view
+        # made inside it may not be written in place (the LoRA sum accumulates into the FP8 base)
+        return t if tuple(t.shape) == tuple(shape) else t.reshape(*shape)
 
     def cast(self, t, dtype):
         return t.to(dtype)

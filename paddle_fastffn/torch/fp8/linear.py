@@ -49,11 +49,11 @@ class Fp8LinearState:
         self.cache = Fp8WeightCache()
 
 
-def check_linear_shapes(tokens: int, weight: torch.Tensor, in_features: int):
-    if weight.dim() != 2 or weight.shape[1] != in_features:
-        raise ValueError(f"Fp8Linear: weight {tuple(weight.shape)} does not fit inputs of width {in_features} "
+def check_linear_shapes(tokens: int, weight_shape, in_features: int):
+    if len(weight_shape) != 2 or weight_shape[1] != in_features:
+        raise ValueError(f"Fp8Linear: weight {tuple(weight_shape)} does not fit inputs of width {in_features} "
                          f"(need [out, in])")
-    sizes = (("tokens T", tokens), ("in_features K", in_features), ("out_features N", weight.shape[0]))
+    sizes = (("tokens T", tokens), ("in_features K", in_features), ("out_features N", weight_shape[0]))
     bad = misaligned(sizes)
     if bad:
         raise ValueError(f"Fp8Linear: {bad} not a positive multiple of {GEMM_ALIGNMENT} (cuBLASLt's FP8 "
@@ -69,12 +69,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
     FrozenFp8Weight (freeze_weight: a frozen weight held only in FP8)."""
     width = x.shape[-1]
     frozen = isinstance(weight, FrozenFp8Weight)
-    check_linear_shapes(x.numel() // width if width else 0, torch.empty(weight.shape, device="meta") if frozen
-                        else weight, width)
+    tokens = x.numel() // width if width else 0
+    check_linear_shapes(tokens, tuple(weight.shape), width)
+    # Rows in, rows out: the Function's output is then its GEMM's result itself, not a view made
+    # inside it, so that the LoRA sum may accumulate into it in place (core/lora.py).
+    rows = x.reshape(tokens, width)
     if frozen:
-        return Fp8LinearFunction.apply(x, None, None, state.states, state.cache, weight)
-    cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
-    return Fp8LinearFunction.apply(x, weight, None, state.states, cache, None)
+        y = Fp8LinearFunction.apply(rows, None, None, state.states, state.cache, weight)
+    else:
+        cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
+        y = Fp8LinearFunction.apply(rows, weight, None, state.states, cache, None)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def freeze_weight(weight: torch.Tensor, state: Fp8LinearState, both_copies: bool = False) -> FrozenFp8Weight:
