@@ -31,11 +31,12 @@ class TorchBackend(IndexingBackend):
     # --- tensors ------------------------------------------------------------------------------
     @staticmethod
     def rows(t):
-        return t.reshape(-1, t.shape[-1])
+        return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])  # no view where none is needed
 
     @staticmethod
     def reshape(t, shape):
-        return t.reshape(tuple(shape))
+        shape = tuple(shape)
+        return t if tuple(t.shape) == shape else t.reshape(shape)
 
     @staticmethod
     def contiguous(t):
@@ -141,9 +142,12 @@ class TorchBackend(IndexingBackend):
 
     @staticmethod
     def linear_accumulate(base, x, weight, alpha):
-        # In place, as Paddle's: base (a projection's fresh output, which its backward does not
-        # read) takes the sum, and no second [tokens, out] buffer is allocated. The FP8 linear hands
-        # its output over as no view made inside its Function, which torch would refuse to write.
+        # In place, as Paddle's, where base is a tensor of its own (a projection's fresh output,
+        # which its backward does not read): no second [tokens, out] buffer. Not into a view: torch
+        # would record the write as CopySlices, whose backward copies the whole output gradient
+        # (and refuses a view made inside a custom Function); there addmm writes a new result.
+        if base._base is not None:
+            return torch.addmm(base, x, weight.t(), alpha=alpha)
         return base.addmm_(x, weight.t(), alpha=alpha)
 
     @staticmethod

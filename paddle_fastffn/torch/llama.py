@@ -179,15 +179,17 @@ class FastDecoderLayer(torch.nn.Module):
         """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
         there is one: core/lora.py's lora_linear (the adapter's second GEMM accumulating into the
         base output), as the Paddle patch's LoRALinear forward computes it."""
+        rows = TORCH.rows(x)  # [tokens, out] projections: the LoRA sum then writes into its own tensor
         if self.fp8 is None:
-            base = x @ weight.t()
+            base = rows @ weight.t()
         else:
             from paddle_fastffn.torch.fp8.linear import fp8_linear
             held = self.frozen_fp8[fp8_name] if self.frozen_fp8 is not None else weight
-            base = fp8_linear(x, held, self.fp8[fp8_name])
-        if self.lora is None:
-            return base
-        return core_lora.lora_linear(TORCH, x, base, self.lora_a[fp8_name], self.lora_b[fp8_name], self.lora.scaling)
+            base = fp8_linear(rows, held, self.fp8[fp8_name])
+        if self.lora is not None:
+            base = core_lora.lora_linear(TORCH, rows, base, self.lora_a[fp8_name], self.lora_b[fp8_name],
+                                         self.lora.scaling)
+        return TORCH.reshape(base, (*x.shape[:-1], base.shape[-1]))
 
     # --- core.decoder's layer parts (its module docstring names them): torch's plumbing only ----------
     @property

@@ -60,11 +60,10 @@ def _assert_within(actual, expected, magnitude, atol, rtol, what):
 
 
 def test_the_sum_is_written_into_the_base_in_place():
-    """No second [tokens, out] buffer: the adapter's GEMM accumulates into the projection's output,
-    a matmul's (16-bit) and the FP8 linear's alike (tests/torch_cpu/test_fp8_frozen_weight.py runs
-    the FP8 one under LoRA)."""
+    """No second [tokens, out] buffer: the adapter's GEMM accumulates into the projection's
+    [tokens, out] output itself."""
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(*ROWS, IN, generator=gen, requires_grad=True)
+    x = torch.randn(ROWS[0] * ROWS[1], IN, generator=gen, requires_grad=True)
     weight = torch.randn(OUT, IN, generator=gen, requires_grad=True)
     lora_a = torch.randn(RANK, IN, generator=gen, requires_grad=True)
     lora_b = torch.randn(OUT, RANK, generator=gen, requires_grad=True)
@@ -73,3 +72,46 @@ def test_the_sum_is_written_into_the_base_in_place():
     assert y.data_ptr() == base.data_ptr()
     expected = (x @ weight.t() + (x @ lora_a.t() @ lora_b.t()) * SCALING).detach()
     torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_view_base_takes_the_sum_out_of_place():
+    """A view (here of a 3-D output) is not written: torch would record CopySlices, whose backward
+    copies the whole output gradient."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(*ROWS, IN, generator=gen, requires_grad=True)
+    weight, lora_a = torch.randn(OUT, IN, generator=gen), torch.randn(RANK, IN, generator=gen, requires_grad=True)
+    lora_b = torch.randn(OUT, RANK, generator=gen, requires_grad=True)
+    base = x @ weight.t()
+    y = lora_linear(BACKEND, x, base, lora_a, lora_b, SCALING)
+    assert y.data_ptr() != base.data_ptr() and y.shape == base.shape
+    torch.testing.assert_close(y.detach(), (base + (x @ lora_a.t() @ lora_b.t()) * SCALING).detach(),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_harness_lora_projection_records_no_copy_of_its_output_gradient(fp8):
+    """FastDecoderLayer._linear on a [batch, seq, hidden] input: the sum goes into the projection's
+    own [tokens, out] output in place (bf16 base and the FP8 linear's alike), and autograd records
+    no CopySlices (a full copy of the output gradient in backward)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+    from paddle_fastffn.torch.llama import FastDecoderLayer, LoraSettings
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         rms_norm_eps=1e-6)
+    hf_layer = LlamaDecoderLayer(config, layer_idx=0).to(torch.bfloat16)
+    layer = FastDecoderLayer(hf_layer, 4, 2, 1e-6, fp8_recipe=Fp8Recipe() if fp8 else None, lora=LoraSettings(rank=4))
+    x = torch.randn(1, 32, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = layer._linear(x, layer.w_q, "q")
+    nodes, stack = [], [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None:
+            nodes.append(type(node).__name__)
+            stack.extend(n for n, _ in node.next_functions)
+    assert y.shape == (1, 32, 64) and "CopySlices" not in nodes and "AddmmBackward0" in nodes, nodes
+    y.float().pow(2).sum().backward()
+    assert torch.isfinite(x.grad.float()).all() and layer.lora_a["q"].grad is not None

@@ -116,7 +116,7 @@ class TorchFp8Backend(SharedTensorMethods):
     weight_layout = "out_in"
 
     def rows(self, t):
-        return t.reshape(-1, t.shape[-1])
+        return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
 
     def contiguous(self, t):
         return t.contiguous()

@@ -64,14 +64,17 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def describe(t: torch.Tensor | None, dtype: torch.dtype | None = None, scale=None, scale_inv=None,
              amax=None, shape: tuple[int, int] = (0, 0)) -> Tensor:
     """The C descriptor of a 2-D view with unit column stride (rows may be strided); None gives a
-    NULL data pointer with `dtype` and `shape`."""
+    NULL data pointer with `dtype` and `shape`. (Every FP8 call builds several: one read of
+    shape and strides each.)"""
+    scale, scale_inv, amax = _ptr(scale), _ptr(scale_inv), _ptr(amax)
     if t is None:
-        return Tensor(None, DTYPES[dtype], shape[0], shape[1], shape[1], _ptr(scale), _ptr(scale_inv),
-                      _ptr(amax))
-    assert t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1), "2-D with contiguous rows"
-    stride = t.stride(0) if t.shape[0] > 1 else t.shape[1]
-    return Tensor(t.data_ptr(), DTYPES[t.dtype], t.shape[0], t.shape[1], max(stride, t.shape[1]),
-                  _ptr(scale), _ptr(scale_inv), _ptr(amax))
+        return Tensor(None, DTYPES[dtype], shape[0], shape[1], shape[1], scale, scale_inv, amax)
+    dims, strides = t.shape, t.stride()
+    assert len(dims) == 2 and (strides[1] == 1 or dims[1] <= 1), "2-D with contiguous rows"
+    rows, cols = dims
+    stride = strides[0] if rows > 1 else cols
+    return Tensor(t.data_ptr(), DTYPES[t.dtype], rows, cols, stride if stride > cols else cols, scale, scale_inv,
+                  amax)
 
 
 def empty(shape, dtype, device="cuda") -> torch.Tensor:

@@ -79,7 +79,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
     else:
         cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
         y = Fp8LinearFunction.apply(rows, weight, None, state.states, cache, None)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def freeze_weight(weight: torch.Tensor, state: Fp8LinearState, both_copies: bool = False) -> FrozenFp8Weight:
