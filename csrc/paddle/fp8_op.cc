@@ -1,6 +1,8 @@
 // Paddle binding of the FP8 entry points of fastffn/scaled_tensor.h (GPU only):
 //   fastffn_fp8_quantize(x, scale, amax; fmt, rowwise, transpose, transpose_cols)
 //       -> q [R, C], q_t [C, transpose_cols], scale_inv [1]; amax max-accumulated in place
+//   fastffn_fp8_transpose(x) -> x^T [C, R]: an FP8 copy's other layout, byte for byte (the
+//       quantize entry point given FP8 x: no scaling, no amax)
 //   fastffn_gemm(a, b, a_scale_inv?, b_scale_inv?; out_dtype, transpose_a, transpose_b,
 //                fast_accum, alpha) -> d [M, N]
 //   fastffn_gemm_accumulate(a, b, a_scale_inv?, b_scale_inv?, d; ...) -> d += a @ b^T in place
@@ -17,6 +19,7 @@ namespace {
 
 using namespace fastffn::paddle_binding;
 constexpr const char* kQuantize = "paddle_fastffn.fp8.quantize";
+constexpr const char* kTranspose = "paddle_fastffn.fp8.transpose";
 constexpr const char* kGemm = "paddle_fastffn.fp8.gemm";
 constexpr const char* kScale = "paddle_fastffn.fp8.compute_scale";
 constexpr const char* kHistory = "paddle_fastffn.fp8.update_amax_history";
@@ -92,6 +95,32 @@ std::vector<paddle::DataType> Fp8QuantizeDtype(const paddle::DataType&, const pa
   const paddle::DataType fp8 = fp8_dtype_of(fmt, kQuantize);
   return {fp8, fp8, paddle::DataType::FLOAT32};
 }
+
+// --- byte transpose ----------------------------------------------------------------------------
+
+std::vector<paddle::Tensor> Fp8Transpose(const paddle::Tensor& x) {
+  check_matrix(x, "x", kTranspose);
+  PD_CHECK(is_fp8(x), kTranspose, ": argument `x` must be float8_e4m3fn or float8_e5m2 (an FP8 copy), got ",
+           phi::DataTypeToString(x.dtype()));
+  require_cuda(x, kTranspose);
+  const int64_t rows = x.shape()[0], cols = x.shape()[1];
+  auto out_t = paddle::empty({cols, rows}, x.dtype(), x.place());
+  fastffn_status status = FASTFFN_STATUS_OK;
+#if defined(PADDLE_WITH_CUDA)
+  const fastffn_dtype dtype = any_kernel_dtype(x, kTranspose, "x");
+  status = fastffn_fp8_quantize_cuda(describe(x, dtype), absent(dtype, rows, cols), describe(out_t, dtype),
+                                     static_cast<void*>(x.stream()));
+#endif
+  check_status(status, kTranspose);
+  return {out_t};
+}
+
+std::vector<std::vector<int64_t>> Fp8TransposeShape(const std::vector<int64_t>& x) {
+  if (x.size() != 2) return {{0}};
+  return {{x[1], x[0]}};
+}
+
+std::vector<paddle::DataType> Fp8TransposeDtype(const paddle::DataType& x) { return {x}; }
 
 // --- GEMM --------------------------------------------------------------------------------------
 
@@ -261,6 +290,13 @@ PD_BUILD_OP(fastffn_fp8_quantize)
     .SetKernelFn(PD_KERNEL(Fp8Quantize))
     .SetInferShapeFn(PD_INFER_SHAPE(Fp8QuantizeShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(Fp8QuantizeDtype));
+
+PD_BUILD_OP(fastffn_fp8_transpose)
+    .Inputs({"X"})
+    .Outputs({"OutT"})
+    .SetKernelFn(PD_KERNEL(Fp8Transpose))
+    .SetInferShapeFn(PD_INFER_SHAPE(Fp8TransposeShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(Fp8TransposeDtype));
 
 PD_BUILD_OP(fastffn_gemm)
     .Inputs({"A", "B", paddle::Optional("AScaleInv"), paddle::Optional("BScaleInv")})

@@ -174,6 +174,7 @@ CUDA_ONLY = r"FP8 needs a CUDA tensor on an sm_90 \(Hopper\) GPU"
 
 @pytest.mark.parametrize("name, call", [
     ("paddle_fastffn.fp8.quantize", lambda: _quantize(paddle.randn([20, 32]))),
+    ("paddle_fastffn.fp8.transpose", lambda: run_op("fastffn_fp8_transpose", _fp8([20, 32]))),
     ("paddle_fastffn.fp8.gemm", lambda: _gemm(_fp8([20, 32]), _fp8([16, 32]), _scalar(), _scalar())),
     ("paddle_fastffn.fp8.gemm", lambda: _gemm(paddle.randn([20, 32]).astype(paddle.bfloat16),
                                               paddle.randn([16, 32]).astype(paddle.bfloat16))),
@@ -218,6 +219,9 @@ def test_fp8_ops_leave_cpu_state_untouched_when_they_refuse():
     (lambda: _quantize(paddle.randn([4, 16]), amax=paddle.zeros([1], paddle.float64)), r"`amax` must be float32"),
     (lambda: _quantize(paddle.randn([20, 16]), transpose_cols=8), r"`transpose_cols` must be 0 .* rows of `x` \(20\)"),
     (lambda: _quantize(paddle.randn([20, 16]), transpose=False, transpose_cols=32), r"`transpose_cols` needs `transpose`"),
+    (lambda: run_op("fastffn_fp8_transpose", paddle.randn([20, 32]).astype(paddle.bfloat16)),
+     r"transpose: argument `x` must be float8_e4m3fn or float8_e5m2 \(an FP8 copy\), got bfloat16"),
+    (lambda: run_op("fastffn_fp8_transpose", _fp8([2, 4, 16])), r"transpose: argument `x` must be 2-D, got 3"),
     (lambda: _gemm(_fp8([20, 32]), paddle.randn([16, 32]).astype(paddle.bfloat16)), r"must both be FP8 or both 16-bit"),
     (lambda: _gemm(_fp8([32, 20]), _fp8([16, 32]), transpose_a=True), r"FP8 operands must be K-major"),
     (lambda: _gemm(_fp8([20, 32]), _fp8([16, 48])), r"the K of `a` \(32\) and of `b` \(48\) differ"),
