@@ -17,6 +17,7 @@ import numpy as np
 
 def moving_mean(values, window: int) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
+    window = max(1, min(window, len(values)))  # np.convolve swaps its operands for a longer window
     kernel = np.ones(window) / window
     return np.convolve(values, kernel, mode="valid")
 

@@ -144,7 +144,10 @@ def kernel_timeline(run, reps: int, with_host: bool = False, top: int = 25) -> d
 def host_python_profile(step, steps: int, top: int = 40) -> dict:
     """Where the host's Python time goes in `steps` steps (cProfile: per function, its own time and
     with its callees, per step), after the GPU has drained, ending with a synchronisation so that
-    a host that waits on a full launch queue shows it in the synchronising call. cProfile's own
+    a host that waits on a full launch queue shows it in the step's last calls. Backward runs on the
+    calling thread here (autograd's device worker threads off): cProfile sees only the thread that
+    enabled it, and on a GPU autograd runs every backward node on a worker thread of its own, where
+    the custom Functions' backward would show only as run_backward's own time. cProfile's own
     overhead inflates every Python call by a similar factor: compare functions, not the total with
     a step time."""
     import cProfile
@@ -153,12 +156,13 @@ def host_python_profile(step, steps: int, top: int = 40) -> dict:
     synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     synchronize()
     profiler = cProfile.Profile()
-    started = time.perf_counter()
-    profiler.enable()
-    for _ in range(steps):
-        step()
-    profiler.disable()
-    issued = time.perf_counter() - started
+    with torch.autograd.set_multithreading_enabled(False):
+        started = time.perf_counter()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        profiler.disable()
+        issued = time.perf_counter() - started
     synchronize()
     stats = pstats.Stats(profiler).stats
     rows = []

@@ -23,7 +23,7 @@ def lora_linear(be, x, base, lora_a, lora_b, scaling: float):
 
     x: [..., in], the adapter's input (LoRA's dropout already applied: LoRALinear drops x before A);
     base: [..., out], the frozen projection of the undropped x (its Linear, FP8 GEMM or bias
-    included); lora_a, lora_b: the adapter's weights in the framework's Linear layout (Paddle A
+    included), consumed: the sum may be written into it, in every grad mode; lora_a, lora_b: the adapter's weights in the framework's Linear layout (Paddle A
     [in, r], B [r, out]; torch A [r, in], B [out, r]). All of one dtype; the result [..., out] in it,
     the second GEMM accumulating in fp32 before its one rounding."""
     down = be.linear(x, lora_a)

@@ -23,6 +23,7 @@ def report(steps=120):
 
 def test_moving_mean_is_the_window_average():
     assert plot_convergence.moving_mean([1, 2, 3, 4], 2).tolist() == [1.5, 2.5, 3.5]
+    assert plot_convergence.moving_mean([4, 3], 5).tolist() == [3.5]  # a run shorter than the window
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -28,12 +28,14 @@ def stock(x, weight, lora_a, lora_b):
     return x @ weight.t() + (x @ lora_a.t() @ lora_b.t()) * SCALING
 
 
+@pytest.mark.parametrize("rows", [ROWS, (ROWS[0] * ROWS[1],)], ids=["3d_view_base", "2d_in_place"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lora_linear_and_every_gradient_match_the_stock_formula(dtype):
+def test_lora_linear_and_every_gradient_match_the_stock_formula(dtype, rows):
+    """A 3-D base reaches the sum as a view (out of place); a 2-D one takes it in place."""
     gen = torch.Generator().manual_seed(7)
-    inputs = dict(x=torch.randn(*ROWS, IN, generator=gen), weight=torch.randn(OUT, IN, generator=gen) * IN**-0.5,
+    inputs = dict(x=torch.randn(*rows, IN, generator=gen), weight=torch.randn(OUT, IN, generator=gen) * IN**-0.5,
                   lora_a=torch.randn(RANK, IN, generator=gen) * IN**-0.5,
-                  lora_b=torch.randn(OUT, RANK, generator=gen) * RANK**-0.5, dy=torch.randn(*ROWS, OUT, generator=gen))
+                  lora_b=torch.randn(OUT, RANK, generator=gen) * RANK**-0.5, dy=torch.randn(*rows, OUT, generator=gen))
     inputs = {name: t.to(dtype) for name, t in inputs.items()}  # the reference sees the same rounded values
     y, grads = _run(fused, inputs, dtype)
     y_ref, grads_ref = _run(stock, inputs, torch.float64)
@@ -89,29 +91,57 @@ def test_a_view_base_takes_the_sum_out_of_place():
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_the_harness_lora_projection_records_no_copy_of_its_output_gradient(fp8):
-    """FastDecoderLayer._linear on a [batch, seq, hidden] input: the sum goes into the projection's
-    own [tokens, out] output in place (bf16 base and the FP8 linear's alike), and autograd records
-    no CopySlices (a full copy of the output gradient in backward)."""
+def test_the_harness_lora_projection_sums_in_place_with_the_out_of_place_results(fp8, monkeypatch):
+    """FastDecoderLayer._linear on a [batch, seq, hidden] input: the adapter's GEMM accumulates
+    into the projection's own [tokens, out] output (aten addmm_, no CopySlices recorded: a full
+    copy of the output gradient in backward), a 16-bit matmul's and the FP8 linear's alike, and
+    the output and every gradient are those of the sum written out of place, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+    from paddle_fastffn.torch import backend as torch_backend
     from paddle_fastffn.torch.llama import FastDecoderLayer, LoraSettings
+
+    class AtenOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                          rms_norm_eps=1e-6)
     hf_layer = LlamaDecoderLayer(config, layer_idx=0).to(torch.bfloat16)
-    layer = FastDecoderLayer(hf_layer, 4, 2, 1e-6, fp8_recipe=Fp8Recipe() if fp8 else None, lora=LoraSettings(rank=4))
-    x = torch.randn(1, 32, 64, dtype=torch.bfloat16, requires_grad=True)
-    y = layer._linear(x, layer.w_q, "q")
-    nodes, stack = [], [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is not None:
-            nodes.append(type(node).__name__)
-            stack.extend(n for n, _ in node.next_functions)
-    assert y.shape == (1, 32, 64) and "CopySlices" not in nodes and "AddmmBackward0" in nodes, nodes
-    y.float().pow(2).sum().backward()
-    assert torch.isfinite(x.grad.float()).all() and layer.lora_a["q"].grad is not None
+    x0 = torch.randn(1, 32, 64, dtype=torch.bfloat16)
+    dy = torch.randn(1, 32, 64, dtype=torch.bfloat16)
+
+    def run():
+        torch.manual_seed(1)
+        layer = FastDecoderLayer(hf_layer, 4, 2, 1e-6, fp8_recipe=Fp8Recipe() if fp8 else None,
+                                 lora=LoraSettings(rank=4))
+        torch.nn.init.normal_(layer.lora_b["q"])  # B starts at zero: make the adapter count
+        x = x0.clone().requires_grad_()
+        with AtenOps() as ops:
+            y = layer._linear(x, layer.w_q, "q")
+        nodes, stack = [], [y.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is not None:
+                nodes.append(type(node).__name__)
+                stack.extend(n for n, _ in node.next_functions)
+        y.backward(dy)
+        return ops.names, nodes, (y.detach(), x.grad, layer.lora_a["q"].grad, layer.lora_b["q"].grad)
+
+    ops, nodes, in_place = run()
+    assert "addmm_" in ops and "addmm" not in ops and "CopySlices" not in nodes, (ops, nodes)
+    monkeypatch.setattr(torch_backend.TorchBackend, "linear_accumulate",
+                        staticmethod(lambda base, x, weight, alpha: torch.addmm(base, x, weight.t(), alpha=alpha)))
+    ops, _, out_of_place = run()
+    assert "addmm" in ops and "addmm_" not in ops
+    for name, a, b in zip(("y", "d_x", "d_lora_a", "d_lora_b"), in_place, out_of_place):
+        assert torch.equal(a, b), name
