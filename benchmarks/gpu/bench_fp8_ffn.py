@@ -263,81 +263,100 @@ def profile_rows(models, tokens=8192):
     return rows
 
 
-def quantization_kernel_rows(copy_bw, tokens=8192):
-    """Each quantisation kernel of the FP8 FFN alone, CUDA-graph timing, as a fraction of the copy
-    bandwidth measured in the same run (bytes: each input read once, each output written once;
-    an amax-only pass reads its input). The "current" rows add current scaling's amax pass and
-    scale update to the quantising pass: what that recipe pays per tensor."""
+# (the row's name, its amax-only pass, its quantising pass, the scales its amax pass gives): current
+# scaling's cost per tensor, the amax pass and scale update added to the quantising pass.
+CURRENT_SCALING_ROWS = (
+    ("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose", 1),
+    ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8", 1),
+    ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8", 1),
+    ("swiglu_fwd_fp8_with_gate_up", "swiglu_fwd_fp8_with_gate_up_amax_only", "swiglu_fwd_fp8_with_gate_up", 2))
+
+
+def quantization_kernels(hidden: int, inter: int, tokens: int, device="cuda") -> tuple[dict, callable, torch.Tensor]:
+    """The FP8 FFN's quantisation kernels at one width, each as (a call, the bytes it moves: each
+    input read once, each output written once; an amax-only pass reads its input), scale_update()
+    (current scaling's scale from the amax) and the amax they accumulate into, on `device`'s
+    kernels."""
     k = fp8_c_api.kernels()
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
-    one = fp8_c_api.scalar(1.0)
-    amax, scale, scale_inv = (fp8_c_api.scalar(0.0), fp8_c_api.scalar(1.0), fp8_c_api.scalar(1.0))
+    one = fp8_c_api.scalar(1.0, device)
+    amax, scale, scale_inv = (fp8_c_api.scalar(0.0, device), fp8_c_api.scalar(1.0, device),
+                              fp8_c_api.scalar(1.0, device))
+    x = torch.randn(tokens, hidden, device=device, dtype=DT)
+    gate_up = torch.randn(tokens, 2 * inter, device=device, dtype=DT)
+    d_h = torch.randn(tokens, inter, device=device, dtype=DT)
+    x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
+    q_gate_up = k.quantize(gate_up, e4m3, one, transpose=False).data
+    # a frozen FFN weight's FP8 copy [I, H]: its dgrad copy is made per backward (frozen_weights "fp8")
+    q_weight = k.quantize(torch.randn(inter, hidden, device=device, dtype=DT), e4m3, one, transpose=False).data
+    amax2 = fp8_c_api.scalar(0.0, device)
+
+    def scale_update():
+        k.compute_scale(amax, scale, scale_inv, 448.0)
+
+    kernels = {
+        # x [T, H] -> q(x) and q(x)^T (the FFN input; dy [T, H] is the same kernel in e5m2)
+        "quantize_cast_transpose": (lambda: k.quantize(x, e4m3, one, amax=amax), x_bytes + x_bytes // 2 * 2),
+        "quantize_amax_only": (lambda: k.quantize(x, e4m3, None, rowwise=False, transpose=False, amax=amax),
+                               x_bytes),
+        # gate_up [T, 2I] -> q(h) [T, I]
+        "swiglu_fwd_fp8": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, one, amax=amax), gu_bytes + h_bytes // 2),
+        "swiglu_fwd_fp8_amax_only": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, rowwise=False, amax=amax), gu_bytes),
+        # gate_up, d_h -> q(d_gu) [T, 2I] and q(d_gu)^T, and the recomputed q(h)^T [I, T]
+        "swiglu_bwd_fp8": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one),
+                           gu_bytes + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
+        "swiglu_bwd_fp8_amax_only": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, rowwise=False, transpose=False,
+                                                              amax=amax), gu_bytes + h_bytes),
+        # saved_gate_up "fp8": the forward also writes q(gate_up) [T, 2I] (its amax pass gives both
+        # amaxes), and the backward reads that copy instead of the 16-bit gate_up
+        "swiglu_fwd_fp8_with_gate_up": (
+            lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, one, amax=amax, gate_up_scale=one,
+                                                  gate_up_rowwise=True, gate_up_amax=amax2),
+            gu_bytes + h_bytes // 2 + gu_bytes // 2),
+        "swiglu_fwd_fp8_with_gate_up_amax_only": (
+            lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, rowwise=False, amax=amax, gate_up_amax=amax2),
+            gu_bytes),
+        "swiglu_bwd_fp8_from_fp8_gate_up": (
+            lambda: k.swiglu_bwd_fp8(q_gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one,
+                                     gate_up_scale_inv=one),
+            gu_bytes // 2 + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
+        "fp8_transpose_weight": (lambda: k.transpose(q_weight), q_weight.numel() * 2),
+        "torch_fp8_transpose_weight": (lambda: q_weight.t().contiguous(), q_weight.numel() * 2),
+    }
+    return kernels, scale_update, amax
+
+
+def current_scaling(kernels: dict, scale_update, amax, name: str, amax_pass: str, quant: str, scales: int):
+    """One tensor's quantisation under current scaling (a CURRENT_SCALING_ROWS row): the amax
+    zeroed, the amax pass, `scales` scale updates, the quantising pass."""
+    first, second = kernels[amax_pass][0], kernels[quant][0]
+
+    def composite():
+        amax.zero_()
+        first()
+        for _ in range(scales):
+            scale_update()
+        second()
+    return composite
+
+
+def quantization_kernel_rows(copy_bw, tokens=8192):
+    """Each quantisation kernel of the FP8 FFN alone (quantization_kernels), CUDA-graph timing, as a
+    fraction of the copy bandwidth measured in the same run. The "current" rows add current
+    scaling's amax pass and scale update to the quantising pass: what that recipe pays per tensor."""
     rows = []
     for model, (hidden, inter) in WIDTHS.items():
-        x = torch.randn(tokens, hidden, device="cuda", dtype=DT)
-        gate_up = torch.randn(tokens, 2 * inter, device="cuda", dtype=DT)
-        d_h = torch.randn(tokens, inter, device="cuda", dtype=DT)
-        x_bytes, gu_bytes, h_bytes = x.numel() * 2, gate_up.numel() * 2, d_h.numel() * 2
-        q_gate_up = k.quantize(gate_up, e4m3, one, transpose=False).data
-        # a frozen FFN weight's FP8 copy [I, H]: its dgrad copy is made per backward (frozen_weights "fp8")
-        q_weight = k.quantize(torch.randn(inter, hidden, device="cuda", dtype=DT), e4m3, one, transpose=False).data
-        amax2 = fp8_c_api.scalar(0.0)
-
-        def scale_update():
-            k.compute_scale(amax, scale, scale_inv, 448.0)
-
-        kernels = {
-            # x [T, H] -> q(x) and q(x)^T (the FFN input; dy [T, H] is the same kernel in e5m2)
-            "quantize_cast_transpose": (lambda: k.quantize(x, e4m3, one, amax=amax), x_bytes + x_bytes // 2 * 2),
-            "quantize_amax_only": (lambda: k.quantize(x, e4m3, None, rowwise=False, transpose=False, amax=amax),
-                                   x_bytes),
-            # gate_up [T, 2I] -> q(h) [T, I]
-            "swiglu_fwd_fp8": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, one, amax=amax), gu_bytes + h_bytes // 2),
-            "swiglu_fwd_fp8_amax_only": (lambda: k.swiglu_fwd_fp8(gate_up, e4m3, rowwise=False, amax=amax), gu_bytes),
-            # gate_up, d_h -> q(d_gu) [T, 2I] and q(d_gu)^T, and the recomputed q(h)^T [I, T]
-            "swiglu_bwd_fp8": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one),
-                               gu_bytes + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
-            "swiglu_bwd_fp8_amax_only": (lambda: k.swiglu_bwd_fp8(gate_up, d_h, e5m2, rowwise=False, transpose=False,
-                                                                  amax=amax), gu_bytes + h_bytes),
-            # saved_gate_up "fp8": the forward also writes q(gate_up) [T, 2I] (its amax pass gives both
-            # amaxes), and the backward reads that copy instead of the 16-bit gate_up
-            "swiglu_fwd_fp8_with_gate_up": (
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, one, amax=amax, gate_up_scale=one,
-                                                      gate_up_rowwise=True, gate_up_amax=amax2),
-                gu_bytes + h_bytes // 2 + gu_bytes // 2),
-            "swiglu_fwd_fp8_with_gate_up_amax_only": (
-                lambda: k.swiglu_fwd_fp8_with_gate_up(gate_up, e4m3, rowwise=False, amax=amax, gate_up_amax=amax2),
-                gu_bytes),
-            "swiglu_bwd_fp8_from_fp8_gate_up": (
-                lambda: k.swiglu_bwd_fp8(q_gate_up, d_h, e5m2, one, amax=amax, h=e4m3, h_scale=one,
-                                         gate_up_scale_inv=one),
-                gu_bytes // 2 + h_bytes + gu_bytes // 2 * 2 + h_bytes // 2),
-            "fp8_transpose_weight": (lambda: k.transpose(q_weight), q_weight.numel() * 2),
-            "torch_fp8_transpose_weight": (lambda: q_weight.t().contiguous(), q_weight.numel() * 2),
-        }
+        kernels, scale_update, amax = quantization_kernels(hidden, inter, tokens)
         for name, (fn, nbytes) in kernels.items():
             t = timeit(graphed(fn))
             rows.append({"model": model, "tokens": tokens, "kernel": name, "bytes": nbytes, **t,
                          "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
-        # (name, its amax-only pass, the quantising pass, the scales the amax pass gives)
-        for name, amax_pass, quant, scales in (
-                ("quantize_cast_transpose", "quantize_amax_only", "quantize_cast_transpose", 1),
-                ("swiglu_fwd_fp8", "swiglu_fwd_fp8_amax_only", "swiglu_fwd_fp8", 1),
-                ("swiglu_bwd_fp8", "swiglu_bwd_fp8_amax_only", "swiglu_bwd_fp8", 1),
-                ("swiglu_fwd_fp8_with_gate_up", "swiglu_fwd_fp8_with_gate_up_amax_only",
-                 "swiglu_fwd_fp8_with_gate_up", 2)):
-            first, second = kernels[amax_pass][0], kernels[quant][0]
-
-            def composite(first=first, second=second, scales=scales):
-                amax.zero_()
-                first()
-                for _ in range(scales):
-                    scale_update()
-                second()
-            t = timeit(graphed(composite))
-            nbytes = kernels[quant][1]
-            rows.append({"model": model, "tokens": tokens, "kernel": f"{name}_current_scaling", "bytes": nbytes, **t,
-                         "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+        for row in CURRENT_SCALING_ROWS:
+            t = timeit(graphed(current_scaling(kernels, scale_update, amax, *row)))
+            nbytes = kernels[row[2]][1]
+            rows.append({"model": model, "tokens": tokens, "kernel": f"{row[0]}_current_scaling", "bytes": nbytes,
+                         **t, "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
+        del kernels
         torch.cuda.empty_cache()
     return rows
 

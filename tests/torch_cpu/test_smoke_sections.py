@@ -215,6 +215,23 @@ def test_fp8_section():
     check("fp8", names, failures)
 
 
+def test_fp8_quantization_kernels_section():
+    """bench_fp8_ffn's quantisation table (--sections quantization): every kernel it times, and each
+    current-scaling composite, called once at a tiny width on the CPU kernels."""
+    failures = []
+    kernels, scale_update, amax = bench_fp8_ffn.quantization_kernels(SHAPE["hidden"], SHAPE["inter"], TOKENS,
+                                                                      device="cpu")
+    for name, (fn, nbytes) in kernels.items():
+        assert nbytes > 0, name
+        run_step("fp8_quantization", name, fn, failures)
+    composites = [row[0] for row in bench_fp8_ffn.CURRENT_SCALING_ROWS]
+    for row in bench_fp8_ffn.CURRENT_SCALING_ROWS:
+        run_step("fp8_quantization", f"{row[0]}_current_scaling",
+                 bench_fp8_ffn.current_scaling(kernels, scale_update, amax, *row), failures)
+    assert float(amax) > 0, "the amax passes accumulate into the table's amax"
+    check("fp8_quantization", [*kernels, *(f"{name}_current_scaling" for name in composites)], failures)
+
+
 def test_convergence_section():
     """convergence.train for every precision and every optimizer state the section trains, a few steps of a
     tiny LLaMA."""
