@@ -272,7 +272,7 @@ CURRENT_SCALING_ROWS = (
     ("swiglu_fwd_fp8_with_gate_up", "swiglu_fwd_fp8_with_gate_up_amax_only", "swiglu_fwd_fp8_with_gate_up", 2))
 
 
-def quantization_kernels(hidden: int, inter: int, tokens: int, device="cuda") -> tuple[dict, callable, torch.Tensor]:
+def quantization_kernels(hidden: int, inter: int, tokens: int, device="cuda"):
     """The FP8 FFN's quantisation kernels at one width, each as (a call, the bytes it moves: each
     input read once, each output written once; an amax-only pass reads its input), scale_update()
     (current scaling's scale from the amax) and the amax they accumulate into, on `device`'s
@@ -326,9 +326,10 @@ def quantization_kernels(hidden: int, inter: int, tokens: int, device="cuda") ->
     return kernels, scale_update, amax
 
 
-def current_scaling(kernels: dict, scale_update, amax, name: str, amax_pass: str, quant: str, scales: int):
-    """One tensor's quantisation under current scaling (a CURRENT_SCALING_ROWS row): the amax
-    zeroed, the amax pass, `scales` scale updates, the quantising pass."""
+def current_scaling(kernels: dict, scale_update, amax, row: tuple):
+    """One tensor's quantisation under current scaling (`row` of CURRENT_SCALING_ROWS): the amax
+    zeroed, the amax pass, as many scale updates as the pass gives scales, the quantising pass."""
+    _, amax_pass, quant, scales = row
     first, second = kernels[amax_pass][0], kernels[quant][0]
 
     def composite():
@@ -352,7 +353,7 @@ def quantization_kernel_rows(copy_bw, tokens=8192):
             rows.append({"model": model, "tokens": tokens, "kernel": name, "bytes": nbytes, **t,
                          "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})
         for row in CURRENT_SCALING_ROWS:
-            t = timeit(graphed(current_scaling(kernels, scale_update, amax, *row)))
+            t = timeit(graphed(current_scaling(kernels, scale_update, amax, row)))
             nbytes = kernels[row[2]][1]
             rows.append({"model": model, "tokens": tokens, "kernel": f"{row[0]}_current_scaling", "bytes": nbytes,
                          **t, "fraction_of_copy": nbytes / (t["p50_ms"] * 1e-3) / copy_bw})

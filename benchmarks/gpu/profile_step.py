@@ -143,8 +143,8 @@ def kernel_timeline(run, reps: int, with_host: bool = False, top: int = 25) -> d
 
 def host_python_profile(step, steps: int, top: int = 40) -> dict:
     """Where the host's Python time goes in `steps` steps (cProfile: per function, its own time and
-    with its callees, per step), after the GPU has drained, ending with a synchronisation so that
-    a host that waits on a full launch queue shows it in the step's last calls. Backward runs on the
+    with its callees, per step), started on a drained GPU; a host that waits on a full launch queue
+    shows that wait inside the call that blocked. Backward runs on the
     calling thread here (autograd's device worker threads off): cProfile sees only the thread that
     enabled it, and on a GPU autograd runs every backward node on a worker thread of its own, where
     the custom Functions' backward would show only as run_backward's own time. cProfile's own

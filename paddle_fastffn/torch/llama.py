@@ -179,7 +179,9 @@ class FastDecoderLayer(torch.nn.Module):
         """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
         there is one: core/lora.py's lora_linear (the adapter's second GEMM accumulating into the
         base output), as the Paddle patch's LoRALinear forward computes it."""
-        rows = TORCH.rows(x)  # [tokens, out] projections: the LoRA sum then writes into its own tensor
+        # [tokens, in] rows: each projection's output is then a tensor of its own, which the LoRA sum
+        # writes into (core/lora.py)
+        rows = TORCH.rows(x)
         if self.fp8 is None:
             base = rows @ weight.t()
         else:

@@ -227,7 +227,7 @@ def test_fp8_quantization_kernels_section():
     composites = [row[0] for row in bench_fp8_ffn.CURRENT_SCALING_ROWS]
     for row in bench_fp8_ffn.CURRENT_SCALING_ROWS:
         run_step("fp8_quantization", f"{row[0]}_current_scaling",
-                 bench_fp8_ffn.current_scaling(kernels, scale_update, amax, *row), failures)
+                 bench_fp8_ffn.current_scaling(kernels, scale_update, amax, row), failures)
     assert float(amax) > 0, "the amax passes accumulate into the table's amax"
     check("fp8_quantization", [*kernels, *(f"{name}_current_scaling" for name in composites)], failures)
 
