@@ -2,7 +2,12 @@
 (a moving mean, the raw per-step losses vary by batch) and held-out loss per run, and each run's
 training loss relative to the reference's (bf16 on fp32 masters and moments) on the same batches.
 
-    python -m benchmarks.plot_convergence benchmarks/results/runN/convergence.json --out curves.png
+    python -m benchmarks.plot_convergence benchmarks/results/runN/convergence.json --out curves.png \
+        [--summary distances.json]
+
+It also prints (and with --summary writes) how far each run's curves lie from the reference's
+(`distances`): a single end point of one seed can sit on either side of the reference by chance, so
+the mean distance over the whole run is what says which optimizer state tracks fp32 masters closest.
 
 Needs matplotlib (not a dependency of the package: the Paddle venv of scripts/setup_env.sh has it
 through PaddleNLP)."""
@@ -22,6 +27,49 @@ def moving_mean(values, window: int) -> np.ndarray:
     return np.convolve(values, kernel, mode="valid")
 
 
+def distances(report: dict, window: int = 100, reference: str = "bf16") -> dict:
+    """Per run, relative to the reference run on the same batches: the mean of |training-loss ratio - 1|
+    (a moving mean of `window` steps first, the per-batch ratio is noisy) over the whole run and over
+    its second half, the signed second-half mean (above 0: behind the reference), the mean |held-out
+    ratio - 1| over the evaluations, and the end points (last 100 steps' mean training loss, last
+    held-out loss)."""
+    runs = report["runs"]
+    base = runs[reference]
+    base_train = np.asarray(base["train_loss"], dtype=np.float64)
+    base_heldout = np.asarray([e["heldout_loss"] for e in base["heldout"]], dtype=np.float64)
+    out = {}
+    for name, run in runs.items():
+        if name == reference:
+            continue
+        train = np.asarray(run["train_loss"], dtype=np.float64)
+        heldout = np.asarray([e["heldout_loss"] for e in run["heldout"]], dtype=np.float64)
+        if train.shape != base_train.shape or heldout.shape != base_heldout.shape:
+            raise ValueError(f"run {name!r} has {train.size} steps and {heldout.size} evaluations where the reference "
+                             f"{reference!r} has {base_train.size} and {base_heldout.size}: compare runs of one command")
+        ratio = moving_mean(train / base_train - 1, window)
+        second_half = ratio[len(ratio) // 2:]
+        tail = min(100, train.size)
+        out[name] = {
+            "train_mean_abs": float(np.mean(np.abs(ratio))),
+            "train_second_half_mean_abs": float(np.mean(np.abs(second_half))),
+            "train_second_half_mean": float(np.mean(second_half)),
+            "heldout_mean_abs": float(np.mean(np.abs(heldout / base_heldout - 1))),
+            "final_train": float(train[-tail:].mean() / base_train[-tail:].mean() - 1),
+            "final_heldout": float(heldout[-1] / base_heldout[-1] - 1),
+        }
+    return out
+
+
+def distance_table(rows: dict, reference: str = "bf16") -> str:
+    lines = [f"relative to {reference} on the same batches | train mean abs | 2nd half mean abs | 2nd half mean | "
+             "held-out mean abs | final train | final held-out", "|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['train_mean_abs']:.2%} | {row['train_second_half_mean_abs']:.2%} | "
+                     f"{row['train_second_half_mean']:+.2%} | {row['heldout_mean_abs']:.2%} | {row['final_train']:+.2%} | "
+                     f"{row['final_heldout']:+.2%} |")
+    return "\n".join(lines)
+
+
 def plot(report: dict, out: str, window: int = 50, reference: str = "bf16") -> None:
     import matplotlib
 
@@ -31,15 +79,16 @@ def plot(report: dict, out: str, window: int = 50, reference: str = "bf16") -> N
     runs = report["runs"]
     fig, (train_ax, ratio_ax, heldout_ax) = plt.subplots(1, 3, figsize=(18, 5))
     base = np.asarray(runs[reference]["train_loss"]) if reference in runs else None
-    for name, run in runs.items():
+    for index, (name, run) in enumerate(runs.items()):
+        color = f"C{index % 10}"  # one colour per run in every panel (the ratio panel has no reference line)
         curve = moving_mean(run["train_loss"], window)
         steps = np.arange(window, window + len(curve))
-        train_ax.plot(steps, curve, label=name, linewidth=1)
+        train_ax.plot(steps, curve, label=name, linewidth=1, color=color)
         if base is not None and name != reference:
             ratio = moving_mean(np.asarray(run["train_loss"]) / base - 1, window) * 100
-            ratio_ax.plot(steps, ratio, label=name, linewidth=1)
+            ratio_ax.plot(steps, ratio, label=name, linewidth=1, color=color)
         heldout_ax.plot([e["step"] for e in run["heldout"]], [e["heldout_loss"] for e in run["heldout"]],
-                        marker="o", label=name)
+                        marker="o", label=name, color=color)
     train_ax.set(title=f"training loss (mean of {window} steps)", xlabel="step", yscale="log")
     ratio_ax.set(title=f"training loss vs {reference} on the same batches, % (mean of {window})", xlabel="step")
     ratio_ax.axhline(0, color="black", linewidth=0.5)
@@ -59,9 +108,16 @@ def main():
     parser.add_argument("report")
     parser.add_argument("--out", required=True)
     parser.add_argument("--window", type=int, default=50)
+    parser.add_argument("--summary", help="write the distances to the reference as JSON here")
     args = parser.parse_args()
     with open(args.report) as f:
-        plot(json.load(f), args.out, args.window)
+        report = json.load(f)
+    plot(report, args.out, args.window)
+    rows = distances(report)
+    print(distance_table(rows))
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump({"source": args.report, "reference": "bf16", "train_window": 100, "distances": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import TIE_RULE
-from benchmarks.report_tables import (full_depth_section, like_for_like_decoder, like_for_like_fp8,
+from benchmarks.report_tables import (convergence_section, full_depth_section, like_for_like_decoder, like_for_like_fp8,
                                       like_for_like_kernels, like_for_like_loss, like_for_like_optimizer,
                                       like_for_like_packed_sft, like_for_like_step, table)
 
@@ -24,8 +24,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # REPORT.md renders (None: every file of the run folder). Run 15's kernel, decoder and packed-SFT
 # tables are superseded by run 17's or cited by no row; its files stay in the folder for step_floor.py.
 # Run 17's LLaMA-2-7B LoRA rows are superseded by run 18's (same workload, current code); run 19 re-times the GSM8K
-# LoRA row and the 80 GB full fine-tune on later code beside run 18's oasst1-zh rows.
-CURRENT_GPU_RUNS = (("run19", None), ("run18", None),
+# LoRA row and the 80 GB full fine-tune on later code beside run 18's oasst1-zh rows; run 20 re-times the LoRA rows
+# (both profiles, and Llama-3-8B), the whole step and the FP8 FFN on the code of its commit.
+CURRENT_GPU_RUNS = (("run20", None), ("run19", None), ("run18", None),
                     ("run17", ("gpu_bench.json", "packed_sft.json", "full_depth_llama3_8b.json")),
                     ("run16", None), ("run15", ("step.json", "optimizer.json", "fp8_ffn.json")))
 
@@ -125,8 +126,8 @@ def cpu_lengths_section(out):
 
 def like_for_like_sections(out, run, files=None):
     """The tables of one run folder from any of gpu_bench.json, step.json, optimizer.json,
-    fp8_ffn.json, packed_sft.json, full_depth.json and full_depth_<model>.json; `files` limits them
-    to those names."""
+    fp8_ffn.json, packed_sft.json, full_depth.json, full_depth_<model>.json and convergence.json with
+    its convergence_distances.json; `files` limits them to those names."""
     def load(name):
         return _load(f"{run}/{name}") if files is None or name in files else None
 
@@ -134,7 +135,8 @@ def like_for_like_sections(out, run, files=None):
     bench, step, optimizer, fp8 = load("gpu_bench.json"), load("step.json"), load("optimizer.json"), load("fp8_ffn.json")
     packed_sft, full_depth = load("packed_sft.json"), load("full_depth.json")
     per_model = [r for r in per_model if r and "workloads" in r]
-    if not (bench or step or optimizer or fp8 or packed_sft or full_depth or per_model):
+    distances, convergence = load("convergence_distances.json"), load("convergence.json")
+    if not (bench or step or optimizer or fp8 or packed_sft or full_depth or per_model or distances):
         return
     out.append(f"## GPU {run} ({run}/README.md: its calls, commits and commands)\n")
     if bench and "kernels" in bench:
@@ -160,6 +162,8 @@ def like_for_like_sections(out, run, files=None):
         full_depth_section(out, full_depth)
     for i, run_of_model in enumerate(per_model):  # the method paragraph once per run
         full_depth_section(out, run_of_model, conventions=i == 0 and not full_depth)
+    if distances and convergence:
+        convergence_section(out, distances, convergence)
 
 
 def earlier_runs_section(out):

@@ -312,3 +312,25 @@ def full_depth_section(out, run, conventions=True):
             out.append(f"{workload}: first-step losses (same weights and tokens) "
                        + ", ".join(f"{n} {v:.4f}" for n, v in result["first_step_losses"].items())
                        + f"; largest relative difference {result['first_step_loss_max_relative_difference'] or 0:.1e}.\n")
+
+
+def convergence_section(out, distances, convergence):
+    """The memory modes' loss curves against the fp32-state reference: the distances that
+    benchmarks/plot_convergence.py writes (`--summary`) beside the run's own command and seconds."""
+    out.append("### Convergence of the optimizer's memory modes against fp32 masters and moments (same batches)\n")
+    out.append(_run_line(convergence))
+    out.append(f"{convergence['model']['parameters'] / 1e6:.0f}M LLaMA, {convergence['setup']['tokens_per_step']} tokens a "
+               f"step, {len(convergence['runs'][distances['reference']]['train_loss'])} steps; "
+               f"{convergence['setup']['optimizer']}. Distances from `{distances['reference']}` (ratio - 1 of the "
+               f"training loss, a moving mean of {distances['train_window']} steps, and of the held-out loss), from "
+               f"`python -m benchmarks.plot_convergence {distances['source']} --summary ...`.\n")
+    rows = []
+    for name, row in distances["distances"].items():
+        optimizer = convergence["runs"][name].get("optimizer", "")
+        rows.append([name, convergence["setup"].get("optimizers", {}).get(optimizer, optimizer),
+                     f"{row['train_mean_abs']:.2%}", f"{row['train_second_half_mean']:+.2%}",
+                     f"{row['heldout_mean_abs']:.2%}", f"{row['final_train']:+.2%}", f"{row['final_heldout']:+.2%}",
+                     f"{convergence['runs'][name]['seconds']:.0f}"])
+    out.append(table(["run", "optimizer state", "train mean abs", "train 2nd half mean", "held-out mean abs",
+                      "final train (last 100)", "final held-out", "seconds"], rows))
+    out.append("")

@@ -38,3 +38,29 @@ def test_plot_writes_a_png(tmp_path):
     finally:
         sys.argv = argv
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_distances_measure_each_run_against_the_reference_on_the_same_batches():
+    rows = plot_convergence.distances(report(), window=10)
+    assert set(rows) == {"bf16+ours_int8_compensated", "bf16+torch_bf16"}
+    for name, offset in (("bf16+ours_int8_compensated", 0.002), ("bf16+torch_bf16", 0.01)):
+        row = rows[name]
+        for key in ("train_mean_abs", "train_second_half_mean_abs", "train_second_half_mean", "heldout_mean_abs",
+                    "final_train", "final_heldout"):
+            assert row[key] == pytest.approx(offset, rel=1e-9), (name, key)
+
+
+def test_distances_average_magnitudes_where_a_run_crosses_the_reference():
+    data = report()
+    losses = np.asarray(data["runs"]["bf16"]["train_loss"])
+    sign = np.where(np.arange(120) < 60, 1.0, -1.0)
+    data["runs"]["bf16+torch_bf16"]["train_loss"] = (losses * (1 + 0.01 * sign)).tolist()
+    row = plot_convergence.distances(data, window=1)["bf16+torch_bf16"]
+    assert row["train_mean_abs"] == pytest.approx(0.01) and row["train_second_half_mean"] == pytest.approx(-0.01)
+
+
+def test_distances_refuse_runs_of_different_lengths():
+    data = report()
+    data["runs"]["bf16+torch_bf16"]["train_loss"] = data["runs"]["bf16+torch_bf16"]["train_loss"][:-1]
+    with pytest.raises(ValueError, match="bf16\\+torch_bf16"):
+        plot_convergence.distances(data)
