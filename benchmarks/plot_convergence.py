@@ -27,12 +27,19 @@ def moving_mean(values, window: int) -> np.ndarray:
     return np.convolve(values, kernel, mode="valid")
 
 
-def distances(report: dict, window: int = 100, reference: str = "bf16") -> dict:
+REFERENCE = "bf16"  # bf16 training on fp32 masters and moments: what every memory mode is measured against
+DISTANCE_WINDOW = 100
+END_STEPS = 100  # the harness's own end point: final_train_loss_last100
+
+
+def distances(report: dict, window: int = DISTANCE_WINDOW, reference: str = REFERENCE) -> dict:
     """Per run, relative to the reference run on the same batches: the mean of |training-loss ratio - 1|
     (a moving mean of `window` steps first, the per-batch ratio is noisy) over the whole run and over
     its second half, the signed second-half mean (above 0: behind the reference), the mean |held-out
-    ratio - 1| over the evaluations, and the end points (last 100 steps' mean training loss, last
-    held-out loss)."""
+    ratio - 1| over the evaluations, and the end points (the last END_STEPS steps' mean training
+    loss, the last held-out loss). A report without the reference run has no distances ({})."""
+    if reference not in report["runs"]:
+        return {}
     runs = report["runs"]
     base = runs[reference]
     base_train = np.asarray(base["train_loss"], dtype=np.float64)
@@ -48,7 +55,7 @@ def distances(report: dict, window: int = 100, reference: str = "bf16") -> dict:
                              f"{reference!r} has {base_train.size} and {base_heldout.size}: compare runs of one command")
         ratio = moving_mean(train / base_train - 1, window)
         second_half = ratio[len(ratio) // 2:]
-        tail = min(100, train.size)
+        tail = min(END_STEPS, train.size)
         out[name] = {
             "train_mean_abs": float(np.mean(np.abs(ratio))),
             "train_second_half_mean_abs": float(np.mean(np.abs(second_half))),
@@ -60,7 +67,13 @@ def distances(report: dict, window: int = 100, reference: str = "bf16") -> dict:
     return out
 
 
-def distance_table(rows: dict, reference: str = "bf16") -> str:
+def summary(report: dict, source: str, window: int = DISTANCE_WINDOW) -> dict:
+    """What --summary writes: the distances with how they were measured."""
+    return {"source": source, "reference": REFERENCE, "train_window": window, "end_steps": END_STEPS,
+            "distances": distances(report, window)}
+
+
+def distance_table(rows: dict, reference: str = REFERENCE) -> str:
     lines = [f"relative to {reference} on the same batches | train mean abs | 2nd half mean abs | 2nd half mean | "
              "held-out mean abs | final train | final held-out", "|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
@@ -70,7 +83,7 @@ def distance_table(rows: dict, reference: str = "bf16") -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, out: str, window: int = 50, reference: str = "bf16") -> None:
+def plot(report: dict, out: str, window: int = 50, reference: str = REFERENCE) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,11 +126,14 @@ def main():
     with open(args.report) as f:
         report = json.load(f)
     plot(report, args.out, args.window)
-    rows = distances(report)
-    print(distance_table(rows))
+    measured = summary(report, args.report)
+    if not measured["distances"]:
+        print(f"no {REFERENCE} run in {args.report}: no distances to it")
+        return
+    print(distance_table(measured["distances"]))
     if args.summary:
         with open(args.summary, "w") as f:
-            json.dump({"source": args.report, "reference": "bf16", "train_window": 100, "distances": rows}, f, indent=1)
+            json.dump(measured, f, indent=1)
 
 
 if __name__ == "__main__":

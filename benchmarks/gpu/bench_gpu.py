@@ -195,6 +195,7 @@ def environment():
         "nvcc": run(["nvcc", "--version"]).splitlines()[-1] if run(["nvcc", "--version"]) else "",
         "liger_kernel": _liger_version(),
         "transformers": _version("transformers"),
+        "torchao": _distribution_version("torchao"),  # the installed wheel's, without importing it
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -206,12 +207,16 @@ def _version(name):
         return None
 
 
-def _liger_version():
+def _distribution_version(distribution: str):
     try:
         from importlib.metadata import version
-        return version("liger-kernel")
+        return version(distribution)
     except Exception:  # noqa: BLE001
         return None
+
+
+def _liger_version():
+    return _distribution_version("liger-kernel")
 
 
 def ceilings():

@@ -64,3 +64,57 @@ def test_distances_refuse_runs_of_different_lengths():
     data["runs"]["bf16+torch_bf16"]["train_loss"] = data["runs"]["bf16+torch_bf16"]["train_loss"][:-1]
     with pytest.raises(ValueError, match="bf16\\+torch_bf16"):
         plot_convergence.distances(data)
+
+
+def test_distances_take_the_end_points_and_the_second_half_of_a_drifting_run():
+    data = report(steps=400)
+    losses = np.asarray(data["runs"]["bf16"]["train_loss"])
+    drift = np.linspace(0.0, 0.02, 400)  # a run that falls behind the reference steadily
+    data["runs"]["bf16+torch_bf16"]["train_loss"] = (losses * (1 + drift)).tolist()
+    row = plot_convergence.distances(data, window=1)["bf16+torch_bf16"]
+    tail = slice(400 - plot_convergence.END_STEPS, 400)
+    expected_final = (losses[tail] * (1 + drift[tail])).mean() / losses[tail].mean() - 1
+    assert row["final_train"] == pytest.approx(expected_final, rel=1e-12)
+    assert row["train_second_half_mean"] == pytest.approx(drift[200:].mean(), rel=1e-12)
+    assert row["train_mean_abs"] == pytest.approx(drift.mean(), rel=1e-12)
+    # a wider window averages the ratio first: the same mean for a linear drift, minus its ends
+    assert plot_convergence.distances(data, window=100)["bf16+torch_bf16"]["train_mean_abs"] == pytest.approx(
+        drift.mean(), rel=1e-3)
+
+
+def test_a_report_without_the_reference_has_no_distances_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    data = report()
+    data["runs"] = {"fp8_delayed": data["runs"]["bf16+torch_bf16"]}
+    source, summary_path = tmp_path / "convergence.json", tmp_path / "distances.json"
+    source.write_text(json.dumps(data))
+    import sys
+
+    argv, sys.argv = sys.argv, ["plot_convergence", str(source), "--out", str(tmp_path / "c.png"),
+                                "--summary", str(summary_path)]
+    try:
+        plot_convergence.main()
+    finally:
+        sys.argv = argv
+    assert plot_convergence.distances(data) == {}
+    assert "no bf16 run" in capsys.readouterr().out and not summary_path.exists()
+
+
+def test_the_summary_and_the_report_table_render_the_distances(tmp_path):
+    from benchmarks import report_tables
+
+    data = report()
+    data["runs"]["bf16+torch_bf16"].update(optimizer="torch_bf16", seconds=57.0)
+    data["runs"]["bf16+ours_int8_compensated"].update(optimizer="ours_int8_compensated", seconds=52.0)
+    data["runs"]["bf16"]["seconds"] = 42.0
+    data.update(command="python3 -m benchmarks.gpu.convergence --out c.json", environment={"device": "test", "date": "d"},
+                setup={"tokens_per_step": 8192, "optimizer": "AdamW",
+                       "optimizers": {"torch_bf16": "no master, bf16 moments"}})
+    measured = plot_convergence.summary(data, "c.json", window=10)
+    assert measured["train_window"] == 10 and measured["end_steps"] == plot_convergence.END_STEPS
+    out = []
+    report_tables.convergence_section(out, measured, data)
+    text = "\n".join(out)
+    assert "| bf16+torch_bf16 | no master, bf16 moments | 1.00% |" in text
+    assert "| bf16+ours_int8_compensated | ours_int8_compensated | 0.20% |" in text  # no description: its name
+    assert "moving mean of 10 steps" in text and "104M LLaMA" in text

@@ -1,7 +1,8 @@
 """One rank of the distributed cells of the parity matrix, started by
 `python -m paddle.distributed.launch --nproc_per_node 2 tests/integration/parity_launch.py MODE OUT`.
 
-MODE is `dp` (data parallel), `sharding1` or `sharding2` (PaddleNLP's sharding stages, degree 2).
+MODE is `dp` (data parallel), `sharding1` or `sharding2` (PaddleNLP's sharding stages, degree 2), or
+`sharding1_int8_moments` (stage 1 with the fast side's FastAdamW on 8-bit moments).
 The rank trains the parity matrix's checkpoint stock, then with `use_fast_ffn` (the fast path
 enabled by the TrainingArguments before the model is built, as a user's script does), through
 PaddleNLP's Trainer on CPU (gloo), and writes both runs' logged per-step losses to OUT/rank<N>.json.
@@ -22,7 +23,11 @@ MODES = {
     "dp": {},
     "sharding1": dict(sharding="stage1", sharding_parallel_degree=2),
     "sharding2": dict(sharding="stage2", sharding_parallel_degree=2),
+    "sharding1_int8_moments": dict(sharding="stage1", sharding_parallel_degree=2),
 }
+# fast_ffn_* arguments of the fast side only, by mode: each rank's FastAdamW keeps 8-bit moments of
+# the parameters its sharding stage assigns it.
+FAST_ARGUMENTS = {"sharding1_int8_moments": dict(fast_ffn_optimizer_moments="int8")}
 
 
 def innermost_optimizer(optimizer):
@@ -53,7 +58,7 @@ def run(mode: str, out_dir: str) -> None:
                       dataloader_num_workers=0, **MODES[mode])
         paddle_fastffn.revert_fast_ffn()
         if side == "fast":
-            values["use_fast_ffn"] = True
+            values.update(use_fast_ffn=True, **FAST_ARGUMENTS.get(mode, {}))
         parser = PdArgumentParser((FastFFNTrainingArguments if side == "fast" else TrainingArguments,))
         with paddle.utils.unique_name.guard():
             args = parser.parse_dict(values)[0]

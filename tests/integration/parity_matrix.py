@@ -86,6 +86,13 @@ CELLS = [
     Cell("tied_embeddings", tied=True),
     Cell("fused_cross_entropy_off", fast=dict(fast_ffn_fused_cross_entropy=False)),
     Cell("fast_adamw_off", fast=dict(fast_ffn_fused_optimizer=False)),
+    # 8-bit blockwise moments on every tensor of at least 4096 elements (embedding, LM head, fused
+    # projections here); the first gradient is the default path's, the Trainer's losses move by the
+    # moments' quantisation. (master_weights="compensated" replaces the fp32 master of 16-bit weights:
+    # this fp32 matrix has none; tests/integration/test_resume.py and tests/optim cover it in bf16.)
+    Cell("optimizer_int8_moments", fast=dict(fast_ffn_optimizer_moments="int8")),
+    Cell("optimizer_int8_moments_grad_accumulation_4", batch_size=1, grad_accum=4,
+         fast=dict(fast_ffn_optimizer_moments="int8")),
     Cell("swiglu_recompute_off", fast=dict(fast_ffn_swiglu_recompute=False)),
     Cell("no_mask", attention_mask=False),
     Cell("no_mask_recompute_full_reentrant", attention_mask=False, config=dict(FULL_RECOMPUTE, recompute_use_reentrant=True),
@@ -464,7 +471,7 @@ def _counting_causal_mask_checks(fast: bool):
         originals["is_casual_mask"] = original
 
 
-LAUNCH_MODES = ("dp", "sharding1", "sharding2")
+LAUNCH_MODES = ("dp", "sharding1", "sharding2", "sharding1_int8_moments")
 # Paddle 3.3.1's group-sharded (stage 2/3) optimizer asserts a GPU, XPU or custom device at setup.
 CPU_UNSUPPORTED = "group_sharded_parallel only support gpu, xpu and custom_device"
 

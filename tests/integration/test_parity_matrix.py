@@ -10,7 +10,8 @@ import pytest
 
 import parity_matrix as pm
 from paddle_fastffn.core import swiglu as core_swiglu
-from tolerances import MODEL_PARITY_FP32_RTOL, FP8_TRAINING_LOSS_RTOL, assert_close, fp8_model_grad_norm_rtol
+from tolerances import (FP8_TRAINING_LOSS_RTOL, INT8_MOMENTS_TRAINING_LOSS_RTOL, MODEL_PARITY_FP32_RTOL, assert_close,
+                        fp8_model_grad_norm_rtol)
 
 
 def _expected_kernels(cell: pm.Cell) -> set:
@@ -51,7 +52,13 @@ def test_fast_path_gradients_and_losses_match_stock(cell):
         assert r["loss_rel"] <= FP8_TRAINING_LOSS_RTOL and r["step_loss_rel"] <= FP8_TRAINING_LOSS_RTOL, r
     else:
         assert r["grad_max_rel"] <= MODEL_PARITY_FP32_RTOL, (r["grad_max_rel_param"], r["grad_max_rel"])
-        assert r["loss_rel"] <= MODEL_PARITY_FP32_RTOL and r["step_loss_rel"] <= MODEL_PARITY_FP32_RTOL, r
+        assert r["loss_rel"] <= MODEL_PARITY_FP32_RTOL, r
+        int8_moments = cell.fast.get("fast_ffn_optimizer_moments") == "int8"
+        # Quantised moments change the trajectory from the second update on, but the losses stay
+        # within the map's rounding of stock's.
+        assert r["step_loss_rel"] <= (INT8_MOMENTS_TRAINING_LOSS_RTOL if int8_moments else MODEL_PARITY_FP32_RTOL), r
+        if int8_moments:
+            assert r["step_loss_rel"] > 0.0, "8-bit moments left the losses bit-identical: were they used?"
     assert r["optimizer_stock"] == "AdamW"
     assert r["optimizer_fast"] == ("FastAdamW" if cell.fast.get("fast_ffn_fused_optimizer", True) else "AdamW")
     missing = _expected_kernels(cell) - set(r["kernel_calls_fast"])
@@ -80,6 +87,26 @@ def test_the_matrix_finds_a_missing_gradient(monkeypatch):
         f"llama.layers.{i}.mlp.down_proj.weight" for i in range(pm.AWKWARD["num_hidden_layers"])}
 
 
+def test_the_matrix_finds_8bit_moments_lost_between_steps(monkeypatch):
+    """The 8-bit cells' loss budget is tight enough to see a state that does not survive a step:
+    with every moment's absmax zeroed after each step (the codes then dequantise to zero), the cell
+    fails."""
+    from paddle_fastffn.optim import adamw
+
+    step = adamw.FastAdamW.step
+
+    def step_then_drop_the_moments(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        for moments in self._quantized_moments.values():
+            for moment in moments.values():
+                moment.absmax.zero_()
+        return out
+
+    monkeypatch.setattr(adamw.FastAdamW, "step", step_then_drop_the_moments)
+    r = pm.measure(pm.CELLS_BY_NAME["optimizer_int8_moments"])
+    assert r["step_loss_rel"] > INT8_MOMENTS_TRAINING_LOSS_RTOL, r["step_loss_rel"]
+
+
 # --- data parallel and sharding: two CPU ranks under paddle.distributed.launch (gloo) ---------------
 
 @pytest.mark.parametrize("mode", pm.LAUNCH_MODES)
@@ -94,7 +121,10 @@ def test_distributed_training_matches_the_stock_launch(tmp_path, mode):
         assert fast["fused"] and not stock["fused"]
         assert fast["optimizer"] == "FastAdamW" and stock["optimizer"] == "AdamW"
         assert len(fast["losses"]) == len(stock["losses"]) == pm.STEPS
-    assert pm.launch_loss_rel(result) <= MODEL_PARITY_FP32_RTOL
+    int8_moments = mode.endswith("int8_moments")
+    assert pm.launch_loss_rel(result) <= (INT8_MOMENTS_TRAINING_LOSS_RTOL if int8_moments else MODEL_PARITY_FP32_RTOL)
+    if int8_moments:
+        assert pm.launch_loss_rel(result) > 0.0, "8-bit moments left the losses bit-identical: were they used?"
 
 
 # --- tensor parallel: the shard math, two ranks simulated in one process ----------------------------
