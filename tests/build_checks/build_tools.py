@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -50,3 +51,11 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
     assert result.returncode == 0, f"{' '.join(map(str, cmd))}\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
     return result
+
+
+def run_all(commands) -> list[subprocess.CompletedProcess]:
+    """run() of each command, as many at once as the machine has cores (each is a compiler process:
+    threads only wait on them); results in the commands' order, the first failure raised."""
+    commands = list(commands)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(commands), os.cpu_count() or 1))) as pool:
+        return list(pool.map(run, commands))

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from build_tools import require_cublaslt_header, require_tool, run  # noqa: E402
+from build_tools import require_cublaslt_header, require_tool, run_all  # noqa: E402
 
 from paddle_fastffn.ops import build_definition  # noqa: E402
 
@@ -21,12 +21,8 @@ def cuda_objects(tmp_path_factory):
     require_tool("nvcc")
     require_cublaslt_header()
     out = tmp_path_factory.mktemp("cuda_objects")
-    objects = {}
-    for source in build_definition.harness_sources():
-        obj = out / f"{source.name}.o"
-        if source.suffix == ".cu":
-            report = run(build_definition.nvcc_compile_command(source, obj, ["-Xptxas=-v"])).stderr
-        else:
-            report = run(build_definition.cxx_compile_command(source, obj)).stderr
-        objects[source.name] = (obj, report)
-    return objects
+    sources = list(build_definition.harness_sources())
+    objs = [out / f"{source.name}.o" for source in sources]
+    commands = [build_definition.nvcc_compile_command(source, obj, ["-Xptxas=-v"]) if source.suffix == ".cu"
+                else build_definition.cxx_compile_command(source, obj) for source, obj in zip(sources, objs)]
+    return {source.name: (obj, result.stderr) for source, obj, result in zip(sources, objs, run_all(commands))}

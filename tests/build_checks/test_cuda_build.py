@@ -11,7 +11,7 @@ import pytest
 
 from paddle_fastffn.ops import build_definition
 
-from build_tools import cuda_math_headers, require_tool, run
+from build_tools import cuda_math_headers, require_tool, run, run_all
 
 # The C entry points each FP8 binding must call: those the CUDA FP8 backend composes (fp8/cuda.py
 # for the linear, fp8/ffn.py for the FFN).
@@ -85,14 +85,14 @@ def test_paddle_gpu_bindings_compile_with_cuda_and_link_to_defined_kernels(cuda_
     kernel_symbols = set()
     for obj, _ in cuda_objects.values():
         kernel_symbols |= defined_and_undefined(obj)[0]
-    for source in build_definition.cpu_kernel_sources():
-        obj = tmp_path / f"{source.name}.o"
-        run(build_definition.cxx_compile_command(source, obj))
-        kernel_symbols |= defined_and_undefined(obj)[0]
+    cpu_sources, bindings = list(build_definition.cpu_kernel_sources()), list(build_definition.binding_sources())
+    run_all([build_definition.cxx_compile_command(source, tmp_path / f"{source.name}.o") for source in cpu_sources]
+            + [build_definition.cxx_compile_command(source, tmp_path / f"{source.name}.o", extra) for source in bindings])
+    for source in cpu_sources:
+        kernel_symbols |= defined_and_undefined(tmp_path / f"{source.name}.o")[0]
     needed = {}
-    for source in build_definition.binding_sources():
+    for source in bindings:
         obj = tmp_path / f"{source.name}.o"
-        run(build_definition.cxx_compile_command(source, obj, extra))
         needed[source.name] = {s for s in defined_and_undefined(obj)[1] if s.startswith("fastffn_")}
     print(f"bindings reference {sorted(set().union(*needed.values()))}", file=sys.stderr)
     for name, entry_points in FP8_ENTRY_POINTS.items():
