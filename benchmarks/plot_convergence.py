@@ -69,7 +69,8 @@ def distances(report: dict, window: int = DISTANCE_WINDOW, reference: str = REFE
 
 def summary(report: dict, source: str, window: int = DISTANCE_WINDOW) -> dict:
     """What --summary writes: the distances with how they were measured."""
-    return {"source": source, "reference": REFERENCE, "train_window": window, "end_steps": END_STEPS,
+    steps = len(report["runs"][REFERENCE]["train_loss"]) if REFERENCE in report["runs"] else 0
+    return {"source": source, "reference": REFERENCE, "train_window": window, "end_steps": min(END_STEPS, steps),
             "distances": distances(report, window)}
 
 
@@ -126,10 +127,10 @@ def main():
     with open(args.report) as f:
         report = json.load(f)
     plot(report, args.out, args.window)
-    measured = summary(report, args.report)
-    if not measured["distances"]:
+    if REFERENCE not in report["runs"]:
         print(f"no {REFERENCE} run in {args.report}: no distances to it")
         return
+    measured = summary(report, args.report)
     print(distance_table(measured["distances"]))
     if args.summary:
         with open(args.summary, "w") as f:

@@ -377,7 +377,7 @@ def main():
               "note": "fwd+bwd of LLaMA's SwiGLU FFN, bf16 activations; FP8 = e4m3 forward, e5m2 gradients, "
                       "per-tensor scales, weights re-quantised every step",
               "ceilings": ceilings(), "ffn": []}
-    try:
+    try:  # this benchmark runs torchao's rows: where it cannot import, the record says why
         import torchao
         report["environment"]["torchao"] = torchao.__version__
     except Exception as error:  # noqa: BLE001

@@ -195,7 +195,9 @@ def environment():
         "nvcc": run(["nvcc", "--version"]).splitlines()[-1] if run(["nvcc", "--version"]) else "",
         "liger_kernel": _liger_version(),
         "transformers": _version("transformers"),
-        "torchao": _distribution_version("torchao"),  # the installed wheel's, without importing it
+        # the installed wheel's version: importing torchao takes seconds and registers its ops in
+        # every benchmark, most of which never run it
+        "torchao": _distribution_version("torchao"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -54,8 +54,13 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
 
 
 def run_all(commands) -> list[subprocess.CompletedProcess]:
-    """run() of each command, as many at once as the machine has cores (each is a compiler process:
-    threads only wait on them); results in the commands' order, the first failure raised."""
+    """run() of each command, as many at once as this process may use cores (each is a compiler
+    process: threads only wait on them); results in the commands' order, the first failure (in that
+    order) raised with run()'s message, and the compiles not yet started cancelled."""
     commands = list(commands)
-    with ThreadPoolExecutor(max_workers=max(1, min(len(commands), os.cpu_count() or 1))) as pool:
+    workers = max(1, min(len(commands), len(os.sched_getaffinity(0))))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         return list(pool.map(run, commands))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

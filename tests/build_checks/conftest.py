@@ -23,6 +23,7 @@ def cuda_objects(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda_objects")
     sources = list(build_definition.harness_sources())
     objs = [out / f"{source.name}.o" for source in sources]
+    assert len(set(objs)) == len(objs), "two sources would compile into one object at once"
     commands = [build_definition.nvcc_compile_command(source, obj, ["-Xptxas=-v"]) if source.suffix == ".cu"
                 else build_definition.cxx_compile_command(source, obj) for source, obj in zip(sources, objs)]
     return {source.name: (obj, result.stderr) for source, obj, result in zip(sources, objs, run_all(commands))}

@@ -86,6 +86,7 @@ def test_paddle_gpu_bindings_compile_with_cuda_and_link_to_defined_kernels(cuda_
     for obj, _ in cuda_objects.values():
         kernel_symbols |= defined_and_undefined(obj)[0]
     cpu_sources, bindings = list(build_definition.cpu_kernel_sources()), list(build_definition.binding_sources())
+    assert len({s.name for s in cpu_sources + bindings}) == len(cpu_sources) + len(bindings), "one object name twice"
     run_all([build_definition.cxx_compile_command(source, tmp_path / f"{source.name}.o") for source in cpu_sources]
             + [build_definition.cxx_compile_command(source, tmp_path / f"{source.name}.o", extra) for source in bindings])
     for source in cpu_sources:

@@ -30,12 +30,8 @@ MODES = {
 FAST_ARGUMENTS = {"sharding1_int8_moments": dict(fast_ffn_optimizer_moments="int8")}
 
 
-def innermost_optimizer(optimizer):
-    """The optimizer that updates the parameters, inside fleet's HybridParallelOptimizer and
-    DygraphShardingOptimizer wrappers."""
-    while hasattr(optimizer, "_inner_opt"):
-        optimizer = optimizer._inner_opt
-    return optimizer
+def steps(mode: str) -> int:
+    return pm.INT8_STEPS if mode in FAST_ARGUMENTS else pm.STEPS
 
 
 def run(mode: str, out_dir: str) -> None:
@@ -51,7 +47,7 @@ def run(mode: str, out_dir: str) -> None:
     rank = paddle.distributed.get_rank() if paddle.distributed.is_initialized() else int(os.environ.get("PADDLE_TRAINER_ID", 0))
     result = {"mode": mode}
     for side in ("stock", "fast"):
-        values = dict(output_dir=os.path.join(out_dir, side), max_steps=pm.STEPS,
+        values = dict(output_dir=os.path.join(out_dir, side), max_steps=steps(mode),
                       per_device_train_batch_size=cell.batch_size, learning_rate=3e-3, weight_decay=0.01,
                       max_grad_norm=1.0, logging_steps=1, report_to="none", device="cpu", disable_tqdm=True,
                       save_strategy="no", seed=42, lr_scheduler_type="constant", recompute=True,
@@ -66,7 +62,8 @@ def run(mode: str, out_dir: str) -> None:
             trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=pm.collate)
             trainer.train()
         result[side] = dict(losses=[e["loss"] for e in trainer.state.log_history if "loss" in e],
-                            optimizer=type(innermost_optimizer(trainer.optimizer)).__name__,
+                            optimizer=type(pm.innermost_optimizer(trainer.optimizer)).__name__,
+                            quantized_moments=pm.quantized_moments(trainer.optimizer),
                             fused=bool(model.config.fuse_attention_ffn),
                             world_size=paddle.distributed.get_world_size())
     paddle_fastffn.revert_fast_ffn()

@@ -35,6 +35,7 @@ EMULATED_FP8 = dict(fast_ffn_precision="fp8", fast_ffn_fp8_emulate=True)
 FULL_RECOMPUTE = dict(recompute_granularity="full", recompute_use_reentrant=False)
 
 SEQ, EXAMPLES, STEPS = 16, 16, 3
+INT8_STEPS = 4
 LORA_SEED, MODEL_SEED = 11, 5
 
 
@@ -54,6 +55,9 @@ class Cell:
     grad_accum: int = 1
     # LM head tied to the input embedding, [V, H] used transposed (tie_weights() after loading)
     tied: bool = False
+    # Trainer steps logged: step k's loss shows updates 1..k-1 (8-bit cells: two updates that read
+    # the moments back from their stored 8-bit state; tolerances.py says why not more)
+    steps: int = STEPS
     # False: rows without attention_mask or position_ids (PaddleNLP's llm collator for unpacked SFT;
     # the right padding is ignored through the labels): the fast path implies the causal mask and
     # the positions instead of building them (integration/llama.py CAUSAL_MASK, IMPLICIT_POSITIONS)
@@ -86,12 +90,13 @@ CELLS = [
     Cell("tied_embeddings", tied=True),
     Cell("fused_cross_entropy_off", fast=dict(fast_ffn_fused_cross_entropy=False)),
     Cell("fast_adamw_off", fast=dict(fast_ffn_fused_optimizer=False)),
-    # 8-bit blockwise moments on every tensor of at least 4096 elements (embedding, LM head, fused
-    # projections here); the first gradient is the default path's, the Trainer's losses move by the
-    # moments' quantisation. (master_weights="compensated" replaces the fp32 master of 16-bit weights:
-    # this fp32 matrix has none; tests/integration/test_resume.py and tests/optim cover it in bf16.)
-    Cell("optimizer_int8_moments", fast=dict(fast_ffn_optimizer_moments="int8")),
-    Cell("optimizer_int8_moments_grad_accumulation_4", batch_size=1, grad_accum=4,
+    # 8-bit blockwise moments on every tensor of at least 4096 elements (here the embedding, the LM
+    # head, the fused qkv and gate_up and down_proj; o_proj's 3600 and the norms keep fp32 moments);
+    # the first gradient is the default path's, the Trainer's losses move by the moments' quantisation.
+    # (master_weights="compensated" replaces the fp32 master of 16-bit weights: this fp32 matrix has
+    # none; tests/optim/test_adamw_low_memory.py and tests/integration/test_resume.py cover it in bf16.)
+    Cell("optimizer_int8_moments", steps=INT8_STEPS, fast=dict(fast_ffn_optimizer_moments="int8")),
+    Cell("optimizer_int8_moments_grad_accumulation_4", batch_size=1, grad_accum=4, steps=INT8_STEPS,
          fast=dict(fast_ffn_optimizer_moments="int8")),
     Cell("swiglu_recompute_off", fast=dict(fast_ffn_swiglu_recompute=False)),
     Cell("no_mask", attention_mask=False),
@@ -229,7 +234,7 @@ def _training_args(cell: Cell, fast: bool, output_dir: str):
 
     from paddle_fastffn import FastFFNTrainingArguments
 
-    values = dict(output_dir=output_dir, max_steps=STEPS, per_device_train_batch_size=cell.batch_size,
+    values = dict(output_dir=output_dir, max_steps=cell.steps, per_device_train_batch_size=cell.batch_size,
                   gradient_accumulation_steps=cell.grad_accum, learning_rate=3e-3, weight_decay=0.01,
                   max_grad_norm=1.0, logging_steps=1, report_to="none", device="cpu", disable_tqdm=True,
                   save_strategy="no", seed=42, lr_scheduler_type="constant", recompute=cell.recompute, dataloader_num_workers=0)
@@ -330,12 +335,27 @@ def one_step_gradients(cell: Cell, model, rows, collator=collate) -> tuple[float
     return float(loss), _stock_named(model, grads), _stock_named(model, trainable).keys()
 
 
-def trainer_losses(args, model, rows, collator=collate) -> list[float]:
+def innermost_optimizer(optimizer):
+    """The optimizer that updates the parameters, inside fleet's HybridParallelOptimizer and
+    DygraphShardingOptimizer wrappers."""
+    while hasattr(optimizer, "_inner_opt"):
+        optimizer = optimizer._inner_opt
+    return optimizer
+
+
+def quantized_moments(optimizer) -> int:
+    """How many 8-bit moments (FastAdamW moments="int8") the optimizer holds: 0 for fp32 state."""
+    return sum(len(moments) for moments in getattr(innermost_optimizer(optimizer), "_quantized_moments", {}).values())
+
+
+def trainer_losses(args, model, rows, collator=collate) -> tuple[list[float], str, int]:
+    """The Trainer's logged losses, its optimizer's class and how many 8-bit moments it held."""
     from paddlenlp.trainer import Trainer
 
     trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], type(trainer.optimizer).__name__
+    return ([entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+            type(innermost_optimizer(trainer.optimizer)).__name__, quantized_moments(trainer.optimizer))
 
 
 # --- tensor parallel: the shard math, two ranks simulated in one process ----------------------------
@@ -419,11 +439,12 @@ def measure(cell: Cell) -> dict:
                 with _counting_causal_mask_checks(side == "fast") as mask_checks:
                     collator = collator_for(cell, side == "fast")
                     loss, grads, trainable = one_step_gradients(cell, model, rows, collator)
-                    losses, optimizer = trainer_losses(args, model, rows, collator)
+                    losses, optimizer, quantized = trainer_losses(args, model, rows, collator)
                 calls = {k: v - calls_before.get(k, 0) for k, v in _loader.CALL_COUNTS.items()
                          if v - calls_before.get(k, 0)}
                 result[side] = dict(loss=loss, grads=grads, trainable=set(trainable), losses=losses,
-                                    optimizer=optimizer, kernel_calls=calls, mask_checks=mask_checks[0])
+                                    optimizer=optimizer, quantized_moments=quantized, kernel_calls=calls,
+                                    mask_checks=mask_checks[0])
         paddle_fastffn.revert_fast_ffn()
     stock, fast = result["stock"], result["fast"]
     errors = _relative_errors(fast["grads"], {k: v for k, v in stock["grads"].items() if k in fast["grads"]})
@@ -441,6 +462,7 @@ def measure(cell: Cell) -> dict:
         step_losses_stock=stock["losses"], step_losses_fast=fast["losses"],
         step_loss_rel=float(np.max(np.abs(np.array(fast["losses"]) - steps) / np.abs(steps))) if len(steps) else None,
         optimizer_stock=stock["optimizer"], optimizer_fast=fast["optimizer"],
+        quantized_moments_stock=stock["quantized_moments"], quantized_moments_fast=fast["quantized_moments"],
         kernel_calls_fast=fast["kernel_calls"], kernel_calls_stock=stock["kernel_calls"],
         causal_mask_checks_fast=fast["mask_checks"],
         fp8=cell.fp8,
@@ -519,7 +541,7 @@ def main(argv=None) -> None:
         r = measure(CELLS_BY_NAME[name])
         rows.append({k: r[k] for k in ("cell", "fp8", "loss_rel", "grad_max_rel", "grad_max_rel_param",
                                         "grad_norm_rel", "grad_norm_rel_param", "step_loss_rel",
-                                        "optimizer_stock", "optimizer_fast")})
+                                        "optimizer_stock", "optimizer_fast", "quantized_moments_fast")})
         print(json.dumps(rows[-1]), flush=True)
     tp = tensor_parallel_comparisons()
     rows.append({"cell": "tensor_parallel_2_ranks_simulated", "fp8": False,
