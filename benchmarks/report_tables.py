@@ -332,5 +332,5 @@ def convergence_section(out, distances, convergence):
                      f"{row['heldout_mean_abs']:.2%}", f"{row['final_train']:+.2%}", f"{row['final_heldout']:+.2%}",
                      f"{convergence['runs'][name]['seconds']:.0f}"])
     out.append(table(["run", "optimizer state", "train mean abs", "train 2nd half mean", "held-out mean abs",
-                      "final train (last 100)", "final held-out", "seconds"], rows))
+                      f"final train (last {distances['end_steps']})", "final held-out", "seconds"], rows))
     out.append("")

@@ -25,13 +25,6 @@ MODES = {
     "sharding2": dict(sharding="stage2", sharding_parallel_degree=2),
     "sharding1_int8_moments": dict(sharding="stage1", sharding_parallel_degree=2),
 }
-# fast_ffn_* arguments of the fast side only, by mode: each rank's FastAdamW keeps 8-bit moments of
-# the parameters its sharding stage assigns it.
-FAST_ARGUMENTS = {"sharding1_int8_moments": dict(fast_ffn_optimizer_moments="int8")}
-
-
-def steps(mode: str) -> int:
-    return pm.INT8_STEPS if mode in FAST_ARGUMENTS else pm.STEPS
 
 
 def run(mode: str, out_dir: str) -> None:
@@ -47,14 +40,14 @@ def run(mode: str, out_dir: str) -> None:
     rank = paddle.distributed.get_rank() if paddle.distributed.is_initialized() else int(os.environ.get("PADDLE_TRAINER_ID", 0))
     result = {"mode": mode}
     for side in ("stock", "fast"):
-        values = dict(output_dir=os.path.join(out_dir, side), max_steps=steps(mode),
+        values = dict(output_dir=os.path.join(out_dir, side), max_steps=pm.launch_steps(mode),
                       per_device_train_batch_size=cell.batch_size, learning_rate=3e-3, weight_decay=0.01,
                       max_grad_norm=1.0, logging_steps=1, report_to="none", device="cpu", disable_tqdm=True,
                       save_strategy="no", seed=42, lr_scheduler_type="constant", recompute=True,
                       dataloader_num_workers=0, **MODES[mode])
         paddle_fastffn.revert_fast_ffn()
         if side == "fast":
-            values.update(use_fast_ffn=True, **FAST_ARGUMENTS.get(mode, {}))
+            values.update(use_fast_ffn=True, **pm.LAUNCH_FAST_ARGUMENTS.get(mode, {}))
         parser = PdArgumentParser((FastFFNTrainingArguments if side == "fast" else TrainingArguments,))
         with paddle.utils.unique_name.guard():
             args = parser.parse_dict(values)[0]

@@ -67,6 +67,15 @@ class Cell:
     def fp8(self) -> bool:
         return self.fast.get("fast_ffn_precision") == "fp8"
 
+    @property
+    def int8_moments(self) -> bool:
+        return int8_moments(self.fast)
+
+
+def int8_moments(fast_arguments: dict) -> bool:
+    """Whether these fast_ffn_* arguments ask FastAdamW for 8-bit moments."""
+    return fast_arguments.get("fast_ffn_optimizer_moments") == "int8"
+
 
 CELLS = [
     Cell("default"),
@@ -494,6 +503,13 @@ def _counting_causal_mask_checks(fast: bool):
 
 
 LAUNCH_MODES = ("dp", "sharding1", "sharding2", "sharding1_int8_moments")
+# fast_ffn_* arguments of a launch's fast side only, by mode (parity_launch.py's MODES set both sides'):
+# each rank's FastAdamW keeps 8-bit moments of the parameters its sharding stage assigns it.
+LAUNCH_FAST_ARGUMENTS = {"sharding1_int8_moments": dict(fast_ffn_optimizer_moments="int8")}
+
+
+def launch_steps(mode: str) -> int:
+    return INT8_STEPS if int8_moments(LAUNCH_FAST_ARGUMENTS.get(mode, {})) else STEPS
 # Paddle 3.3.1's group-sharded (stage 2/3) optimizer asserts a GPU, XPU or custom device at setup.
 CPU_UNSUPPORTED = "group_sharded_parallel only support gpu, xpu and custom_device"
 

@@ -53,15 +53,14 @@ def test_fast_path_gradients_and_losses_match_stock(cell):
     else:
         assert r["grad_max_rel"] <= MODEL_PARITY_FP32_RTOL, (r["grad_max_rel_param"], r["grad_max_rel"])
         assert r["loss_rel"] <= MODEL_PARITY_FP32_RTOL, r
-        int8_moments = cell.fast.get("fast_ffn_optimizer_moments") == "int8"
         # Quantised moments change the trajectory from the second update on, but the losses stay
         # within the map's rounding of stock's.
-        assert r["step_loss_rel"] <= (INT8_MOMENTS_TRAINING_LOSS_RTOL if int8_moments else MODEL_PARITY_FP32_RTOL), r
-    int8_moments = cell.fast.get("fast_ffn_optimizer_moments") == "int8"
+        assert r["step_loss_rel"] <= (INT8_MOMENTS_TRAINING_LOSS_RTOL if cell.int8_moments
+                                      else MODEL_PARITY_FP32_RTOL), r
     # The 8-bit state is what the fast side's optimizer held (first and second moment of each large
     # tensor), and only where asked for.
     assert r["quantized_moments_stock"] == 0
-    assert (r["quantized_moments_fast"] > 0) == int8_moments, r["quantized_moments_fast"]
+    assert (r["quantized_moments_fast"] > 0) == cell.int8_moments, r["quantized_moments_fast"]
     assert r["optimizer_stock"] == "AdamW"
     assert r["optimizer_fast"] == ("FastAdamW" if cell.fast.get("fast_ffn_fused_optimizer", True) else "AdamW")
     missing = _expected_kernels(cell) - set(r["kernel_calls_fast"])
@@ -118,13 +117,13 @@ def test_distributed_training_matches_the_stock_launch(tmp_path, mode):
     if "unsupported" in result:
         pytest.skip(f"{mode}: {result['unsupported']}")
     assert "error" not in result, result.get("error")
+    int8_moments = pm.int8_moments(pm.LAUNCH_FAST_ARGUMENTS.get(mode, {}))
     for rank in result["ranks"]:
         stock, fast = rank["stock"], rank["fast"]
         assert stock["world_size"] == fast["world_size"] == 2
         assert fast["fused"] and not stock["fused"]
         assert fast["optimizer"] == "FastAdamW" and stock["optimizer"] == "AdamW"
-        int8_moments = mode.endswith("int8_moments")
-        assert len(fast["losses"]) == len(stock["losses"]) == (pm.INT8_STEPS if int8_moments else pm.STEPS)
+        assert len(fast["losses"]) == len(stock["losses"]) == pm.launch_steps(mode)
         # each rank's optimizer holds its share of the 8-bit state, and only where asked for
         assert stock["quantized_moments"] == 0 and (fast["quantized_moments"] > 0) == int8_moments, rank
     assert pm.launch_loss_rel(result) <= (INT8_MOMENTS_TRAINING_LOSS_RTOL if int8_moments else MODEL_PARITY_FP32_RTOL)
