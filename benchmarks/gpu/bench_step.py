@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import MIN_REPEATS, percentiles
+from paddle_fastffn.core.fp8.recipe import Fp8Recipe
 from paddle_fastffn.torch import ops
 from benchmarks.gpu.bench_gpu import (DT, _liger_version, decoder_flops, environment, leaf,
                                       liger_patched, peak_bytes, round_robin, round_robin_rebuilt)
@@ -68,6 +69,9 @@ def hf_loss(hidden, weight, labels):
     return F.cross_entropy(F.linear(hidden, weight).float(), labels)
 
 
+FP8_HEAD_RECIPE = Fp8Recipe(lm_head="fp8")  # the loss section's ours_fp8
+
+
 def loss_contenders(vocab, tokens, width, liger, device="cuda"):
     """The loss section's contenders at one vocabulary: ({impl: (fn(hidden, weight) -> loss, inputs)},
     hidden, w_vh, w_hv), each fn in its users' weight layout."""
@@ -80,7 +84,10 @@ def loss_contenders(vocab, tokens, width, liger, device="cuda"):
     compiled_hf_loss = torch.compile(hf_loss)
     impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
              "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
-             "ours": (lambda h, w: ops.linear_cross_entropy(h, w, labels), [hidden, w_hv])}
+             "ours": (lambda h, w: ops.linear_cross_entropy(h, w, labels), [hidden, w_hv]),
+             # the same op with its three GEMMs in FP8 (Fp8Recipe.lm_head "fp8")
+             "ours_fp8": (lambda h, w: ops.linear_cross_entropy(h, w, labels, fp8_recipe=FP8_HEAD_RECIPE),
+                          [hidden, w_hv])}
     if liger:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger_loss = LigerFusedLinearCrossEntropyLoss()
@@ -223,13 +230,13 @@ def step_contenders(config, base, ids, labels, liger):
     """The step section's contenders for one configuration, on ids' device: {contender: build() ->
     (model, forward() -> loss, make_optimizer)}; the hf_liger ones are built and run inside
     liger_patched(fused_linear_cross_entropy=True)."""
-    from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
     from paddle_fastffn.torch.llama import FastLlama
 
     device = ids.device
 
-    def ours(fp8_kind=None):
-        model = FastLlama(base, fp8_recipe=None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind))
+    def ours(fp8_kind=None, lm_head="bf16"):
+        recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind, lm_head=lm_head)
+        model = FastLlama(base, fp8_recipe=recipe)
         return model, lambda: model(ids, labels), fused_master_adamw
 
     def hf_eager():
@@ -258,8 +265,10 @@ def step_contenders(config, base, ids, labels, liger):
                 return model(input_ids=ids, labels=ids).loss
         return model, forward, fused_torch_adamw
 
+    # ours_fp8_delayed_fp8_head: the LM head's GEMMs in FP8 too (Fp8Recipe.lm_head "fp8").
     contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
-                  "ours_fp8_delayed": lambda: ours("delayed"), "hf_eager": hf_eager}
+                  "ours_fp8_delayed": lambda: ours("delayed"),
+                  "ours_fp8_delayed_fp8_head": lambda: ours("delayed", lm_head="fp8"), "hf_eager": hf_eager}
     if liger:
         contenders["hf_liger"] = hf_liger
         contenders["hf_liger_amp"] = hf_liger_amp

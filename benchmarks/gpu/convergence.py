@@ -66,7 +66,9 @@ def batches(data: torch.Tensor, batch: int, seq: int, seed: int):
         yield torch.stack([data[s:s + seq] for s in starts.tolist()]).long()
 
 
-PRECISIONS = ("bf16", "fp8_current", "fp8_delayed")  # what the section trains by default
+# What the section trains by default; fp8_delayed_fp8_head: the LM head's GEMMs in FP8 too, whose
+# distance from bf16 decides Fp8Recipe.lm_head's default.
+PRECISIONS = ("bf16", "fp8_current", "fp8_delayed", "fp8_delayed_fp8_head")
 # The bf16 runs with another optimizer state than the reference's fp32 masters and moments, by name:
 # (what it keeps per bf16 parameter beside the weight, whose optimizer).
 OPTIMIZERS = {
@@ -134,12 +136,14 @@ def lr_at(step, steps, peak, warmup):
 
 
 def fp8_recipe_of(precision: str) -> Fp8Recipe:
-    """fp8_current, fp8_delayed (the defaults: gate_up's FP8 copy saved for backward), and
-    fp8_<kind>_gate_up_activation (the 16-bit gate_up saved instead)."""
+    """fp8_current, fp8_delayed (the defaults: gate_up's FP8 copy saved for backward, the LM head in
+    bf16), fp8_<kind>_gate_up_activation (the 16-bit gate_up saved instead) and fp8_<kind>_fp8_head
+    (the LM head's GEMMs in FP8)."""
     kind, _, rest = precision.removeprefix("fp8_").partition("_")
-    if rest not in ("", "gate_up_activation"):
+    if rest not in ("", "gate_up_activation", "fp8_head"):
         raise ValueError(f"unknown precision {precision!r}")
-    return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest else "fp8")
+    return Fp8Recipe(scaling=kind, saved_gate_up="activation" if rest == "gate_up_activation" else "fp8",
+                     lm_head="fp8" if rest == "fp8_head" else "bf16")
 
 
 def train(precision, initial_state, train_data, heldout, args, model_config=None, device="cuda",

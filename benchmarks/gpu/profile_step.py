@@ -245,14 +245,15 @@ def profile_contenders(config, base, ids, labels):
     from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
     from paddle_fastffn.torch.llama import FastLlama
 
-    def ours(kind=None):
-        model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind))
+    def ours(kind=None, lm_head="bf16"):
+        model = FastLlama(base, fp8_recipe=None if kind is None else Fp8Recipe(scaling=kind, lm_head=lm_head))
         return model, lambda: model(ids, labels), fused_master_adamw
 
     return {
         "ours": ours,
         "ours_fp8_current": lambda: ours("current"),
         "ours_fp8_delayed": lambda: ours("delayed"),
+        "ours_fp8_delayed_fp8_head": lambda: ours("delayed", lm_head="fp8"),
         "hf_liger": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(
             _copy_of(base, config)),
         "hf_eager": lambda: (lambda m: (m, lambda: m(input_ids=ids, labels=ids).loss, fused_master_adamw))(

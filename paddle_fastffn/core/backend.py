@@ -51,6 +51,10 @@ class Backend(Protocol):
         """t *= factor in place; returns t."""
     def row_slice(self, t: Tensor, start: int, end: int) -> Tensor:
         """Rows [start, end) of a 2-D (or 1-D) tensor as a view."""
+    def pad_rows(self, t: Tensor, count: int, value) -> Tensor:
+        """t (2-D or 1-D) with `count` rows of `value` after its own (a new tensor)."""
+    def write_rows(self, out: Tensor, start: int, rows: Tensor) -> Tensor:
+        """out[start : start + rows] = rows (same dtype) in place; returns out."""
     def concat(self, tensors: list) -> Tensor:
         """The 1-D tensors one after another (a new tensor)."""
     def indices_not_equal(self, t: Tensor, value: int) -> Tensor:

@@ -11,11 +11,16 @@ gradient of the mean loss, and the two gradient GEMMs run at once (Liger's appro
 accumulation (`Backend.gemm_fp32_accumulate`; on GPU the project's cuBLASLt provider), kept until
 backward scales them by the upstream gradient. Only one ``[chunk, vocab]`` logits buffer exists at
 a time.
+
+With `fp8` (a core/fp8/lm_head.py Fp8LmHead: Fp8Recipe.lm_head "fp8") the three GEMMs run in FP8
+instead, every operand current-scaled per chunk (that module says how and why); the kernel pass and
+the reduction are the same.
 """
 
 from __future__ import annotations
 
 from .autograd import FusedOp
+from .fp8 import lm_head as fp8_lm_head
 from .rotary import POSITION_CHECK
 
 # Budget of one chunk's logits counted in fp32, chunk_tokens * vocab * 4 bytes, when chunk_tokens
@@ -105,22 +110,39 @@ class LinearCrossEntropy(FusedOp):
     the GEMMs; float64 (CPU checks) keeps unscaled sums and the readback's factor is 1 / n_kept."""
 
     inputs = ("hidden", "weight", "labels")
-    options = ("ignore_index", "transpose_weight", "chunk_tokens", "n_labelled")
+    options = ("ignore_index", "transpose_weight", "chunk_tokens", "n_labelled", "fp8")
 
     @staticmethod
-    def forward(be, saved, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, n_labelled):
+    def forward(be, saved, hidden, weight, labels, ignore_index, transpose_weight, chunk_tokens, n_labelled,
+                fp8=None):
         need_d_hidden, need_d_weight = saved.need(0), saved.need(1)
         with_grad = need_d_hidden or need_d_weight
         tokens, width = be.shape(hidden)
         vocab = be.shape(weight)[0] if transpose_weight else be.shape(weight)[1]
         compute = be.gemm_dtype(hidden)
         float64 = compute == be.float64
+        if fp8 is not None and compute in (be.float16, be.float64):
+            # fp16 keeps the kernel's gradient unscaled for the GEMMs to scale (the class docstring),
+            # which FP8 GEMMs do not; float64 is for checks of the 16/32-bit path.
+            raise ValueError("LinearCrossEntropy: the FP8 LM head takes bf16 or fp32 hidden states")
         mean_scale = 1.0 / n_labelled if n_labelled and not float64 else 1.0
         kernel_scale, gemm_scale = (1.0, mean_scale) if compute == be.float16 else (mean_scale, 1.0)
-        w = be.cast(weight, compute)
         d_hidden_dtype = be.float64 if float64 else be.dtype(hidden)
-        d_weight = None
+        unpadded = tokens
+        if fp8 is not None:
+            # FP8: chunks of whole multiples of 16 rows, the last one padded (core/fp8/lm_head.py).
+            chunk_tokens = fp8_lm_head.chunk_rows(chunk_tokens)
+            padding = fp8_lm_head.padded_rows(tokens) - tokens
+            if padding:
+                hidden = be.pad_rows(hidden, padding, 0)
+                labels = be.pad_rows(labels, padding, ignore_index)
+                tokens += padding
         single_chunk = tokens <= chunk_tokens
+        if fp8 is None or tokens == 0:
+            w, gemms = be.cast(weight, compute), None
+        else:
+            w, gemms = None, fp8_lm_head.Fp8HeadGemms(fp8, weight, transpose_weight, need_d_hidden, need_d_weight)
+        d_weight = None
         # One chunk: d_hidden is its GEMM's own output. Several: each chunk's GEMM writes its rows
         # of one buffer (torch writes them in place; Paddle's matmul has no out=, so it copies).
         d_hidden = (be.empty((tokens, width), d_hidden_dtype, hidden)
@@ -130,11 +152,21 @@ class LinearCrossEntropy(FusedOp):
         for start in range(0, tokens, chunk_tokens):
             end = min(tokens, start + chunk_tokens)
             h = be.cast(be.row_slice(hidden, start, end), compute)
-            logits = be.matmul(h, w, transpose_b=transpose_weight)  # [rows, V]
+            if gemms is None:
+                logits = be.matmul(h, w, transpose_b=transpose_weight)  # [rows, V]
+            else:
+                logits = gemms.logits(h, compute)
             losses.append(be.cross_entropy(logits, be.row_slice(labels, start, end), ignore_index,
                                            kernel_scale, with_grad, flag))
             d_logits = logits  # overwritten in place by the kernel
-            if need_d_hidden:
+            if gemms is not None:
+                if with_grad:
+                    # d_W: one chunk's in W's dtype; over several, summed in fp32 by the GEMMs themselves
+                    d_rows, d_weight = gemms.gradients(d_logits, d_hidden_dtype, be.dtype(weight) if single_chunk
+                                                       else be.float32, d_weight)
+                    if need_d_hidden:
+                        d_hidden = d_rows if single_chunk else be.write_rows(d_hidden, start, d_rows)
+            elif need_d_hidden:
                 # d_hidden = d_logits @ W^T ([H, V] weight) or d_logits @ W (tied [V, H] weight).
                 if single_chunk:
                     d_hidden = be.matmul(d_logits, w, transpose_b=not transpose_weight, alpha=gemm_scale)
@@ -142,7 +174,7 @@ class LinearCrossEntropy(FusedOp):
                         d_hidden = be.cast(d_hidden, d_hidden_dtype)
                 else:
                     be.matmul_into_rows(d_hidden, start, d_logits, w, not transpose_weight, gemm_scale)
-            if need_d_weight:
+            if need_d_weight and gemms is None:
                 # d_W = h^T @ d_logits ([H, V]) or d_logits^T @ h ([V, H]), summed over chunks.
                 a, b = (d_logits, h) if transpose_weight else (h, d_logits)
                 if single_chunk:
@@ -152,6 +184,8 @@ class LinearCrossEntropy(FusedOp):
             del logits, d_logits, h
         if need_d_hidden and d_hidden is None:  # no tokens: an empty gradient
             d_hidden = be.empty((tokens, width), d_hidden_dtype, hidden)
+        if need_d_hidden and tokens != unpadded:  # the FP8 head's padding rows
+            d_hidden = be.row_slice(d_hidden, 0, unpadded)
         if need_d_weight and d_weight is None:  # no tokens: a zero gradient
             d_weight = be.zeros(be.shape(weight), be.float64 if float64 else be.float32, weight)
         loss_rows = (losses[0] if len(losses) == 1 else be.concat(losses) if losses

@@ -269,11 +269,15 @@ class CudaFp8Backend(PaddleFp8Tensors):
         return (CudaQuantized(out[0], out[1], out[2], fmt),
                 CudaQuantized(None, out[4], out[5], h_fmt) if h_fmt else None)
 
-    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None, out=None):
         """fastffn_gemm on the named stored copies (the table in the module docstring), + bias in
-        out_dtype."""
-        d = gemm(a.data if a_copy == ROWWISE else a.data_t, b.data if b_copy == ROWWISE else b.data_t, out_dtype,
-                 a.scale_inv, b.scale_inv, fast_accum=fast_accum)
+        out_dtype; with out, fastffn_gemm_accumulate into it."""
+        a_data, b_data = (a.data if a_copy == ROWWISE else a.data_t), (b.data if b_copy == ROWWISE else b.data_t)
+        if out is not None:
+            _run("fastffn_gemm_accumulate", a_data, b_data, a.scale_inv, b.scale_inv, out, False, False,
+                 bool(fast_accum), 1.0)
+            return out
+        d = gemm(a_data, b_data, out_dtype, a.scale_inv, b.scale_inv, fast_accum=fast_accum)
         return d if bias is None else d + bias.astype(d.dtype)
 
 

@@ -177,13 +177,15 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
             q_h = quantize_tensor(h, h_scale, h_fmt) if h_fmt else None
             return self.quantize(d_gate_up, scale, amax, fmt), q_h
 
-    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None, out=None):
         """D[M, N] = A[M, K] @ B[N, K]^T in fp32 on the dequantised FP8 values (exact products; only
-        the summation order differs from the tensor cores'), + bias in fp32, then out_dtype. A
-        "transposed" copy is the one stored tensor read transposed."""
+        the summation order differs from the tensor cores'), + bias in fp32, then out_dtype (or added
+        into the fp32 `out`). A "transposed" copy is the one stored tensor read transposed."""
         with paddle.no_grad():
             d = paddle.matmul(from_fp8(a.data, a.scale_inv), from_fp8(b.data, b.scale_inv),
                               transpose_x=a_copy == "transposed", transpose_y=b_copy == "rowwise")
+            if out is not None:
+                return out.add_(d)
             if bias is not None:
                 d = d + bias.astype(paddle.float32)
             return d if d.dtype == out_dtype else d.astype(out_dtype)

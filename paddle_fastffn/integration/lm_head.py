@@ -18,7 +18,7 @@ from paddle import nn
 from .. import ops
 from . import masks, state
 from .fused_projections import distributed_layers
-from .messages import info_once
+from .messages import info_once, warn_once
 
 
 def is_plain_linear(layer) -> bool:
@@ -56,6 +56,28 @@ def fused_head_weight(model, modeling, head_class, criterion_class):
     return weight, transpose, None
 
 
+def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
+    """The family's Fp8Recipe where its LM head runs in FP8 (fast_ffn_precision=fp8 with
+    fp8_lm_head=fp8), else None; a head FP8 cannot take (16-bit that is not bf16, a hidden size or
+    vocabulary not a multiple of 16) stays in its own dtype with one warning (an error under
+    PADDLE_FASTFFN_STRICT=1)."""
+    recipe = family.fp8_recipe()
+    if recipe is None or recipe.lm_head != "fp8":
+        return None
+    from ..fp8.cuda import GEMM_ALIGNMENT
+
+    width, vocab = (weight.shape[1], weight.shape[0]) if transpose else weight.shape
+    why_not = None
+    if hidden_states.dtype not in (paddle.bfloat16, paddle.float32):
+        why_not = f"the hidden states are {hidden_states.dtype}, not bfloat16 or float32"
+    elif width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
+        why_not = f"hidden size {width} or vocabulary {vocab} is not a multiple of {GEMM_ALIGNMENT}"
+    if why_not is None:
+        return recipe
+    warn_once(f"fp8_head:{why_not}", f"fast_ffn_fp8_lm_head=fp8: {why_not}; the LM head stays in {hidden_states.dtype}")
+    return None
+
+
 def causal_lm_forward(family, stock, self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                       labels=None, use_cache=False, past_key_values=None, output_attentions=None,
                       output_hidden_states=None, return_dict=None, attn_mask_startend_row_indices=None):
@@ -87,7 +109,8 @@ def causal_lm_forward(family, stock, self, input_ids=None, position_ids=None, at
     hidden_states = outputs[0]
     if hidden_states.dtype == weight.dtype:
         loss = ops.linear_cross_entropy(hidden_states, weight, labels, ignore_index=self.criterion.ignore_index,
-                                        transpose_weight=transpose)
+                                        transpose_weight=transpose,
+                                        fp8_recipe=fp8_head_recipe(family, hidden_states, weight, transpose))
         logits = None  # never materialised
     else:  # AMP O1 mixes: the stock head (autocast casts its matmul) and criterion
         info_once("fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head weight "

@@ -223,6 +223,7 @@ class _Head:
         return run
 
     fused_head_weight = staticmethod(lambda model: fused_head_weight(model))
+    fp8_recipe = staticmethod(lambda: _STATE.fp8)
     output_class = staticmethod(lambda: _modeling().MoECausalLMOutputWithPast)
 
 

@@ -117,6 +117,10 @@ class FastFFNOptions:
         "reads when it runs and holds none (FP8 adds no weight memory to bf16's; one more read of each weight per "
         "backward), \"cached\" holds both FP8 copies of every weight until it changes (2 bytes a parameter more; "
         "gradient accumulation quantises each weight once a step). Same numerics."))
+    fp8_lm_head: str = option("bf16", (
+        "The LM head + loss under fast_ffn_precision=fp8: \"bf16\" (the activation dtype, as Transformer Engine's "
+        "and NeMo's FP8 recipes keep it) or \"fp8\" (its three GEMMs in FP8, every operand current-scaled per "
+        "chunk of tokens; needs fast_ffn_fused_cross_entropy, hidden and vocabulary sizes multiples of 16)."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "

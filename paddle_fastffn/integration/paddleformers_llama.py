@@ -33,10 +33,13 @@ gate/up/down_proj through Fp8Linear each (LoRA's frozen base GEMM too, held only
 fp8_frozen_weights), attached at each LlamaModel.forward; SwiGLU runs in 16 bits between the MLP's
 FP8 GEMMs. Not the FP8 FFN: it reads one [gate | up] weight, which separate gate_proj and up_proj
 could present only as a per-step copy. Its full recompute replays with the forward's FP8 scales
-(the modeling module's `recompute`, fp8/recompute.py). The LM head keeps 16 bits, as on PaddleNLP.
+(the modeling module's `recompute`, fp8/recompute.py). The LM head + loss runs in FP8 under
+fp8_lm_head="fp8" (lm_head.fp8_head_recipe, as on PaddleNLP), else in 16 bits.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import paddle
 import paddle.nn.functional as F
@@ -46,7 +49,7 @@ from ..core import decoder as core_decoder
 from ..core.residual import ResidualAdd
 from ..ops._autograd import pylayer
 from ..ops._backend import PaddleBackend
-from . import fp8_attach, lora_forward, state
+from . import fp8_attach, lm_head, lora_forward, state
 from .family import TableFamily
 from .llama import _MLPParts
 from .messages import info_once, warn_once
@@ -342,6 +345,10 @@ def _fused_loss_stock_reason(model, labels, loss_mask) -> str | None:
     return fused_head_weight(model)[2]
 
 
+# lm_head.fp8_head_recipe's view of this family: its FP8 recipe (None while FP8 is off).
+_FP8_HEAD = SimpleNamespace(fp8_recipe=lambda: _STATE.fp8)
+
+
 def fast_causal_lm_forward(self, input_ids, position_ids=None, attention_mask=None, attn_mask_startend_row_indices=None,
                            inputs_embeds=None, labels=None, loss_mask=None, use_cache=False, past_key_values=None,
                            output_hidden_states=False, return_dict=False, **kwargs):
@@ -374,7 +381,9 @@ def fast_causal_lm_forward(self, input_ids, position_ids=None, attention_mask=No
         loss, _ = self.criterion(logits, labels)
     else:
         loss = ops.linear_cross_entropy(hidden_states, self.lm_head.weight, labels,
-                                        ignore_index=self.criterion.ignored_index, transpose_weight=True)
+                                        ignore_index=self.criterion.ignored_index, transpose_weight=True,
+                                        fp8_recipe=lm_head.fp8_head_recipe(_FP8_HEAD, hidden_states,
+                                                                           self.lm_head.weight, True))
         logits = None  # never materialised
     if not return_dict:
         return (loss, logits) + tuple(outputs[1:])

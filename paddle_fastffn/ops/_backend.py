@@ -62,6 +62,15 @@ class PaddleBackend(IndexingBackend):
         return t.scale_(factor)
 
     @staticmethod
+    def pad_rows(t, count, value):
+        return paddle.concat([t, paddle.full([count] + list(t.shape[1:]), value, dtype=t.dtype)])
+
+    @staticmethod
+    def write_rows(out, start, rows):
+        out[start:start + rows.shape[0]] = rows
+        return out
+
+    @staticmethod
     def concat(tensors):
         return paddle.concat(tensors)
 

@@ -21,6 +21,8 @@ harness makes. The GPU path of this file cannot run here (no Paddle GPU build re
 
 from __future__ import annotations
 
+import threading
+
 import paddle
 import paddle.nn.functional as F
 
@@ -63,9 +65,41 @@ def _check_inputs(hidden, weight, labels, transpose_weight, chunk_tokens):
         raise ValueError(f"{OP}: `chunk_tokens` must be a positive int or None, got {chunk_tokens!r}")
 
 
+def _fp8_head(recipe, hidden, weight, transpose_weight):
+    """The core's Fp8LmHead for this call: the CUDA FP8 backend where it runs, else the emulation
+    (one warning); the recipe's LM head states, made once per (formats, margin, device, thread) and
+    reused, since current scaling carries nothing from one call to the next (core/fp8/lm_head.py);
+    per thread, since a call writes its scales between their computation and their use."""
+    from ..core.fp8.lm_head import Fp8LmHead
+    from ..fp8.cuda import CUDA, GEMM_ALIGNMENT, backend_for, states_on
+    from ..fp8.emulated import EMULATED
+    from ..fp8.linear import warn_emulated
+
+    if hidden.dtype not in (paddle.bfloat16, paddle.float32):
+        raise ValueError(f"{OP}: the FP8 LM head (fp8_recipe) takes bfloat16 or float32 `hidden`, got {hidden.dtype}")
+    width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
+    if width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
+        raise ValueError(f"{OP}: the FP8 LM head (fp8_recipe) needs `weight`'s hidden size ({width}) and "
+                         f"vocabulary ({vocab}) to be multiples of {GEMM_ALIGNMENT} (cuBLASLt's FP8 alignment)")
+    cuda = backend_for("auto", hidden) == "cuda"
+    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(hidden.place) if cuda else "cpu",
+           threading.get_ident())
+    states = _FP8_HEAD_STATES.get(key)
+    if states is None:
+        states = _FP8_HEAD_STATES[key] = recipe.lm_head_states(EMULATED)
+    if cuda:
+        states_on(states, hidden.place)
+    else:
+        warn_emulated()
+    return Fp8LmHead(CUDA if cuda else EMULATED, states)
+
+
+_FP8_HEAD_STATES: dict = {}
+
+
 def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor,
                          ignore_index: int = -100, transpose_weight: bool = False,
-                         chunk_tokens: int | None = None) -> paddle.Tensor:
+                         chunk_tokens: int | None = None, fp8_recipe=None) -> paddle.Tensor:
     """PaddleNLP's causal-LM loss of the LM head, ``LlamaPretrainingCriterion(hidden @ weight)``,
     without materialising the logits of the whole batch.
 
@@ -88,8 +122,12 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     One difference from stock on CPU: Paddle's CPU softmax clips logits more than 64 below the
     row's max (phi SoftmaxEigen's ValueClip), so stock reports about 64 for a token whose loss is
     larger; this op computes the loss itself (the gradients agree).
+    fp8_recipe: an Fp8Recipe; the three GEMMs then run in FP8 (core/fp8/lm_head.py: every operand
+    current-scaled per chunk, the recipe's formats and margin), cuBLASLt's on an sm_90 GPU with the
+    CUDA operators, emulated elsewhere; bf16 or fp32 `hidden`, H and V multiples of 16.
     """
     _check_inputs(hidden, weight, labels, transpose_weight, chunk_tokens)
+    fp8 = None if fp8_recipe is None else _fp8_head(fp8_recipe, hidden, weight, transpose_weight)
     if not _checks.kernel_supports_place(hidden):
         warn_fallback(OP, hidden.place)
         return linear_cross_entropy_ref(hidden, weight, labels, ignore_index, transpose_weight)
@@ -99,7 +137,7 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     vocab = weight.shape[0] if transpose_weight else weight.shape[1]
     chunk = chunk_tokens or core.default_chunk_tokens(vocab, not hidden.place.is_cpu_place())
     return _LinearCrossEntropy.apply(hidden2d, weight, labels1d, int(ignore_index), bool(transpose_weight),
-                                     chunk, n_labelled)
+                                     chunk, n_labelled, fp8)
 
 
 def linear_cross_entropy_ref(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor,

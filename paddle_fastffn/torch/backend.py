@@ -62,6 +62,15 @@ class TorchBackend(IndexingBackend):
         return t.mul_(factor)
 
     @staticmethod
+    def pad_rows(t, count, value):
+        return torch.cat([t, torch.full((count, *t.shape[1:]), value, dtype=t.dtype, device=t.device)])
+
+    @staticmethod
+    def write_rows(out, start, rows):
+        out[start:start + rows.shape[0]].copy_(rows)
+        return out
+
+    @staticmethod
     def concat(tensors):
         return torch.cat(tensors)
 

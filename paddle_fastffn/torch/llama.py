@@ -368,6 +368,8 @@ class FastLlama(torch.nn.Module):
         self.w_norm = torch.nn.Parameter(hf_model.model.norm.weight.detach().clone(), requires_grad=trainable)
         # PaddleNLP's LlamaLMHead keeps [H, V] (an untied head), the layout the fused loss reads.
         self.w_lm_head = torch.nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous(), requires_grad=trainable)
+        # The head's GEMMs in FP8 where the recipe asks (Fp8Recipe.lm_head), as the Paddle patch does.
+        self.lm_head_fp8 = fp8_recipe if fp8_recipe is not None and fp8_recipe.lm_head == "fp8" else None
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _tables(self, seq, device):
@@ -404,7 +406,8 @@ class FastLlama(torch.nn.Module):
             else:
                 x = layer(x, cos, sin, position_ids, packed)
         x = ops.RMSNorm.apply(x, self.w_norm, self.eps)
-        return ops.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1))
+        return ops.linear_cross_entropy(x.reshape(-1, x.shape[-1]), self.w_lm_head, labels.reshape(-1),
+                                        fp8_recipe=self.lm_head_fp8)
 
 
 def shift_labels(input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

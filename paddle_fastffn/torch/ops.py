@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import threading
 
 import torch
 
@@ -134,14 +135,40 @@ def labelled_rows(hidden2d, labels1d, ignore_index: int):
     return core_lce.labelled_rows(BACKEND, hidden2d, labels1d, ignore_index)
 
 
-def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None):
+_FP8_HEAD_STATES: dict = {}
+
+
+def fp8_head(recipe, device):
+    """The core's Fp8LmHead over the torch FP8 backend on `device`: the recipe's LM head states,
+    made once per (formats, margin, device, thread) and reused (current scaling carries nothing from
+    one call to the next: core/fp8/lm_head.py), as the Paddle op keeps them."""
+    from paddle_fastffn.core.fp8.lm_head import Fp8LmHead
+    from paddle_fastffn.torch.fp8.backend import TorchFp8Backend
+
+    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(device), threading.get_ident())
+    if key not in _FP8_HEAD_STATES:
+        backend = TorchFp8Backend(device)
+        _FP8_HEAD_STATES[key] = Fp8LmHead(backend, recipe.lm_head_states(backend))
+    return _FP8_HEAD_STATES[key]
+
+
+def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None,
+                         fp8_recipe=None):
     """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
     -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits. Only the
     labelled rows reach the LM head (labelled_rows), as in the Paddle op; chunks default to the
-    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES)."""
+    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES). fp8_recipe: the three GEMMs in FP8
+    (core/fp8/lm_head.py), bf16 or fp32 hidden, H and V multiples of 16."""
+    fp8 = None
+    if fp8_recipe is not None:
+        width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
+        if hidden.dtype not in (torch.bfloat16, torch.float32) or width % 16 or vocab % 16:
+            raise ValueError(f"linear_cross_entropy: the FP8 LM head takes bf16 or fp32 hidden and H, V multiples "
+                             f"of 16; got {hidden.dtype}, H = {width}, V = {vocab}")
+        fp8 = fp8_head(fp8_recipe, hidden.device)
     hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
                                                    labels.reshape(-1).long().contiguous(), ignore_index)
     vocab = weight.shape[0] if transpose_weight else weight.shape[1]
     chunk = chunk_tokens or core_lce.default_chunk_tokens(vocab, on_gpu=True)
     return LinearCrossEntropy.apply(hidden2d, weight, labels1d.contiguous(), ignore_index, transpose_weight,
-                                    chunk, n_labelled)
+                                    chunk, n_labelled, fp8)

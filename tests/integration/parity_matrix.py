@@ -71,6 +71,10 @@ class Cell:
     def int8_moments(self) -> bool:
         return int8_moments(self.fast)
 
+    @property
+    def fp8_head(self) -> bool:
+        return self.fp8 and self.fast.get("fast_ffn_fp8_lm_head") == "fp8"
+
 
 def int8_moments(fast_arguments: dict) -> bool:
     """Whether these fast_ffn_* arguments ask FastAdamW for 8-bit moments."""
@@ -119,6 +123,14 @@ CELLS = [
     Cell("fp8_delayed_recompute", model=FP8_ALIGNED, config=FULL_RECOMPUTE, recompute=True,
          fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="delayed")),
     Cell("fp8_current_lora", model=FP8_ALIGNED, lora=True, fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="current")),
+    # The LM head's GEMMs in FP8 too: trained ([H, V] and tied [V, H] layouts) and frozen under LoRA
+    # (its input gradient alone).
+    Cell("fp8_delayed_fp8_head", model=FP8_ALIGNED,
+         fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="delayed", fast_ffn_fp8_lm_head="fp8")),
+    Cell("fp8_delayed_fp8_head_tied", model=FP8_ALIGNED, tied=True,
+         fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="delayed", fast_ffn_fp8_lm_head="fp8")),
+    Cell("fp8_current_lora_fp8_head", model=FP8_ALIGNED, lora=True,
+         fast=dict(EMULATED_FP8, fast_ffn_fp8_scaling="current", fast_ffn_fp8_lm_head="fp8")),
 ]
 CELLS_BY_NAME = {cell.name: cell for cell in CELLS}
 
@@ -445,7 +457,8 @@ def measure(cell: Cell) -> dict:
             with paddle.utils.unique_name.guard():
                 calls_before = dict(_loader.CALL_COUNTS)
                 args, model = build(cell, side == "fast", os.path.join(tmp, side))
-                with _counting_causal_mask_checks(side == "fast") as mask_checks:
+                with _counting_causal_mask_checks(side == "fast") as mask_checks, \
+                        _counting_fp8_heads() as fp8_heads:
                     collator = collator_for(cell, side == "fast")
                     loss, grads, trainable = one_step_gradients(cell, model, rows, collator)
                     losses, optimizer, quantized = trainer_losses(args, model, rows, collator)
@@ -453,7 +466,7 @@ def measure(cell: Cell) -> dict:
                          if v - calls_before.get(k, 0)}
                 result[side] = dict(loss=loss, grads=grads, trainable=set(trainable), losses=losses,
                                     optimizer=optimizer, quantized_moments=quantized, kernel_calls=calls,
-                                    mask_checks=mask_checks[0])
+                                    mask_checks=mask_checks[0], fp8_heads=fp8_heads[0])
         paddle_fastffn.revert_fast_ffn()
     stock, fast = result["stock"], result["fast"]
     errors = _relative_errors(fast["grads"], {k: v for k, v in stock["grads"].items() if k in fast["grads"]})
@@ -474,8 +487,28 @@ def measure(cell: Cell) -> dict:
         quantized_moments_stock=stock["quantized_moments"], quantized_moments_fast=fast["quantized_moments"],
         kernel_calls_fast=fast["kernel_calls"], kernel_calls_stock=stock["kernel_calls"],
         causal_mask_checks_fast=fast["mask_checks"],
+        fp8_head_calls_fast=fast["fp8_heads"], fp8_head_calls_stock=stock["fp8_heads"],
         fp8=cell.fp8,
     )
+
+
+@contextlib.contextmanager
+def _counting_fp8_heads():
+    """[count] of the LM head + loss calls whose GEMMs ran in FP8 (core/fp8/lm_head.py's
+    Fp8HeadGemms, one per call)."""
+    from paddle_fastffn.core.fp8 import lm_head
+
+    count, init = [0], lm_head.Fp8HeadGemms.__init__
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        init(self, *args, **kwargs)
+
+    lm_head.Fp8HeadGemms.__init__ = counted
+    try:
+        yield count
+    finally:
+        lm_head.Fp8HeadGemms.__init__ = init
 
 
 @contextlib.contextmanager

@@ -416,3 +416,48 @@ def test_fp8_delayed_scaling_under_paddlenlp_recompute_is_training_without_it(re
     monkeypatch.setattr(fp8_recompute_module, "fp8_recompute", lambda recompute_fn: recompute_fn)
     _, unwrapped = _train_fp8_delayed(recompute)
     assert any(not np.array_equal(history, plain_states[key][0]) for key, (history, _) in unwrapped.items())
+
+
+def test_fp8_lm_head_trains_close_to_fp32_and_runs_its_gemms_in_fp8(monkeypatch):
+    """fp8_lm_head=fp8: the fused loss's three GEMMs in FP8 (core/fp8/lm_head.py) under the Trainer's
+    own forward; losses within the FP8 training budget of fp32, and not those of the bf16 head."""
+    from paddle_fastffn.core.fp8 import lm_head as core_fp8_head
+
+    made = []
+    real = core_fp8_head.Fp8HeadGemms
+
+    class Counted(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append((self.need_d_hidden, self.need_d_weight))
+
+    monkeypatch.setattr(core_fp8_head, "Fp8HeadGemms", Counted)
+    steps = 4
+    paddle_fastffn.apply_fast_ffn_to_llama()
+    fp32_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
+    paddle_fastffn.revert_fast_ffn()
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED)
+    bf16_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
+    assert not made
+    paddle_fastffn.revert_fast_ffn()
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_lm_head="fp8")
+    fp8_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
+    assert made == [(True, True)] * steps  # one FP8 head per step, both gradients
+    np.testing.assert_allclose(fp8_head_losses, fp32_losses, rtol=FP8_TRAINING_LOSS_RTOL)
+    assert not np.array_equal(fp8_head_losses, bf16_head_losses)
+    assert fp8_head_losses[-1] < fp8_head_losses[0]
+
+
+def test_fp8_lm_head_on_a_misaligned_vocabulary_warns_once_and_keeps_the_head_in_its_dtype(monkeypatch):
+    from paddle_fastffn.ops._fallback import UnrequestedFallbackError
+
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_lm_head="fp8")
+    model = tiny_model(seed=3, vocab_size=120, **FP8_SHAPES)
+    ids, labels, mask = batch(vocab=120)
+    with pytest.raises(UnrequestedFallbackError, match="vocabulary 120 is not a multiple of 16"):
+        model(ids, labels=labels, attention_mask=mask)  # tests run strict: a fallback is an error
+    monkeypatch.setenv("PADDLE_FASTFFN_STRICT", "0")
+    with pytest.warns(RuntimeWarning, match="fp8_lm_head=fp8: hidden size 64 or vocabulary 120") as caught:
+        model(ids, labels=labels, attention_mask=mask)
+        model(ids, labels=labels, attention_mask=mask)
+    assert sum("fp8_lm_head" in str(w.message) for w in caught) == 1

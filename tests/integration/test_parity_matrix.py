@@ -63,6 +63,9 @@ def test_fast_path_gradients_and_losses_match_stock(cell):
     assert (r["quantized_moments_fast"] > 0) == cell.int8_moments, r["quantized_moments_fast"]
     assert r["optimizer_stock"] == "AdamW"
     assert r["optimizer_fast"] == ("FastAdamW" if cell.fast.get("fast_ffn_fused_optimizer", True) else "AdamW")
+    # The LM head's GEMMs ran in FP8 (one per forward with labels) where the cell asks, never elsewhere.
+    assert r["fp8_head_calls_stock"] == 0
+    assert (r["fp8_head_calls_fast"] > 0) == cell.fp8_head, r["fp8_head_calls_fast"]
     missing = _expected_kernels(cell) - set(r["kernel_calls_fast"])
     assert not missing, f"compiled ops that never ran on the fast side: {sorted(missing)}"
     assert not r["kernel_calls_stock"], f"the stock side ran our ops: {r['kernel_calls_stock']}"

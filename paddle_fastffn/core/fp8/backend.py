@@ -88,10 +88,12 @@ class Fp8Backend(Protocol):
     def fp8_join(self, data: Tensor, scale_inv: Tensor, fmt: str, copy: str):
         """The quantized value holding `data` as its stored copy `copy` (fp8_parts' inverse)."""
     def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False,
-                 bias: Tensor | None = None) -> Tensor:
+                 bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
         """fastffn_gemm: D[M, N] = A[M, K] @ B[N, K]^T (+ bias [N]) in out_dtype, fp32
         accumulation, A and B the named stored copies of a and b dequantised by their scale_inv;
-        fast_accum: cuBLASLt's fast accumulation (the forward GEMMs)."""
+        fast_accum: cuBLASLt's fast accumulation (the forward GEMMs). out (an fp32 [M, N], no
+        bias): fastffn_gemm_accumulate, out += A @ B^T in place (the GEMM's beta = 1, no [M, N]
+        temporary), returned."""
     def swiglu_fwd_fp8(self, gate_up: Tensor, h_scale: Tensor, h_amax: Tensor, gate_up_scale: Tensor | None,
                        gate_up_amax: Tensor | None, fmt: str, quantize: bool):
         """fastffn_swiglu_fwd_fp8: h = silu(gate) * up in fp32 from gate_up [T, 2I] ([gate | up]),

@@ -76,13 +76,13 @@ def weight_for_dgrad(be, kept, state, per_use: bool):
                        rowwise=dgrad == ROWWISE, transpose=dgrad == TRANSPOSED)
 
 
-def weight_gradient(be, q_input, q_grad, dtype):
-    """dW from the transposed copies of the layer input and of the output gradient, in the
-    framework's weight layout: Paddle's [in, out] = gemm(q(in)^T, q(grad)^T), torch's [out, in] =
-    gemm(q(grad)^T, q(in)^T)."""
-    if be.weight_layout == "in_out":
-        return be.fp8_gemm(q_input, TRANSPOSED, q_grad, TRANSPOSED, dtype)
-    return be.fp8_gemm(q_grad, TRANSPOSED, q_input, TRANSPOSED, dtype)
+def weight_gradient(be, q_input, q_grad, dtype, layout: str | None = None, out=None):
+    """dW from the transposed copies of the layer input and of the output gradient, in the weight
+    layout (default the framework's): "in_out" (Paddle's) [in, out] = gemm(q(in)^T, q(grad)^T),
+    "out_in" (torch's) [out, in] = gemm(q(grad)^T, q(in)^T); with out (fp32), added into it."""
+    if (layout or be.weight_layout) == "in_out":
+        return be.fp8_gemm(q_input, TRANSPOSED, q_grad, TRANSPOSED, dtype, out=out)
+    return be.fp8_gemm(q_grad, TRANSPOSED, q_input, TRANSPOSED, dtype, out=out)
 
 
 class FrozenFp8Weight:

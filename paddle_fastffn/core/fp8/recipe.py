@@ -43,6 +43,7 @@ AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SAVED_GATE_UP = ("fp8", "activation")
 FROZEN_WEIGHTS = ("fp8", "fp8_both", "resident")
 WEIGHT_COPIES = ("per_use", "cached")
+LM_HEAD_PRECISIONS = ("bf16", "fp8")
 FP8_FORMATS = ("e4m3", "e5m2")
 # A scale that overflows fp32 (amax below ~1e-36) is clamped to the largest finite fp32, as TE's
 # current-scaling kernel does (recipe_common.cuh, value_for_inf); otherwise 0 * Inf makes zeros NaN.
@@ -100,6 +101,12 @@ class Fp8Recipe:
     # until it changes (2 bytes a parameter more; a gradient-accumulation step then quantises each
     # weight once). Frozen weights held in 16 bits ("resident") are always cached: they never change.
     weight_copies: str = "per_use"
+    # The LM head + loss (the fused linear cross-entropy's three GEMMs): "bf16", the activation
+    # dtype, as Transformer Engine's and NeMo's recipes and DeepSeek-V3 keep the output head; or
+    # "fp8", its GEMMs in FP8 with every operand current-scaled per chunk (core/fp8/lm_head.py). The
+    # head is the largest GEMM left in 16 bits (29% of the FP8 step at a 128256 vocabulary);
+    # "bf16" stays the default until the convergence harness shows "fp8" within its bound.
+    lm_head: str = "bf16"
 
     def __post_init__(self):
         _check_choice("scaling", self.scaling, SCALING_MODES)
@@ -107,6 +114,7 @@ class Fp8Recipe:
         _check_choice("saved_gate_up", self.saved_gate_up, SAVED_GATE_UP)
         _check_choice("frozen_weights", self.frozen_weights, FROZEN_WEIGHTS)
         _check_choice("weight_copies", self.weight_copies, WEIGHT_COPIES)
+        _check_choice("lm_head", self.lm_head, LM_HEAD_PRECISIONS)
         check_format(self.forward_format)
         check_format(self.backward_format)
         _check_type("amax_history_len", self.amax_history_len, int)
@@ -166,6 +174,15 @@ class Fp8Recipe:
         return LinearScalingStates(input=self.new_state(self.forward_format, backend=backend),
                                    weight=self.new_state(self.forward_format, "current", backend),
                                    grad_output=self.new_state(self.backward_format, backend=backend))
+
+    def lm_head_states(self, backend=None) -> "LinearScalingStates":
+        """The LM head's states under lm_head "fp8": h and W in the forward format, d_logits in the
+        backward format, all current-scaled whatever the recipe's scaling (core/fp8/lm_head.py)."""
+        from .scaling import LinearScalingStates
+
+        return LinearScalingStates(input=self.new_state(self.forward_format, "current", backend),
+                                   weight=self.new_state(self.forward_format, "current", backend),
+                                   grad_output=self.new_state(self.backward_format, "current", backend))
 
     def ffn_states(self, backend=None) -> "FfnScalingStates":
         from .scaling import FfnScalingStates

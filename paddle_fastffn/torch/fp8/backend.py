@@ -106,8 +106,12 @@ class TorchFp8Backend(SharedTensorMethods):
         return k.swiglu_bwd_fp8(gate_up, d_h, f, scale, amax=amax[:1], h=TORCH_FORMATS[h_fmt or "e4m3"],
                                 h_scale=h_scale, h_transpose=bool(h_fmt), gate_up_scale_inv=gate_up_scale_inv)
 
-    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None):
-        """fastffn_gemm_cuda, D[M, N] = A[M, K] @ B[N, K]^T on the named stored copies, + bias."""
+    def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None, out=None):
+        """fastffn_gemm_cuda, D[M, N] = A[M, K] @ B[N, K]^T on the named stored copies, + bias; with
+        out, accumulated into it (the GEMM's beta = 1)."""
+        if out is not None:
+            return fp8.kernels().gemm_q(a, b, out.dtype, a_t=a_copy == "transposed", b_t=b_copy == "transposed",
+                                        fast_accum=fast_accum, out=out, accumulate=True)
         d = fp8.kernels().gemm_q(a, b, out_dtype, a_t=a_copy == "transposed", b_t=b_copy == "transposed",
                                  fast_accum=fast_accum)
         return d if bias is None else d + bias.to(d.dtype)
