@@ -134,7 +134,7 @@ def seeded_hf_model(config):
     return new_hf_model(config)
 
 
-def builders(workload, shape, data: StepData, model_name: str):
+def builders(workload, shape, data: StepData, model_name: str, fp8_lm_head: str = "bf16"):
     """{contender: (build(recompute) -> (model, forward() -> loss), context manager factory)}; the
     model's trainable parameters are what the optimizer steps."""
     from benchmarks.gpu import hf_varlen_attention
@@ -154,7 +154,7 @@ def builders(workload, shape, data: StepData, model_name: str):
     def ours(scaling=None):
         def build(recompute):
             hf = seeded_hf_model(config_with("sdpa"))
-            recipe = None if scaling is None else Fp8Recipe(scaling=scaling)
+            recipe = None if scaling is None else Fp8Recipe(scaling=scaling, lm_head=fp8_lm_head)
             model = FastLlama(hf, fp8_recipe=recipe, lora=lora, layer_recompute=recompute)
             del hf  # ours holds its own copies
             if data.packed_data:
@@ -288,12 +288,12 @@ def run_once(build, context, recompute, steps, warmup):
     return plan.oom_report(message, phase, allocated, peak)
 
 
-def profile_contenders(names, workload, shape, data, model_name, report, save, log) -> None:
+def profile_contenders(names, workload, shape, data, model_name, report, save, log, fp8_lm_head="bf16") -> None:
     """report["profiles"][contender]: profile_step.profile_training of each named contender, built as
     the timed rows build it (no recompute where the rows use none), on one step's data."""
     from benchmarks.gpu.profile_step import profile_training
 
-    table = builders(workload, shape, data, model_name)
+    table = builders(workload, shape, data, model_name, fp8_lm_head)
     report["profiles"] = {"workload": workload, "data": data.summary}
     for name in names:
         if name not in table:
@@ -316,7 +316,8 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
         save()
 
 
-def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None):
+def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None,
+                     fp8_lm_head="bf16"):
     """round_robin_rebuilt over the workload's contenders on `data` (a StepData) but those in not_run
     ({contender: why}, whose rows say why). A workload whose persistent state exceeds the device's
     memory is not built (every row says by how much). Each contender first runs without layer
@@ -333,7 +334,8 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
         log(f"{workload} {data.name}: {why}")
         return {"contenders": {name: {"does_not_fit": True, **fit, "error": why} for name in names},
                 "data": data.summary}
-    contenders = {n: b for n, b in builders(workload, shape, data, model_name).items() if n not in not_run}
+    contenders = {n: b for n, b in builders(workload, shape, data, model_name, fp8_lm_head).items()
+                  if n not in not_run}
     decided = {}  # contender -> {"recompute": bool, "oom_without_recompute": row} or {"oom": row}
     progress = []
 
@@ -427,6 +429,9 @@ def main():
     parser.add_argument("--profile", default=None, metavar="CONTENDERS",
                         help="comma-separated contenders: instead of timing, a kernel timeline of each on the first "
                              "--data and --workloads (profile_step.profile_training: by category, top kernels, gaps)")
+    parser.add_argument("--fp8-lm-head", default="bf16", choices=("bf16", "fp8"),
+                        help="the FP8 contenders' LM head + loss (Fp8Recipe.lm_head): bf16, the default, or its GEMMs "
+                             "in FP8 too")
     parser.add_argument("--allow-missing-peers", action="store_true",
                         help="run without a peer whose packages are missing (its rows say so) instead of stopping")
     args = parser.parse_args()
@@ -463,6 +468,7 @@ def main():
     report = {"environment": environment(),
               "command": "python3 -m benchmarks.gpu.bench_full_depth " + " ".join(sys.argv[1:]),
               "model": args.model,
+              "fp8_lm_head": args.fp8_lm_head,
               "shape": {**shape, "tokens": shape["batch"] * shape["seq"], "parameters": plan.parameter_count(**shape),
                         "lora_parameters": plan.lora_parameter_count(**shape), "lora_rank": plan.LORA_RANK,
                         "lora_alpha": plan.LORA_ALPHA, "lora_targets": list(plan.LORA_TARGETS)},
@@ -500,7 +506,7 @@ def main():
 
     if args.profile:
         profile_contenders(args.profile.split(","), workloads[0], shape, StepData(datasets[0], shape, args),
-                           args.model, report, save, log)
+                           args.model, report, save, log, args.fp8_lm_head)
         return
 
     for name in datasets:
@@ -511,7 +517,8 @@ def main():
             try:
                 hf_varlen_attention.CALLS.clear()
                 result = measure_workload(workload, shape, data, args.model, args.rounds, args.steps, args.warmup,
-                                          lambda progress, k=key: save(progress, k), stop_at, log, not_run)
+                                          lambda progress, k=key: save(progress, k), stop_at, log, not_run,
+                                          args.fp8_lm_head)
                 result["hf_varlen_attention_calls"] = dict(hf_varlen_attention.CALLS)
                 report["workloads"][key] = result
             except Exception as error:  # noqa: BLE001

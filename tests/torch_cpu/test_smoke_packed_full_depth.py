@@ -42,13 +42,24 @@ def full_depth_args(**overrides):
 @pytest.mark.parametrize("data", plan.DATA)
 @pytest.mark.parametrize("workload", sorted(plan.WORKLOADS))
 def test_full_depth_section(monkeypatch, tiny_profiles, workload, data):
+    full_depth_section(monkeypatch, workload, data, "bf16")
+
+
+@pytest.mark.parametrize("workload", ["lora", "full"])
+def test_full_depth_section_with_the_fp8_lm_head(monkeypatch, tiny_profiles, workload):
+    """--fp8-lm-head fp8: the FP8 contenders' LM head in FP8 too, on a packed step (labelled rows that
+    are not a multiple of 16)."""
+    full_depth_section(monkeypatch, workload, plan.PACKED_DATA[0], "fp8")
+
+
+def full_depth_section(monkeypatch, workload, data, fp8_lm_head):
     from benchmarks.gpu import bench_full_depth
 
     monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
     shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
     step_data = bench_full_depth.StepData(data, shape, full_depth_args(), device="cpu")
     assert step_data.labelled_tokens > 0 and step_data.packed_data == (data != "uniform")
-    table = bench_full_depth.builders(workload, shape, step_data, "llama2_7b")
+    table = bench_full_depth.builders(workload, shape, step_data, "llama2_7b", fp8_lm_head)
     assert tuple(table) == plan.contenders(workload, step_data.packed_data)
     failures = []
     for name, (build, context) in table.items():
@@ -70,6 +81,8 @@ def test_full_depth_section(monkeypatch, tiny_profiles, workload, data):
                             "optimizer_masters": make.__name__ in ("fused_master_adamw", "int8_compensated_adamw")}
                 wrong = [f"{k}={memory[k]}" for k, nonzero in expected.items() if (memory[k] > 0) != nonzero]
                 assert not wrong, f"memory_by_category: expected {expected}, got {wrong}"
+                if ours and fp8:  # the FP8 contenders' head follows --fp8-lm-head
+                    assert (model.lm_head_fp8 is not None) == (fp8_lm_head == "fp8"), model.lm_head_fp8
             run_step("full_depth", name, step, failures)
     check("full_depth", [c for w in plan.WORKLOADS for p in (True, False) for c in plan.contenders(w, p)], failures)
 
