@@ -78,6 +78,14 @@ def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
     return None
 
 
+def warn_fp8_head_not_run(family, why: str) -> None:
+    """Where the fused loss leaves the head to stock (`why`) while the family's recipe asks for the
+    FP8 head: one warning (an error under PADDLE_FASTFFN_STRICT=1), as fp8_head_recipe gives."""
+    recipe = family.fp8_recipe()
+    if recipe is not None and recipe.lm_head == "fp8":
+        warn_once(f"fp8_head:{why}", f"fast_ffn_fp8_lm_head=fp8: {why}; the LM head and loss stay stock")
+
+
 def causal_lm_forward(family, stock, self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
                       labels=None, use_cache=False, past_key_values=None, output_attentions=None,
                       output_hidden_states=None, return_dict=None, attn_mask_startend_row_indices=None):
@@ -97,6 +105,7 @@ def causal_lm_forward(family, stock, self, input_ids=None, position_ids=None, at
     weight, transpose, reason = family.fused_head_weight(self)
     if weight is None:
         info_once(f"fused_ce:{reason}", f"fused_cross_entropy: {reason}; the LM head and loss stay stock")
+        warn_fp8_head_not_run(family, reason)
         return stock(self, *arguments)
     config = self.config
     output_attentions = output_attentions if output_attentions is not None else config.output_attentions
@@ -115,6 +124,8 @@ def causal_lm_forward(family, stock, self, input_ids=None, position_ids=None, at
     else:  # AMP O1 mixes: the stock head (autocast casts its matmul) and criterion
         info_once("fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head weight "
                                     f"{weight.dtype} differ (AMP O1): the LM head and loss stay stock")
+        warn_fp8_head_not_run(family, f"hidden states {hidden_states.dtype} and LM head weight {weight.dtype} "
+                                      "differ (AMP O1)")
         logits = paddle.matmul(hidden_states, weight, transpose_y=True) if transpose else self.lm_head(hidden_states)
         loss = self.criterion(logits, labels)
     if not return_dict:

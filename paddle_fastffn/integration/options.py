@@ -120,7 +120,8 @@ class FastFFNOptions:
     fp8_lm_head: str = option("bf16", (
         "The LM head + loss under fast_ffn_precision=fp8: \"bf16\" (the activation dtype, as Transformer Engine's "
         "and NeMo's FP8 recipes keep it) or \"fp8\" (its three GEMMs in FP8, every operand current-scaled per "
-        "chunk of tokens; needs fast_ffn_fused_cross_entropy, hidden and vocabulary sizes multiples of 16)."))
+        "chunk of tokens; needs fast_ffn_fused_cross_entropy, hidden and vocabulary sizes multiples of 16, else "
+        "one warning and the 16-bit head)."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "
@@ -147,6 +148,9 @@ class FastFFNOptions:
         if not isinstance(self.fp8_emulate, bool):
             raise OptionError("fp8_emulate", "true or false", self.fp8_emulate)
         self.fp8_recipe()  # validates the recipe fields even while precision is bf16
+        if self.fp8_lm_head == "fp8" and not self.fused_cross_entropy:
+            raise OptionError("fp8_lm_head", "\"bf16\" where fused_cross_entropy is off (the FP8 LM head is the fused "
+                              "loss's GEMMs)", self.fp8_lm_head)
 
     def fp8_recipe(self):
         """The Fp8Recipe of the fp8_* fields; a bad value raises OptionError naming the fp8_* option

@@ -358,6 +358,7 @@ def fast_causal_lm_forward(self, input_ids, position_ids=None, attention_mask=No
     if reason is not None:
         if reason:
             info_once(f"pf_fused_ce:{reason}", f"fused_cross_entropy: {reason}; the LM head and loss stay stock")
+            lm_head.warn_fp8_head_not_run(_FP8_HEAD, reason)
         return _STATE.originals["causal_lm_forward"](
             self, input_ids, position_ids=position_ids, attention_mask=attention_mask,
             attn_mask_startend_row_indices=attn_mask_startend_row_indices, inputs_embeds=inputs_embeds,
@@ -377,6 +378,8 @@ def fast_causal_lm_forward(self, input_ids, position_ids=None, attention_mask=No
     if hidden_states.dtype != self.lm_head.weight.dtype:
         info_once("pf_fused_ce_dtype", f"fused_cross_entropy: hidden states {hidden_states.dtype} and LM head "
                                        f"weight {self.lm_head.weight.dtype} differ (AMP O1): stock head and loss")
+        lm_head.warn_fp8_head_not_run(_FP8_HEAD, f"hidden states {hidden_states.dtype} and LM head weight "
+                                                 f"{self.lm_head.weight.dtype} differ (AMP O1)")
         logits = self.lm_head(hidden_states)
         loss, _ = self.criterion(logits, labels)
     else:

@@ -63,7 +63,8 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def pad_rows(t, count, value):
-        return paddle.concat([t, paddle.full([count] + list(t.shape[1:]), value, dtype=t.dtype)])
+        # full_like of a row: on t's place (t has at least one row wherever the core pads)
+        return paddle.concat([t, paddle.full_like(t[:1], value).expand([count] + list(t.shape[1:]))])
 
     @staticmethod
     def write_rows(out, start, rows):

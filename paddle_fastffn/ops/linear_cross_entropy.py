@@ -82,11 +82,11 @@ def _fp8_head(recipe, hidden, weight, transpose_weight):
         raise ValueError(f"{OP}: the FP8 LM head (fp8_recipe) needs `weight`'s hidden size ({width}) and "
                          f"vocabulary ({vocab}) to be multiples of {GEMM_ALIGNMENT} (cuBLASLt's FP8 alignment)")
     cuda = backend_for("auto", hidden) == "cuda"
-    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(hidden.place) if cuda else "cpu",
-           threading.get_ident())
-    states = _FP8_HEAD_STATES.get(key)
+    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(hidden.place) if cuda else "cpu")
+    held = _FP8_HEAD_STATES.__dict__.setdefault("by_key", {})
+    states = held.get(key)
     if states is None:
-        states = _FP8_HEAD_STATES[key] = recipe.lm_head_states(EMULATED)
+        states = held[key] = recipe.lm_head_states(EMULATED)
     if cuda:
         states_on(states, hidden.place)
     else:
@@ -94,7 +94,7 @@ def _fp8_head(recipe, hidden, weight, transpose_weight):
     return Fp8LmHead(CUDA if cuda else EMULATED, states)
 
 
-_FP8_HEAD_STATES: dict = {}
+_FP8_HEAD_STATES = threading.local()  # by_key: this thread's states (_fp8_head)
 
 
 def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: paddle.Tensor,

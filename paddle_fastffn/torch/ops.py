@@ -135,7 +135,7 @@ def labelled_rows(hidden2d, labels1d, ignore_index: int):
     return core_lce.labelled_rows(BACKEND, hidden2d, labels1d, ignore_index)
 
 
-_FP8_HEAD_STATES: dict = {}
+_FP8_HEAD_STATES = threading.local()  # by_key: this thread's heads (fp8_head)
 
 
 def fp8_head(recipe, device):
@@ -145,11 +145,12 @@ def fp8_head(recipe, device):
     from paddle_fastffn.core.fp8.lm_head import Fp8LmHead
     from paddle_fastffn.torch.fp8.backend import TorchFp8Backend
 
-    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(device), threading.get_ident())
-    if key not in _FP8_HEAD_STATES:
+    key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(device))
+    held = _FP8_HEAD_STATES.__dict__.setdefault("by_key", {})
+    if key not in held:
         backend = TorchFp8Backend(device)
-        _FP8_HEAD_STATES[key] = Fp8LmHead(backend, recipe.lm_head_states(backend))
-    return _FP8_HEAD_STATES[key]
+        held[key] = Fp8LmHead(backend, recipe.lm_head_states(backend))
+    return held[key]
 
 
 def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_weight=False, chunk_tokens=None,

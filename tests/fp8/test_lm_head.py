@@ -170,6 +170,8 @@ def test_option_names_itself():
     assert FastFFNOptions(fp8_lm_head="fp8").fp8_recipe().lm_head == "fp8"
     with pytest.raises(OptionError, match="fp8_lm_head"):
         FastFFNOptions(fp8_lm_head="fp16")
+    with pytest.raises(OptionError, match="fp8_lm_head must be \"bf16\" where fused_cross_entropy is off"):
+        FastFFNOptions(fp8_lm_head="fp8", fused_cross_entropy=False)
 
 
 def test_threads_each_get_their_own_scaling_states():

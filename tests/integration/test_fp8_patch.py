@@ -461,3 +461,26 @@ def test_fp8_lm_head_on_a_misaligned_vocabulary_warns_once_and_keeps_the_head_in
         model(ids, labels=labels, attention_mask=mask)
         model(ids, labels=labels, attention_mask=mask)
     assert sum("fp8_lm_head" in str(w.message) for w in caught) == 1
+
+
+def test_fp8_lm_head_where_the_fused_loss_leaves_the_head_to_stock_says_so(monkeypatch):
+    """A head the fused loss cannot read (here a subclass of LlamaLMHead, whose forward may differ)
+    keeps stock's head and loss: with fp8_lm_head=fp8 asked for, that is a warning (an error in strict
+    mode), not an info line alone."""
+    from paddlenlp.transformers.llama.modeling import LlamaLMHead
+
+    from paddle_fastffn.ops._fallback import UnrequestedFallbackError
+
+    class CustomHead(LlamaLMHead):
+        pass
+
+    paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_lm_head="fp8")
+    model = tiny_model(seed=3, **FP8_SHAPES)
+    model.lm_head = CustomHead(model.config)
+    ids, labels, mask = batch()
+    with pytest.raises(UnrequestedFallbackError, match="fp8_lm_head=fp8: the LM head is CustomHead"):
+        model(ids, labels=labels, attention_mask=mask)
+    monkeypatch.setenv("PADDLE_FASTFFN_STRICT", "0")
+    with pytest.warns(RuntimeWarning, match="fp8_lm_head=fp8: the LM head is CustomHead.*stay stock"):
+        loss = model(ids, labels=labels, attention_mask=mask)[0]
+    assert np.isfinite(float(loss))
