@@ -130,6 +130,21 @@ def model_flops(batch, seq, hidden, vocab, layers, **shape) -> float:
     return 6 * gemm_weights * tokens + 6 * layers * batch * seq * seq * hidden
 
 
+def nemo_model_flops(batch, seq, hidden, vocab, layers, heads, kv_heads, inter, **_) -> float:
+    """Model FLOPs of one step as NeMo's performance tables count them (NeMo's flops formula for the
+    llama2 and llama3 families, nemo/utils/flops_formulas.py):
+
+        batch x seq x layers x hidden^2 x (12 + 12 kv_heads / heads + 18 inter / hidden
+                                           + 12 seq / hidden + 6 vocab / (layers x hidden))
+
+    which is model_flops with attention counted in full: 12 x layers x seq x hidden a token (QK^T and PV
+    over every position, no causal halving) where model_flops counts 6. It knows no packing: the
+    uniform rows it describes are those of NVIDIA's pretraining tables, so the full-depth benchmark
+    quotes it for its uniform rows only."""
+    return batch * seq * layers * hidden * hidden * (12 + 12 * kv_heads / heads + 18 * inter / hidden
+                                                    + 12 * seq / hidden + 6 * vocab / (layers * hidden))
+
+
 def packed_model_flops(segment_lengths, hidden, vocab, layers, **shape) -> float:
     """model_flops over a packed step: the GEMMs over every real token (the padding segments of a
     per-row layout are not counted) and causal attention within each example, 6 x layers x sum(n^2)

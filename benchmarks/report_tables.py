@@ -302,7 +302,9 @@ def full_depth_section(out, run, conventions=True):
                          if r.get("layer_recompute") else "none")
             rate = r.get("labelled_tokens_per_s", r["tokens_per_s"])
             rows.append([workload, name, _median(r), _median(r["forward_backward"]), _median(r["optimizer"]),
-                         f"{rate:.0f}", f"{r['model_tflops']:.0f}", f"{r['peak_bytes'] / 2**30:.2f}", recompute,
+                         f"{rate:.0f}", f"{r['model_tflops']:.0f}" + (f" (NeMo's count: {r['nemo_model_tflops']:.0f})"
+                                                                      if r.get("nemo_model_tflops") else ""),
+                         f"{r['peak_bytes'] / 2**30:.2f}", recompute,
                          _versus(contenders, name, peers) if _is_ours(name) else ""])
         out.append(table(["workload:data", "contender", "step ms (spread)", "fwd+bwd ms", "optimizer ms",
                            "labelled tokens/s", "model TFLOP/s", "peak GiB", "layer recompute", "step vs best peer"],

@@ -375,10 +375,11 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
     tokens = data.tokens
     if data.packed_data:
         flops = plan.packed_model_flops(data.segment_lengths, **shape)
-        executed = None
+        executed = nemo = None
     else:
         flops = plan.model_flops(**shape)
         executed = plan.lora_executed_flops(**shape) if workload == "lora" else flops
+        nemo = plan.nemo_model_flops(**shape)
     results.update({name: {"error": why} for name, why in not_run.items() if name in names})
     for row in results.values():
         if isinstance(row.get("step"), dict):
@@ -386,13 +387,14 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
             seconds = row["p50_ms"] * 1e-3
             row.update(tokens_per_s=tokens / seconds, labelled_tokens_per_s=data.labelled_tokens / seconds,
                        model_tflops=flops / seconds / 1e12,
-                       executed_tflops=None if executed is None else executed / seconds / 1e12)
+                       executed_tflops=None if executed is None else executed / seconds / 1e12,
+                       nemo_model_tflops=None if nemo is None else nemo / seconds / 1e12)
     first = {n: r["first_losses"][0] for n, r in results.items() if r.get("first_losses")}
     return {"contenders": results, "data": data.summary, "comparison": compare_to_peers(results, workload),
             "first_step_losses": first,
             "first_step_loss_max_relative_difference":
                 (max(first.values()) - min(first.values())) / abs(min(first.values())) if len(first) > 1 else None,
-            "model_flops_per_step": flops, "executed_flops_per_step": executed}
+            "model_flops_per_step": flops, "executed_flops_per_step": executed, "nemo_model_flops_per_step": nemo}
 
 
 def compare_to_peers(results: dict, workload: str) -> dict:
@@ -482,6 +484,10 @@ def main():
                                   "same model FLOPs for LoRA rows",
                   "executed_tflops": "uniform rows only: LoRA: the GEMM work a LoRA step does (frozen GEMMs forward "
                                      "+ input gradient, attention, adapters 3x); full fine-tune: model_tflops",
+                  "nemo_model_tflops": "uniform rows only: NeMo's performance tables' model FLOPs (its llama2/llama3 "
+                                       "formula: batch x seq x layers x hidden^2 x (12 + 12 kv_heads/heads + 18 "
+                                       "inter/hidden + 12 seq/hidden + 6 vocab/(layers x hidden)), attention counted "
+                                       "in full)",
                   "labelled_tokens_per_s": "the step's labelled tokens (equal for every contender) / its median time",
                   "peak_bytes": "torch.cuda.max_memory_allocated over one step after reset_peak_memory_stats: weights, "
                                 "optimizer state, gradients, activations",

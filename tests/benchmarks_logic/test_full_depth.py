@@ -25,6 +25,19 @@ def test_llama2_7b_parameter_counts():
     assert plan.lora_parameter_count(**SHAPE) == 32 * 624_640
 
 
+def test_nemo_model_flops_count_attention_in_full():
+    """NeMo's tables' convention: model_flops plus the causal half it leaves out (12 instead of 6 x
+    layers x seq x hidden a token); LLaMA-2-7B at 4096 tokens: 4096^2 x 32 x (12 + 12 + 18 x 11008 /
+    4096 + 12 + 6 x 32000 / (32 x 4096)) = 46.08 GFLOP a token; Llama-3-8B's grouped KV heads count
+    12 x 8 / 32 for k and v."""
+    for shape in (plan.LLAMA2_7B, plan.LLAMA3_8B):
+        extra = 6 * shape["layers"] * shape["batch"] * shape["seq"] ** 2 * shape["hidden"]
+        assert plan.nemo_model_flops(**shape) == pytest.approx(plan.model_flops(**shape) + extra, rel=1e-12)
+    per_token = plan.nemo_model_flops(**SHAPE) / (SHAPE["batch"] * SHAPE["seq"])
+    assert per_token == pytest.approx(4096**2 * 32 * (12 + 12 + 18 * 11008 / 4096 + 12 + 6 * 32000 / (32 * 4096)))
+    assert per_token == pytest.approx(46.084e9, rel=1e-4)
+
+
 def test_model_flops_are_six_n_t_plus_causal_attention():
     tokens = SHAPE["batch"] * SHAPE["seq"]
     gemm_weights = plan.parameter_count(**SHAPE) - SHAPE["vocab"] * SHAPE["hidden"] - (2 * 32 + 1) * SHAPE["hidden"]
@@ -142,7 +155,8 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
                                        "hf_liger_peft": {"error": "not run: cannot be imported here (missing peft)"}},
                         "first_step_losses": {"ours": 10.4, "ours_fp8_delayed": 10.41},
                         "first_step_loss_max_relative_difference": 1e-3},
-               "full": {"contenders": {"ours": row(400.0, 120.0), "ours_fp8_delayed": {**oom, "rounds": []},
+               "full": {"contenders": {"ours": row(400.0, 120.0, nemo_model_tflops=540.0),
+                                       "ours_fp8_delayed": {**oom, "rounds": []},
                                        "hf_liger": row(440.0, 125.0, layer_recompute=True,
                                                        recompute_because=plan.describe_oom(oom))}},
                "full:gsm8k": {"contenders": {"ours": {"does_not_fit": True,
@@ -154,6 +168,7 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
     assert "OOM in step: asked 1.95 GiB, 1.02 GiB free (short by at least 0.93 GiB)" in text
     assert "hf_liger: 1.100x" in text  # ours 400 ms against hf_liger's 440 ms
     assert "full recompute per layer" in text
+    assert "| 500 (NeMo's count: 540) |" in text and text.count("NeMo's count") == 1  # uniform rows quote it
     assert "120.00" in text and "125.00" in text
     # a workload no contender fits is one line rather than a table of identical rows
     assert "full:gsm8k: no contender fits (ours): state 100.41 GiB > 79.18 GiB (short by 21.23 GiB)." in text
