@@ -99,6 +99,8 @@ def fast_path_report(model, args=None) -> dict:
                      f"unfused)")
     if options.precision == "fp8" and family.fp8_recipe() is None:
         notes.append(fp8_attach.fp8_fallback_reason() or "fast_ffn_precision=fp8 cannot run here: bf16")
+    elif options.precision == "fp8" and family.fp8_recipe().lm_head == "fp8" and "fused_cross_entropy" not in off:
+        notes.append("the LM head + loss's GEMMs in FP8 too (fast_ffn_fp8_lm_head=fp8)")
     if getattr(config, "use_recompute", False):
         notes.append(f"recompute granularity {getattr(config, 'recompute_granularity', 'full')!r} "
                      f"(use_reentrant={bool(getattr(config, 'recompute_use_reentrant', False))})")

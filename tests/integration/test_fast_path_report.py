@@ -42,3 +42,11 @@ def test_a_model_built_before_enabling_reports_its_unfused_projections():
 def test_stock_reports_nothing_patched():
     report = fast_path_report(tiny_model())
     assert report == {"use_fast_ffn": False, "decoder_layers": 2, "fast_path_layers": 0, "off": {}, "notes": []}
+
+
+def test_the_fp8_lm_head_is_said():
+    paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True, fp8_lm_head="fp8")
+    assert "the LM head + loss's GEMMs in FP8 too (fast_ffn_fp8_lm_head=fp8)" in report_line(fast_path_report(tiny_model()))
+    paddle_fastffn.revert_fast_ffn()
+    paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True)
+    assert "LM head" not in report_line(fast_path_report(tiny_model()))
