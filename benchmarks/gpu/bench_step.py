@@ -85,9 +85,14 @@ def loss_contenders(vocab, tokens, width, liger, device="cuda"):
     impls = {"hf_eager": (lambda h, w: hf_loss(h, w, labels), [hidden, w_vh]),
              "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
              "ours": (lambda h, w: ops.linear_cross_entropy(h, w, labels), [hidden, w_hv]),
-             # the same op with its three GEMMs in FP8 (Fp8Recipe.lm_head "fp8")
+             # the same op with its three GEMMs in FP8 (Fp8Recipe.lm_head "fp8"): the default chunks
+             # (1 GiB counted in fp32; at vocab 128256 2080 rows, each re-reading and re-writing the
+             # fp32 d_W), and 4096-row chunks (half the passes over d_W, twice the transient logits)
              "ours_fp8": (lambda h, w: ops.linear_cross_entropy(h, w, labels, fp8_recipe=FP8_HEAD_RECIPE),
-                          [hidden, w_hv])}
+                          [hidden, w_hv]),
+             "ours_fp8_chunk4096": (lambda h, w: ops.linear_cross_entropy(h, w, labels, chunk_tokens=4096,
+                                                                          fp8_recipe=FP8_HEAD_RECIPE),
+                                    [hidden, w_hv])}
     if liger:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger_loss = LigerFusedLinearCrossEntropyLoss()
