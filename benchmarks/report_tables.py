@@ -268,6 +268,8 @@ def full_depth_section(out, run, conventions=True):
     else:
         out.append(f"{shape['parameters'] / 1e9:.2f} B parameters, LoRA {shape['lora_parameters'] / 1e6:.1f} M "
                    "trainable; method, FLOPs and peak as in the section above.\n")
+    if run.get("fp8_lm_head") == "fp8":
+        out.append("The FP8 contenders' LM head + loss run in FP8 too (`--fp8-lm-head fp8`); the bf16 ones' in bf16.\n")
     for workload, result in run["workloads"].items():
         if workload.startswith("full_low_memory"):
             optimizers = {n: r.get("optimizer_name") for n, r in result.get("contenders", {}).items()}

@@ -64,17 +64,24 @@ def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
     recipe = family.fp8_recipe()
     if recipe is None or recipe.lm_head != "fp8":
         return None
-    from ..fp8.cuda import GEMM_ALIGNMENT
-
-    width, vocab = (weight.shape[1], weight.shape[0]) if transpose else weight.shape
-    why_not = None
-    if hidden_states.dtype not in (paddle.bfloat16, paddle.float32):
-        why_not = f"the hidden states are {hidden_states.dtype}, not bfloat16 or float32"
-    elif width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
-        why_not = f"hidden size {width} or vocabulary {vocab} is not a multiple of {GEMM_ALIGNMENT}"
+    why_not = fp8_head_unsupported(hidden_states.dtype, weight, transpose)
     if why_not is None:
         return recipe
     warn_once(f"fp8_head:{why_not}", f"fast_ffn_fp8_lm_head=fp8: {why_not}; the LM head stays in {hidden_states.dtype}")
+    return None
+
+
+def fp8_head_unsupported(dtype, weight, transpose: bool) -> str | None:
+    """Why the FP8 head cannot take hidden states of `dtype` and this head weight ([H, V], or [V, H]
+    transposed), or None: FP8 GEMMs want bf16/fp32 inputs (the loss kernel's fp16 path scales in the
+    GEMMs) and H, V multiples of 16 (cuBLASLt's alignment)."""
+    from ..fp8.cuda import GEMM_ALIGNMENT
+
+    width, vocab = (weight.shape[1], weight.shape[0]) if transpose else weight.shape
+    if dtype not in (paddle.bfloat16, paddle.float32):
+        return f"the hidden states are {dtype}, not bfloat16 or float32"
+    if width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
+        return f"hidden size {width} or vocabulary {vocab} is not a multiple of {GEMM_ALIGNMENT}"
     return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from . import fp8_attach
 from .family import FAMILIES
 from .fused_projections import distributed_layers, stock_config_values
+from .lm_head import fp8_head_unsupported
 from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
 
@@ -79,11 +80,14 @@ def fast_path_report(model, args=None) -> dict:
         off["rms_norm"] = "use_fused_rms_norm on this device: LlamaRMSNorm keeps its device kernel"
     if "rms_norm" not in off and getattr(config, "sequence_parallel", False):
         notes.append("sequence_parallel: the residual add and post-attention norm stay PaddleNLP's")
+    head = None  # (weight, transpose) where the fused loss reads the head
     if "fused_cross_entropy" not in off:
         if isinstance(base, family.causal_lm_class()):
-            weight, _transpose, reason = family.fused_head_weight(base)
+            weight, transpose, reason = family.fused_head_weight(base)
             if weight is None:
                 off["fused_cross_entropy"] = reason
+            else:
+                head = (weight, transpose)
         else:
             off["fused_cross_entropy"] = f"{type(base).__name__} computes its own loss ({family.causal_lm_class().__name__} only)"
     optim = str(getattr(args, "optim", "adamw")).split(".")[-1].lower()
@@ -99,8 +103,13 @@ def fast_path_report(model, args=None) -> dict:
                      f"unfused)")
     if options.precision == "fp8" and family.fp8_recipe() is None:
         notes.append(fp8_attach.fp8_fallback_reason() or "fast_ffn_precision=fp8 cannot run here: bf16")
-    elif options.precision == "fp8" and family.fp8_recipe().lm_head == "fp8" and "fused_cross_entropy" not in off:
-        notes.append("the LM head + loss's GEMMs in FP8 too (fast_ffn_fp8_lm_head=fp8)")
+    elif options.precision == "fp8" and family.fp8_recipe().lm_head == "fp8":
+        # The training forward's own rule (lm_head.fp8_head_recipe), with the weight's dtype for the
+        # hidden states' (the fused loss runs only where they match).
+        why_not = (off.get("fused_cross_entropy", "fast_ffn_fused_cross_entropy is off") if head is None
+                   else fp8_head_unsupported(head[0].dtype, *head))
+        notes.append("the LM head + loss's GEMMs in FP8 too (fast_ffn_fp8_lm_head=fp8)" if why_not is None
+                     else f"fast_ffn_fp8_lm_head=fp8 asked for, but the LM head stays 16-bit: {why_not}")
     if getattr(config, "use_recompute", False):
         notes.append(f"recompute granularity {getattr(config, 'recompute_granularity', 'full')!r} "
                      f"(use_reentrant={bool(getattr(config, 'recompute_use_reentrant', False))})")

@@ -169,6 +169,10 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
     assert "hf_liger: 1.100x" in text  # ours 400 ms against hf_liger's 440 ms
     assert "full recompute per layer" in text
     assert "| 500 (NeMo's count: 540) |" in text and text.count("NeMo's count") == 1  # uniform rows quote it
+    assert "--fp8-lm-head" not in text
+    fp8_head = []
+    full_depth_section(fp8_head, {**run, "fp8_lm_head": "fp8"})
+    assert "LM head + loss run in FP8 too (`--fp8-lm-head fp8`)" in "\n".join(fp8_head)
     assert "120.00" in text and "125.00" in text
     # a workload no contender fits is one line rather than a table of identical rows
     assert "full:gsm8k: no contender fits (ours): state 100.41 GiB > 79.18 GiB (short by 21.23 GiB)." in text

@@ -50,3 +50,10 @@ def test_the_fp8_lm_head_is_said():
     paddle_fastffn.revert_fast_ffn()
     paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True)
     assert "LM head" not in report_line(fast_path_report(tiny_model()))
+
+
+def test_an_fp8_lm_head_the_model_cannot_take_is_said_as_such():
+    paddle_fastffn.apply_fast_ffn_to_llama(precision="fp8", fp8_emulate=True, fp8_lm_head="fp8")
+    line = report_line(fast_path_report(tiny_model(vocab_size=120)))
+    assert ("fast_ffn_fp8_lm_head=fp8 asked for, but the LM head stays 16-bit: hidden size 64 or vocabulary 120 is "
+            "not a multiple of 16") in line and "GEMMs in FP8 too" not in line
