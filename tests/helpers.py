@@ -1,5 +1,7 @@
 """Paddle-side test helpers shared by the op and integration tests."""
 
+import contextlib
+
 import numpy as np
 import paddle
 
@@ -27,3 +29,23 @@ def grads_of(outputs, upstream, inputs):
         term = (out.astype(up.dtype) * up).sum()
         total = term if total is None else total + term
     return paddle.grad(total, inputs, allow_unused=True)
+
+
+@contextlib.contextmanager
+def fp8_heads_made():
+    """[(need_d_hidden, need_d_weight, layout)] of every core/fp8/lm_head.py Fp8HeadGemms made inside:
+    one per fused-loss call whose GEMMs ran in FP8 (layout "in_out" for an [H, V] head, "out_in" for
+    a tied [V, H] one)."""
+    from paddle_fastffn.core.fp8 import lm_head
+
+    made, init = [], lm_head.Fp8HeadGemms.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append((self.need_d_hidden, self.need_d_weight, self.layout))
+
+    lm_head.Fp8HeadGemms.__init__ = recorded
+    try:
+        yield made
+    finally:
+        lm_head.Fp8HeadGemms.__init__ = init

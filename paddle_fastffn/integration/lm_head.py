@@ -16,6 +16,7 @@ import paddle
 from paddle import nn
 
 from .. import ops
+from ..ops.linear_cross_entropy import fp8_head_unsupported
 from . import masks, state
 from .fused_projections import distributed_layers
 from .messages import info_once, warn_once
@@ -56,13 +57,19 @@ def fused_head_weight(model, modeling, head_class, criterion_class):
     return weight, transpose, None
 
 
-def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
-    """The family's Fp8Recipe where its LM head runs in FP8 (fast_ffn_precision=fp8 with
-    fp8_lm_head=fp8), else None; a head FP8 cannot take (16-bit that is not bf16, a hidden size or
-    vocabulary not a multiple of 16) stays in its own dtype with one warning (an error under
-    PADDLE_FASTFFN_STRICT=1)."""
+def fp8_head_asked(family):
+    """The family's Fp8Recipe where it asks for the FP8 LM head (fast_ffn_precision=fp8 running, with
+    fp8_lm_head=fp8), else None."""
     recipe = family.fp8_recipe()
-    if recipe is None or recipe.lm_head != "fp8":
+    return recipe if recipe is not None and recipe.lm_head == "fp8" else None
+
+
+def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
+    """fp8_head_asked's recipe where this head can run in FP8 (ops.linear_cross_entropy's
+    fp8_head_unsupported), else None; one the FP8 head cannot take stays in its own dtype with one
+    warning (an error under PADDLE_FASTFFN_STRICT=1)."""
+    recipe = fp8_head_asked(family)
+    if recipe is None:
         return None
     why_not = fp8_head_unsupported(hidden_states.dtype, weight, transpose)
     if why_not is None:
@@ -71,25 +78,10 @@ def fp8_head_recipe(family, hidden_states, weight, transpose: bool):
     return None
 
 
-def fp8_head_unsupported(dtype, weight, transpose: bool) -> str | None:
-    """Why the FP8 head cannot take hidden states of `dtype` and this head weight ([H, V], or [V, H]
-    transposed), or None: FP8 GEMMs want bf16/fp32 inputs (the loss kernel's fp16 path scales in the
-    GEMMs) and H, V multiples of 16 (cuBLASLt's alignment)."""
-    from ..fp8.cuda import GEMM_ALIGNMENT
-
-    width, vocab = (weight.shape[1], weight.shape[0]) if transpose else weight.shape
-    if dtype not in (paddle.bfloat16, paddle.float32):
-        return f"the hidden states are {dtype}, not bfloat16 or float32"
-    if width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
-        return f"hidden size {width} or vocabulary {vocab} is not a multiple of {GEMM_ALIGNMENT}"
-    return None
-
-
 def warn_fp8_head_not_run(family, why: str) -> None:
-    """Where the fused loss leaves the head to stock (`why`) while the family's recipe asks for the
-    FP8 head: one warning (an error under PADDLE_FASTFFN_STRICT=1), as fp8_head_recipe gives."""
-    recipe = family.fp8_recipe()
-    if recipe is not None and recipe.lm_head == "fp8":
+    """Where the fused loss leaves the head to stock (`why`) while the family asks for the FP8 head:
+    one warning (an error under PADDLE_FASTFFN_STRICT=1), as fp8_head_recipe gives."""
+    if fp8_head_asked(family) is not None:
         warn_once(f"fp8_head:{why}", f"fast_ffn_fp8_lm_head=fp8: {why}; the LM head and loss stay stock")
 
 

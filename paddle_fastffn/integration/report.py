@@ -7,7 +7,8 @@ from __future__ import annotations
 from . import fp8_attach
 from .family import FAMILIES
 from .fused_projections import distributed_layers, stock_config_values
-from .lm_head import fp8_head_unsupported
+from ..ops.linear_cross_entropy import fp8_head_unsupported
+from .lm_head import fp8_head_asked
 from .options import SWITCHES  # each the fast_ffn_<name> TrainingArguments field
 from .registry import enabled_options
 
@@ -103,7 +104,7 @@ def fast_path_report(model, args=None) -> dict:
                      f"unfused)")
     if options.precision == "fp8" and family.fp8_recipe() is None:
         notes.append(fp8_attach.fp8_fallback_reason() or "fast_ffn_precision=fp8 cannot run here: bf16")
-    elif options.precision == "fp8" and family.fp8_recipe().lm_head == "fp8":
+    elif options.precision == "fp8" and fp8_head_asked(family) is not None:
         # The training forward's own rule (lm_head.fp8_head_recipe), with the weight's dtype for the
         # hidden states' (the fused loss runs only where they match).
         why_not = (off.get("fused_cross_entropy", "fast_ffn_fused_cross_entropy is off") if head is None

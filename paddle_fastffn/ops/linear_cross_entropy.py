@@ -65,22 +65,31 @@ def _check_inputs(hidden, weight, labels, transpose_weight, chunk_tokens):
         raise ValueError(f"{OP}: `chunk_tokens` must be a positive int or None, got {chunk_tokens!r}")
 
 
+def fp8_head_unsupported(dtype, weight, transpose_weight: bool) -> str | None:
+    """Why the FP8 head cannot take hidden states of `dtype` and this head weight ([H, V], or [V, H]
+    with transpose_weight), or None: bf16 or fp32 hidden states (the loss kernel's fp16 path scales
+    the gradient in the GEMMs, which FP8 GEMMs do not) and H, V aligned (core/fp8/lm_head.py)."""
+    from ..core.fp8.lm_head import sizes_error
+
+    if dtype not in (paddle.bfloat16, paddle.float32):
+        return f"the hidden states are {dtype}, not bfloat16 or float32"
+    width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
+    return sizes_error(width, vocab)
+
+
 def _fp8_head(recipe, hidden, weight, transpose_weight):
     """The core's Fp8LmHead for this call: the CUDA FP8 backend where it runs, else the emulation
     (one warning); the recipe's LM head states, made once per (formats, margin, device, thread) and
     reused, since current scaling carries nothing from one call to the next (core/fp8/lm_head.py);
     per thread, since a call writes its scales between their computation and their use."""
     from ..core.fp8.lm_head import Fp8LmHead
-    from ..fp8.cuda import CUDA, GEMM_ALIGNMENT, backend_for, states_on
+    from ..fp8.cuda import CUDA, backend_for, states_on
     from ..fp8.emulated import EMULATED
     from ..fp8.linear import warn_emulated
 
-    if hidden.dtype not in (paddle.bfloat16, paddle.float32):
-        raise ValueError(f"{OP}: the FP8 LM head (fp8_recipe) takes bfloat16 or float32 `hidden`, got {hidden.dtype}")
-    width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
-    if width % GEMM_ALIGNMENT or vocab % GEMM_ALIGNMENT:
-        raise ValueError(f"{OP}: the FP8 LM head (fp8_recipe) needs `weight`'s hidden size ({width}) and "
-                         f"vocabulary ({vocab}) to be multiples of {GEMM_ALIGNMENT} (cuBLASLt's FP8 alignment)")
+    why_not = fp8_head_unsupported(hidden.dtype, weight, transpose_weight)
+    if why_not is not None:
+        raise ValueError(f"{OP}: `hidden` and `weight` cannot run the FP8 LM head (fp8_recipe): {why_not}")
     cuda = backend_for("auto", hidden) == "cuda"
     key = (recipe.forward_format, recipe.backward_format, recipe.margin, str(hidden.place) if cuda else "cpu")
     held = _FP8_HEAD_STATES.__dict__.setdefault("by_key", {})

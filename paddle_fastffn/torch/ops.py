@@ -14,6 +14,7 @@ import torch
 import paddle_fastffn.core
 from paddle_fastffn.core import ffn as core_ffn
 from paddle_fastffn.core import linear_cross_entropy as core_lce
+from paddle_fastffn.core.fp8.lm_head import sizes_error
 from paddle_fastffn.core import residual as core_residual
 from paddle_fastffn.core import rms_norm as core_rms_norm
 from paddle_fastffn.core import rotary as core_rotary
@@ -163,9 +164,10 @@ def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_we
     fp8 = None
     if fp8_recipe is not None:
         width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
-        if hidden.dtype not in (torch.bfloat16, torch.float32) or width % 16 or vocab % 16:
-            raise ValueError(f"linear_cross_entropy: the FP8 LM head takes bf16 or fp32 hidden and H, V multiples "
-                             f"of 16; got {hidden.dtype}, H = {width}, V = {vocab}")
+        why_not = (f"the hidden states are {hidden.dtype}, not bf16 or fp32"
+                   if hidden.dtype not in (torch.bfloat16, torch.float32) else sizes_error(width, vocab))
+        if why_not is not None:
+            raise ValueError(f"linear_cross_entropy: `hidden` and `weight` cannot run the FP8 LM head: {why_not}")
         fp8 = fp8_head(fp8_recipe, hidden.device)
     hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
                                                    labels.reshape(-1).long().contiguous(), ignore_index)

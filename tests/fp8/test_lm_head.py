@@ -148,10 +148,12 @@ def test_every_label_ignored_gives_the_stock_nan_and_zero_gradients():
 
 def test_arguments_fp8_cannot_take_are_named():
     h, w, labels, *_ = make_case(32, 32, 48, False, 0)
-    with pytest.raises(ValueError, match="FP8 LM head.*bfloat16 or float32 `hidden`, got paddle.float16"):
+    with pytest.raises(ValueError, match=r"`hidden` and `weight` cannot run the FP8 LM head \(fp8_recipe\): the hidden "
+                                         r"states are paddle.float16, not bfloat16 or float32"):
         run(h.astype("float16"), w.astype("float16"), labels, 4096, False)
     h, w, labels, *_ = make_case(32, 32, 40, False, 0)
-    with pytest.raises(ValueError, match=r"`weight`'s hidden size \(32\) and vocabulary \(40\) .* multiples of 16"):
+    with pytest.raises(ValueError, match=r"FP8 LM head \(fp8_recipe\): hidden size 32 or vocabulary 40 is not a "
+                                         r"multiple of 16"):
         run(h, w, labels, 4096, False)
 
 

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from paddle_fastffn.core.fp8 import lm_head
 from paddle_fastffn.core.fp8.lm_head import chunk_rows
 from paddle_fastffn.torch import ops
+from paddle_fastffn.torch.fp8.c_api import FP8_MAX
 from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
 from tests.gpu.test_fp8_kernels import NORM_ERROR
 
 IGNORE = -100
 RECIPE = Fp8Recipe(lm_head="fp8")
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 # Norm-wise, the gradients against the reference built on the op's own logits: the gradient GEMMs'
 # promoted FP8 accumulation (test_fp8_kernels' NORM_ERROR["fp8"], 2^-10), the outputs' rounding to bf16
 # (2^-9), and the few elements of d_logits whose fp32 value (the kernel's) and float64 value (the
@@ -43,7 +43,9 @@ LOGITS_RTOL = NORM_ERROR["fp8_fast"]
 
 def dequantized(t: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
     """float64 values of t quantised with its own amax (current scaling): the fp32 scale
-    fmt_max / amax, the fp32 product saturated and rounded to nearest even by torch's cast."""
+    fmt_max / amax, the fp32 product saturated and rounded to nearest even by torch's cast.
+    (test_fp8_linear_and_model's dequantized_ref makes its scale on the GPU; this one also runs on
+    the CPU harness, tests/torch_cpu/test_fp8_lm_head_cpu.py.)"""
     t32 = t.float()
     amax = t32.abs().max()
     scale = torch.where(amax > 0, torch.tensor(FP8_MAX[fmt], device=t.device) / amax, torch.ones_like(amax))
@@ -152,12 +154,17 @@ def test_fp8_head_of_a_frozen_weight_gives_d_hidden_alone():
     assert torch.equal(grads[0], grads[1])
 
 
+def check_rejections(device="cuda"):
+    """What cuBLASLt's FP8 GEMMs cannot take is an error naming the arguments and why."""
+    labels = torch.zeros(64, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match="`hidden` and `weight` cannot run the FP8 LM head: hidden size 40 or "
+                                         "vocabulary 128 is not a multiple of 16"):
+        ops.linear_cross_entropy(torch.randn(64, 40, device=device, dtype=torch.bfloat16),
+                                 torch.randn(40, 128, device=device, dtype=torch.bfloat16), labels, fp8_recipe=RECIPE)
+    with pytest.raises(ValueError, match="cannot run the FP8 LM head: the hidden states are torch.float16, not bf16"):
+        ops.linear_cross_entropy(torch.randn(64, 64, device=device, dtype=torch.float16),
+                                 torch.randn(64, 128, device=device, dtype=torch.float16), labels, fp8_recipe=RECIPE)
+
+
 def test_fp8_head_rejects_what_cublaslt_fp8_cannot_take():
-    hidden = torch.randn(64, 40, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="H, V multiples of 16"):
-        ops.linear_cross_entropy(hidden, torch.randn(40, 128, device="cuda", dtype=torch.bfloat16),
-                                 torch.zeros(64, dtype=torch.long, device="cuda"), fp8_recipe=RECIPE)
-    with pytest.raises(ValueError, match="bf16 or fp32 hidden"):
-        ops.linear_cross_entropy(torch.randn(64, 64, device="cuda", dtype=torch.float16),
-                                 torch.randn(64, 128, device="cuda", dtype=torch.float16),
-                                 torch.zeros(64, dtype=torch.long, device="cuda"), fp8_recipe=RECIPE)
+    check_rejections()

@@ -446,6 +446,7 @@ def _relative_errors(grads: dict, ref: dict):
 
 def measure(cell: Cell) -> dict:
     """Runs `cell` stock and fast; returns what the test asserts and the results file records."""
+    from helpers import fp8_heads_made
     from paddle_fastffn.ops import _loader
 
     import paddle_fastffn
@@ -457,8 +458,7 @@ def measure(cell: Cell) -> dict:
             with paddle.utils.unique_name.guard():
                 calls_before = dict(_loader.CALL_COUNTS)
                 args, model = build(cell, side == "fast", os.path.join(tmp, side))
-                with _counting_causal_mask_checks(side == "fast") as mask_checks, \
-                        _counting_fp8_heads() as fp8_heads:
+                with _counting_causal_mask_checks(side == "fast") as mask_checks, fp8_heads_made() as fp8_heads:
                     collator = collator_for(cell, side == "fast")
                     loss, grads, trainable = one_step_gradients(cell, model, rows, collator)
                     losses, optimizer, quantized = trainer_losses(args, model, rows, collator)
@@ -466,7 +466,7 @@ def measure(cell: Cell) -> dict:
                          if v - calls_before.get(k, 0)}
                 result[side] = dict(loss=loss, grads=grads, trainable=set(trainable), losses=losses,
                                     optimizer=optimizer, quantized_moments=quantized, kernel_calls=calls,
-                                    mask_checks=mask_checks[0], fp8_heads=fp8_heads[0])
+                                    mask_checks=mask_checks[0], fp8_heads=len(fp8_heads))
         paddle_fastffn.revert_fast_ffn()
     stock, fast = result["stock"], result["fast"]
     errors = _relative_errors(fast["grads"], {k: v for k, v in stock["grads"].items() if k in fast["grads"]})
@@ -490,25 +490,6 @@ def measure(cell: Cell) -> dict:
         fp8_head_calls_fast=fast["fp8_heads"], fp8_head_calls_stock=stock["fp8_heads"],
         fp8=cell.fp8,
     )
-
-
-@contextlib.contextmanager
-def _counting_fp8_heads():
-    """[count] of the LM head + loss calls whose GEMMs ran in FP8 (core/fp8/lm_head.py's
-    Fp8HeadGemms, one per call)."""
-    from paddle_fastffn.core.fp8 import lm_head
-
-    count, init = [0], lm_head.Fp8HeadGemms.__init__
-
-    def counted(self, *args, **kwargs):
-        count[0] += 1
-        init(self, *args, **kwargs)
-
-    lm_head.Fp8HeadGemms.__init__ = counted
-    try:
-        yield count
-    finally:
-        lm_head.Fp8HeadGemms.__init__ = init
 
 
 @contextlib.contextmanager

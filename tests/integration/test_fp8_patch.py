@@ -14,6 +14,7 @@ from paddlenlp.trainer import PdArgumentParser
 from paddlenlp.transformers import LlamaForCausalLM
 
 import paddle_fastffn
+from helpers import fp8_heads_made
 from llama_fixtures import batch, logits_of, tiny_model, train_steps
 from paddle_fastffn.fp8 import Fp8FFN, Fp8Linear, Fp8Recipe, track_optimizer, weights_updated
 from paddle_fastffn.integration import enabled_options, fp8_attach
@@ -418,31 +419,22 @@ def test_fp8_delayed_scaling_under_paddlenlp_recompute_is_training_without_it(re
     assert any(not np.array_equal(history, plain_states[key][0]) for key, (history, _) in unwrapped.items())
 
 
-def test_fp8_lm_head_trains_close_to_fp32_and_runs_its_gemms_in_fp8(monkeypatch):
+def test_fp8_lm_head_trains_close_to_fp32_and_runs_its_gemms_in_fp8():
     """fp8_lm_head=fp8: the fused loss's three GEMMs in FP8 (core/fp8/lm_head.py) under the Trainer's
     own forward; losses within the FP8 training budget of fp32, and not those of the bf16 head."""
-    from paddle_fastffn.core.fp8 import lm_head as core_fp8_head
-
-    made = []
-    real = core_fp8_head.Fp8HeadGemms
-
-    class Counted(real):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append((self.need_d_hidden, self.need_d_weight))
-
-    monkeypatch.setattr(core_fp8_head, "Fp8HeadGemms", Counted)
     steps = 4
     paddle_fastffn.apply_fast_ffn_to_llama()
     fp32_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
     paddle_fastffn.revert_fast_ffn()
     paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED)
-    bf16_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
+    with fp8_heads_made() as made:
+        bf16_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
     assert not made
     paddle_fastffn.revert_fast_ffn()
     paddle_fastffn.apply_fast_ffn_to_llama(**FP8_EMULATED, fp8_lm_head="fp8")
-    fp8_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
-    assert made == [(True, True)] * steps  # one FP8 head per step, both gradients
+    with fp8_heads_made() as made:
+        fp8_head_losses = train_steps(tiny_model(seed=3, **FP8_SHAPES), steps)
+    assert made == [(True, True, "in_out")] * steps  # one FP8 head per step, both gradients
     np.testing.assert_allclose(fp8_head_losses, fp32_losses, rtol=FP8_TRAINING_LOSS_RTOL)
     assert not np.array_equal(fp8_head_losses, bf16_head_losses)
     assert fp8_head_losses[-1] < fp8_head_losses[0]

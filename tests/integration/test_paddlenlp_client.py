@@ -15,7 +15,7 @@ import paddle
 import pytest
 
 from tests.integration.distributed_launch import run_launch
-from tolerances import FP32_TRAINING_LOSS_RTOL
+from tolerances import FP8_TRAINING_LOSS_RTOL, FP32_TRAINING_LOSS_RTOL
 
 # CI clones the repository with a copy of shared/ beside it; a worktree elsewhere names the folder
 # (the test run's header says which: tests/conftest.py).
@@ -332,6 +332,18 @@ def test_our_script_evaluates_by_generation(assets, tmp_path):
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     evaluation = [row for row in state["log_history"] if "eval_rouge1" in row]
     assert evaluation and {"eval_rouge2", "eval_rougel", "eval_bleu4"} <= set(evaluation[0])
+
+
+def test_client_sft_json_trains_with_the_fp8_lm_head(assets, stock_sft, tmp_path):
+    """The shipped SFT JSON (packing, recompute) with emulated FP8 and the LM head in FP8 too: the fused
+    loss runs, the report says the head is in FP8, and the losses stay within the FP8 training
+    budget of stock's fp32 run."""
+    fast = run_client(cut_sft_json(assets, tmp_path / "fp8_head", use_fast_ffn=True, fast_ffn_precision="fp8",
+                                   fast_ffn_fp8_emulate=True, fast_ffn_fp8_lm_head="fp8"), plugin=True)
+    assert "the LM head + loss's GEMMs in FP8 too (fast_ffn_fp8_lm_head=fp8)" in fast["log"]
+    assert fast["reports"][0]["kernel_calls"].get("fastffn_cross_entropy"), fast["reports"][0]["kernel_calls"]
+    np.testing.assert_allclose(fast["losses"], stock_sft["losses"], rtol=FP8_TRAINING_LOSS_RTOL)
+    assert not np.array_equal(fast["losses"], stock_sft["losses"])
 
 
 def test_client_with_a_fast_ffn_mistake_stops_with_one_line(assets, tmp_path):

@@ -7,6 +7,7 @@ import paddle
 
 from paddle_fastffn.integration import fp8_attach, paddleformers_llama as family, registry
 from paddle_fastffn.integration.options import FastFFNOptions
+from helpers import fp8_heads_made
 from tolerances import FP8_HEAD_VS_FP32_RTOL, FP8_TRAINING_LOSS_RTOL
 
 FP8 = FastFFNOptions(precision="fp8", fp8_emulate=True, fp8_scaling="current")
@@ -82,33 +83,23 @@ def test_an_fp8_run_saves_a_stock_checkpoint(tmp_path):
                                   model.state_dict()["model.layers.0.self_attn.q_proj.weight"].numpy())
 
 
-def test_fp8_lm_head_runs_the_fused_loss_gemms_in_fp8(monkeypatch):
+def test_fp8_lm_head_runs_the_fused_loss_gemms_in_fp8():
     """fp8_lm_head=fp8 on PaddleFormers' LLaMA: its training loss through the FP8 head (the tied
     [V, H] layout PaddleFormers' LMHead keeps), close to the 16-bit head's with the same FP8 layers."""
     from paddleformers.transformers import LlamaForCausalLM
 
-    from paddle_fastffn.core.fp8 import lm_head as core_fp8_head
-
-    made = []
-    real = core_fp8_head.Fp8HeadGemms
-
-    class Counted(real):
-        def __init__(self, head, weight, transpose_weight, *needs):
-            super().__init__(head, weight, transpose_weight, *needs)
-            made.append(transpose_weight)
-
-    monkeypatch.setattr(core_fp8_head, "Fp8HeadGemms", Counted)
     ids = paddle.arange(32, dtype="int64").reshape([2, 16]) % 128
-    results = {}
+    results, made = {}, {}
     for head in ("bf16", "fp8"):
         registry.enable(FastFFNOptions(precision="fp8", fp8_emulate=True, fp8_scaling="current", fp8_lm_head=head))
         paddle.seed(4)
         model = LlamaForCausalLM(family.example_config())
-        loss = model(input_ids=ids, labels=ids)[0]
-        loss.backward()
+        with fp8_heads_made() as made[head]:
+            loss = model(input_ids=ids, labels=ids)[0]
+            loss.backward()
         results[head] = (float(loss), model.lm_head.weight.grad.numpy())
         registry.disable()
-    assert made == [True]  # the FP8 run only, once
+    assert made == {"bf16": [], "fp8": [(True, True, "out_in")]}  # the FP8 run only, once, the tied layout
     (bf16_loss, bf16_grad), (fp8_loss, fp8_grad) = results["bf16"], results["fp8"]
     assert fp8_loss != bf16_loss and abs(fp8_loss - bf16_loss) <= FP8_TRAINING_LOSS_RTOL * abs(bf16_loss)
     assert np.linalg.norm(fp8_grad - bf16_grad) <= FP8_HEAD_VS_FP32_RTOL * np.linalg.norm(bf16_grad)

@@ -6,7 +6,7 @@ the product's core/fp8/lm_head.py composition, run by the harness before any GPU
 import pytest
 import torch
 
-from tests.gpu.test_fp8_lm_head import check_against_reference
+from tests.gpu.test_fp8_lm_head import check_against_reference, check_rejections
 
 # (tokens, hidden, vocab, chunk): several chunks with a padded last one; one chunk of a token count
 # that is not a multiple of 16.
@@ -18,3 +18,7 @@ SHAPES = [(300, 64, 256, 100), (45, 32, 96, None)]
 @pytest.mark.parametrize("tokens,width,vocab,chunk", SHAPES, ids=str)
 def test_fp8_head_on_the_cpu_harness_matches_the_reference(tokens, width, vocab, chunk, transpose_weight, dtype):
     check_against_reference(tokens, width, vocab, chunk, transpose_weight, dtype, device="cpu")
+
+
+def test_fp8_head_argument_errors_on_the_cpu_harness():
+    check_rejections(device="cpu")

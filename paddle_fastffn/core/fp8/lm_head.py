@@ -31,6 +31,14 @@ from .recipe import FAST_ACCUM_FORWARD
 ROW_MULTIPLE = 16  # cuBLASLt's FP8 alignment of a GEMM's K (d_W's K is the chunk's rows)
 
 
+def sizes_error(width: int, vocab: int) -> str | None:
+    """Why a head of hidden size `width` and `vocab` rows cannot run in FP8 (H and V are the other
+    GEMMs' K and N, under the same alignment as the rows), or None."""
+    if width % ROW_MULTIPLE or vocab % ROW_MULTIPLE:
+        return f"hidden size {width} or vocabulary {vocab} is not a multiple of {ROW_MULTIPLE}"
+    return None
+
+
 def padded_rows(tokens: int) -> int:
     return -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE
 

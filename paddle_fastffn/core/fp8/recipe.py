@@ -104,8 +104,8 @@ class Fp8Recipe:
     # The LM head + loss (the fused linear cross-entropy's three GEMMs): "bf16", the activation
     # dtype, as Transformer Engine's and NeMo's recipes and DeepSeek-V3 keep the output head; or
     # "fp8", its GEMMs in FP8 with every operand current-scaled per chunk (core/fp8/lm_head.py). The
-    # head is the largest GEMM left in 16 bits (29% of the FP8 step at a 128256 vocabulary);
-    # "bf16" stays the default until the convergence harness shows "fp8" within its bound.
+    # head is the largest GEMM left in 16 bits, and grows with the vocabulary; "bf16" stays the
+    # default until the convergence harness shows "fp8" within its bound.
     lm_head: str = "bf16"
 
     def __post_init__(self):
