@@ -222,7 +222,8 @@ inline fastffn_status check_adamw(const char* entry, const fastffn_adamw_args& a
 }
 
 FASTFFN_ABI_ENUM(fastffn_moments);
-FASTFFN_ABI_STRUCT(fastffn_adamw_state, moments, moment1, moment2, absmax1, absmax2, master, compensation);
+FASTFFN_ABI_STRUCT(fastffn_adamw_state, moments, moment1, moment2, absmax1, absmax2, master, compensation,
+                   param_amax);
 
 // fastffn_adamw_with_state_*: check_adamw's rules, then the state layout's (fastffn/optimizer.h).
 inline fastffn_status check_adamw_state(const char* entry, const fastffn_adamw_args& a,
@@ -244,6 +245,11 @@ inline fastffn_status check_adamw_state(const char* entry, const fastffn_adamw_a
   }
   FASTFFN_CHECK_ARG(s.master == nullptr || s.compensation == nullptr, entry,
                     "master and compensation exclude each other");
+  FASTFFN_CHECK_ARG(s.param_amax == nullptr ||
+                        (s.param_amax != param && s.param_amax != grad && s.param_amax != s.master &&
+                         s.param_amax != s.compensation && s.param_amax != s.moment1 &&
+                         s.param_amax != s.moment2 && s.param_amax != s.absmax1 && s.param_amax != s.absmax2),
+                    entry, "param_amax must not alias the parameter or its state");
   FASTFFN_CHECK(s.compensation == nullptr || a.param_dtype != FASTFFN_DTYPE_FLOAT32,
                 FASTFFN_STATUS_UNSUPPORTED_DTYPE, entry,
                 "compensation needs a FLOAT16 or BFLOAT16 param, got FLOAT32");

@@ -1,10 +1,11 @@
 // Paddle binding of the AdamW kernel (fastffn/optimizer.h), in place like Paddle's adamw_:
 //   fastffn_adamw_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-//                  master_param?, grad_scale?, compensation?, moment1_absmax?, moment2_absmax?;
-//                  beta1, beta2, epsilon, lr_ratio, coeff, with_decay)
+//                  master_param?, grad_scale?, compensation?, moment1_absmax?, moment2_absmax?,
+//                  param_amax?; beta1, beta2, epsilon, lr_ratio, coeff, with_decay)
 // updates param, moment1, moment2 and master_param or compensation (when given) in one pass
 // (fastffn_adamw_with_state_*): moments are float32, or uint8 codes with their float32 absmax per
-// block of FASTFFN_ADAMW_QUANT_BLOCK elements (8-bit moments); then it multiplies the
+// block of FASTFFN_ADAMW_QUANT_BLOCK elements (8-bit moments); param_amax (one float32 where the
+// parameter lives) is set to the updated parameter's max |x|; then it multiplies the
 // beta powers by beta1 / beta2 as Paddle's kernel does after each parameter's step. The scalars
 // (learning_rate, beta powers, grad_scale) are one-element fp32 tensors on the CPU, whose value is
 // read here, or on the parameter's GPU, whose address the kernel reads: Paddle keeps its learning
@@ -100,7 +101,8 @@ void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
                   const paddle::optional<paddle::Tensor>& grad_scale,
                   paddle::optional<paddle::Tensor>& compensation,
                   paddle::optional<paddle::Tensor>& moment1_absmax,
-                  paddle::optional<paddle::Tensor>& moment2_absmax, float beta1, float beta2,
+                  paddle::optional<paddle::Tensor>& moment2_absmax,
+                  paddle::optional<paddle::Tensor>& param_amax, float beta1, float beta2,
                   float epsilon, float lr_ratio, float coeff, bool with_decay) {
   check_contiguous(param, "param", kOp);
   fastffn_adamw_args args{};
@@ -130,6 +132,14 @@ void AdamwInPlace(paddle::Tensor& param, const paddle::Tensor& grad,
              phi::DataTypeToString(compensation->dtype()));
     state.compensation = compensation->data();
   }
+  if (param_amax) {
+    check_contiguous(*param_amax, "param_amax", kOp);
+    check_same_place(param, *param_amax, "param_amax", kOp);
+    check_fp32(*param_amax, "param_amax");
+    PD_CHECK(param_amax->numel() == 1, kOp, ": argument `param_amax` must hold one value, got ",
+             param_amax->numel());
+    state.param_amax = param_amax->data<float>();
+  }
   args.beta1 = beta1;
   args.beta2 = beta2;
   args.epsilon = epsilon;
@@ -158,10 +168,11 @@ PD_BUILD_OP(fastffn_adamw_)
     .Inputs({"Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow",
              paddle::Optional("MasterParam"), paddle::Optional("GradScale"),
              paddle::Optional("Compensation"), paddle::Optional("Moment1Absmax"),
-             paddle::Optional("Moment2Absmax")})
+             paddle::Optional("Moment2Absmax"), paddle::Optional("ParamAmax")})
     .Outputs({"ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut",
               paddle::Optional("MasterParamOut"), paddle::Optional("CompensationOut"),
-              paddle::Optional("Moment1AbsmaxOut"), paddle::Optional("Moment2AbsmaxOut")})
+              paddle::Optional("Moment1AbsmaxOut"), paddle::Optional("Moment2AbsmaxOut"),
+              paddle::Optional("ParamAmaxOut")})
     .Attrs({"beta1: float", "beta2: float", "epsilon: float", "lr_ratio: float", "coeff: float",
             "with_decay: bool"})
     .SetInplaceMap({{"Param", "ParamOut"},
@@ -172,5 +183,6 @@ PD_BUILD_OP(fastffn_adamw_)
                     {paddle::Optional("MasterParam"), paddle::Optional("MasterParamOut")},
                     {paddle::Optional("Compensation"), paddle::Optional("CompensationOut")},
                     {paddle::Optional("Moment1Absmax"), paddle::Optional("Moment1AbsmaxOut")},
-                    {paddle::Optional("Moment2Absmax"), paddle::Optional("Moment2AbsmaxOut")}})
+                    {paddle::Optional("Moment2Absmax"), paddle::Optional("Moment2AbsmaxOut")},
+                    {paddle::Optional("ParamAmax"), paddle::Optional("ParamAmaxOut")}})
     .SetKernelFn(PD_KERNEL(AdamwInPlace));

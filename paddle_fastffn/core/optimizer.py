@@ -13,6 +13,9 @@ One step, in order:
 3. one AdamW kernel call per parameter with a gradient (`ParameterUpdate`): it multiplies the
    gradient by the coefficient as it reads it and, as Paddle's adamw does, advances that
    parameter's own beta powers (beta1^t, beta2^t), which live on the host: no kernel of their own.
+   For a weight that an FP8 layer keeps a cached FP8 copy of, the same call writes the updated
+   weight's amax where that copy's next quantisation reads it (core/fp8/weight_cache.py,
+   AmaxSlot): current scaling's amax pass over the weight, folded into the pass that writes it.
 Releasing the gradients afterwards is the framework's (Paddle: FastAdamW.clear_grad; torch:
 zero_grad sets None): both release instead of zero-filling, since the next backward writes them.
 
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
+
+from .fp8 import weight_cache
 
 Tensor = Any
 
@@ -65,6 +70,9 @@ class OptimizerBackend(Protocol):
 
     def dtype_name(self, t: Tensor) -> str:
         """"float32", "float64", ... (no device work)."""
+
+    def same_device(self, a: Tensor, b: Tensor) -> bool:
+        """Whether a and b live on one device (no device work)."""
 
     def fill_(self, t: Tensor, value: float) -> None:
         """Writes value into the one-element tensor t (one fill, no host read)."""
@@ -112,6 +120,7 @@ class ParameterUpdate:
     compensation: Tensor | None = None
     moment1_absmax: Tensor | None = None
     moment2_absmax: Tensor | None = None
+    param_amax: Tensor | None = None  # one fp32 the kernel sets to max |param| after the update
 
 
 # --- Low-memory optimizer state (fastffn/optimizer.h: fastffn_adamw_with_state_*) ---------------
@@ -238,9 +247,17 @@ class LearningRateSlot:
 
 def update_parameters(be: OptimizerBackend, updates: Sequence[ParameterUpdate], learning_rate: Tensor,
                       grad_scale: Tensor | None, hyper: AdamWHyper) -> None:
-    """Step 3: one kernel call per parameter, the clipped ones with the coefficient."""
+    """Step 3: one kernel call per parameter, the clipped ones with the coefficient; a weight with
+    an FP8 weight cache's AmaxSlot gets its amax written there by the same call."""
     for update in updates:
+        slot = weight_cache.amax_slot(update.param)
+        if slot is not None and not be.same_device(slot.state.amax_history, update.param):
+            slot = None  # a history elsewhere (a layer moved after its first use): the pass stays
+        if slot is not None:
+            update.param_amax = slot.target()
         be.adamw(update, learning_rate, grad_scale if update.clipped else None, hyper)
+        if slot is not None:
+            slot.written(update.param)
 
 
 def adamw_step(be: OptimizerBackend, updates: Sequence[ParameterUpdate], learning_rate: Tensor,

@@ -83,6 +83,8 @@ EQUIVALENCE = {
     "kernel:fastffn_swiglu_pair_bwd_inplace": ("kernel", "swiglu_bwd", "the Paddle op that writes the two-input "
                                                                        "gradients over the inputs, as the harness's in_place"),
     "kernel:fastffn_adamw_": ("kernel", "adamw", "the same C kernel (Paddle's in-place op)"),
+    "kernel:fastffn_adamw_with_state": ("kernel", "adamw", "the same C kernel over a described state (the torch "
+                                                         "harness's entry where it passes param_amax)"),
     # GEMMs
     "paddle:matmul": ("gemm", "gemm", "Paddle's matmul and torch's mm/addmm/bmm: one BLAS GEMM"),
     "paddle:matmul_grad": ("gemm", "gemm", "one GEMM per gradient it writes (d_x, then d_y), as torch's "

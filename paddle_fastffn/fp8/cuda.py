@@ -227,9 +227,10 @@ class CudaFp8Backend(PaddleFp8Tensors):
         data, data_t, scale_inv = out[:3]
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
-    def quantize_weight(self, weight, state, copies=(ROWWISE, TRANSPOSED)):
+    def quantize_weight(self, weight, state, copies=(ROWWISE, TRANSPOSED), amax_recorded=False):
         """The named copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""
-        return quantize(weight, state, rowwise=ROWWISE in copies, transpose=TRANSPOSED in copies)
+        return quantize(weight, state, rowwise=ROWWISE in copies, transpose=TRANSPOSED in copies,
+                        amax_recorded=amax_recorded)
 
     def fp8_transpose(self, data):
         """fastffn_fp8_transpose: the quantisation kernels' tiled byte transpose (an element-wise
@@ -285,11 +286,12 @@ CUDA = CudaFp8Backend()
 
 
 def quantize(x: paddle.Tensor, state: ScalingState, rowwise: bool = True, transpose: bool = True,
-             transpose_cols: int = 0, end_step: bool = True) -> CudaQuantized:
+             transpose_cols: int = 0, end_step: bool = True, amax_recorded: bool = False) -> CudaQuantized:
     """x [R, C] (contiguous, bf16/fp16/fp32 on the GPU) -> FP8 in state's format and scaling
-    (module docstring). transpose_cols: the column count of data_t (0: R), zero past R."""
-    return state.quantize(x, end_step, backend=CUDA, rowwise=rowwise, transpose=transpose,
-                          transpose_cols=transpose_cols)
+    (module docstring). transpose_cols: the column count of data_t (0: R), zero past R.
+    amax_recorded: ScalingState.quantize's."""
+    return state.quantize(x, end_step, backend=CUDA, amax_recorded=amax_recorded, rowwise=rowwise,
+                          transpose=transpose, transpose_cols=transpose_cols)
 
 
 quantize_weight = CUDA.quantize_weight

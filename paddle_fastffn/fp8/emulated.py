@@ -65,6 +65,11 @@ class PaddleFp8Tensors(SharedTensorMethods):
 
     weight_layout = "in_out"
 
+    @staticmethod
+    def weight_signals(weight) -> tuple:
+        """What Paddle itself says about a weight's values: inplace version, buffer, dtype, shape."""
+        return (weight._inplace_version(), weight.data_ptr(), weight.dtype, tuple(weight.shape))
+
     # --- state tensors ------------------------------------------------------------------------
     def fp32_full(self, n: int, value: float, like=None):
         out = paddle.full([n], value, paddle.float32)
@@ -132,9 +137,9 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
             _max_into(amax, q.amax)
             return q
 
-    def quantize_weight(self, weight, state, copies=("rowwise", "transposed")):
+    def quantize_weight(self, weight, state, copies=("rowwise", "transposed"), amax_recorded=False):
         """q(W) (records the weight's amax in `state`): one copy serves every GEMM here."""
-        return state.quantize(weight, backend=self)
+        return state.quantize(weight, backend=self, amax_recorded=amax_recorded)
 
     def fp8_transpose(self, data):
         return data  # the one copy is both stored copies: the GEMMs transpose as they read it

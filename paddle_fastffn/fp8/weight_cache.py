@@ -25,13 +25,10 @@ import functools
 
 import paddle
 
-from .emulated import EMULATED
+from .emulated import EMULATED, PaddleFp8Tensors
 from ..core.fp8 import weight_cache as _core
 
-
-def weight_signals(weight: paddle.Tensor) -> tuple:
-    """What Paddle itself says about a weight's values: inplace version, buffer, dtype, shape."""
-    return (weight._inplace_version(), weight.data_ptr(), weight.dtype, tuple(weight.shape))
+weight_signals = PaddleFp8Tensors.weight_signals
 
 
 class WeightCache(_core.WeightCache):

@@ -34,12 +34,12 @@ _INFORMED: set[str] = set()
 
 def _adamw_op(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow, master_param,
               grad_scale, beta1, beta2, epsilon, lr_ratio, coeff, with_decay, compensation=None,
-              moment1_absmax=None, moment2_absmax=None) -> None:
+              moment1_absmax=None, moment2_absmax=None, param_amax=None) -> None:
     # detach: the same memory, without autograd's refusal to update a trainable leaf in place
     # (Paddle's own optimizer ops write parameters the same way, outside autograd).
     run_op("fastffn_adamw_", param.detach(), grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-           master_param, grad_scale, compensation, moment1_absmax, moment2_absmax, float(beta1), float(beta2),
-           float(epsilon), float(lr_ratio), float(coeff), bool(with_decay))
+           master_param, grad_scale, compensation, moment1_absmax, moment2_absmax, param_amax, float(beta1),
+           float(beta2), float(epsilon), float(lr_ratio), float(coeff), bool(with_decay))
 
 
 def _check_scalar(value, name: str) -> None:
@@ -89,7 +89,7 @@ def _check_moments(param, moment1, moment2, moment1_absmax, moment2_absmax) -> N
 
 def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
                        master_param, grad_scale, compensation=None, moment1_absmax=None,
-                       moment2_absmax=None) -> None:
+                       moment2_absmax=None, param_amax=None) -> None:
     _checks.check_tensor(param, OP, "param")
     if param.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"{OP}: argument `param` must be float32, float16 or bfloat16, got "
@@ -111,6 +111,9 @@ def _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, 
     _check_scalar(beta2_pow, "beta2_pow")
     if grad_scale is not None:
         _check_scalar(grad_scale, "grad_scale")
+    if param_amax is not None:
+        _check_scalar(param_amax, "param_amax")
+        _checks.check_same_device(param, "param", param_amax, OP, "param_amax")
     if not _checks.kernel_supports_place(param):
         raise ValueError(f"{OP}: no compiled kernel for parameters on {param.place}")
 
@@ -119,7 +122,7 @@ def adamw_update_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2
                   master_param=None, *, beta1: float = 0.9, beta2: float = 0.999,
                   epsilon: float = 1e-8, weight_decay: float = 0.01, lr_ratio: float = 1.0,
                   with_decay: bool = True, grad_scale=None, compensation=None,
-                  moment1_absmax=None, moment2_absmax=None) -> None:
+                  moment1_absmax=None, moment2_absmax=None, param_amax=None) -> None:
     """One AdamW step of one tensor, in place (Paddle's ``_C_ops.adamw_`` for a dense gradient).
 
     param [any shape] float32/float16/bfloat16; grad: param's dtype or float32, same size;
@@ -133,12 +136,16 @@ def adamw_update_(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2
     moment2_absmax float32 [ceil(size / 256)] (8-bit moments: dequantised, updated in fp32 and
     requantised in the same pass); compensation (param's dtype, 16-bit params, no master_param):
     the update runs on float(param) + float(compensation), both rewritten (Kahan summation).
+
+    param_amax (a one-element float32 tensor where param lives, or None): set to max |param| of
+    the updated parameter as stored, what an FP8 quantisation's amax pass over it would give
+    (fastffn/optimizer.h; the FP8 weight cache reads it, core/fp8/weight_cache.py AmaxSlot).
     """
     _check_update_args(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow,
-                       master_param, grad_scale, compensation, moment1_absmax, moment2_absmax)
+                       master_param, grad_scale, compensation, moment1_absmax, moment2_absmax, param_amax)
     _adamw_op(param, grad, learning_rate, moment1, moment2, beta1_pow, beta2_pow, master_param,
               grad_scale, beta1, beta2, epsilon, lr_ratio, weight_decay, with_decay, compensation,
-              moment1_absmax, moment2_absmax)
+              moment1_absmax, moment2_absmax, param_amax)
 
 
 def _inform(reason: str) -> None:
@@ -211,6 +218,9 @@ class PaddleOptimizerBackend:
     def dtype_name(self, t):
         return str(t.dtype).replace("paddle.", "")
 
+    def same_device(self, a, b):
+        return a.place == b.place
+
     def fill_(self, t, value):
         _C_ops.full_(t, list(t.shape), float(value), t.dtype, t.place)
 
@@ -218,7 +228,7 @@ class PaddleOptimizerBackend:
         _adamw_op(update.param, update.grad, learning_rate, update.moment1, update.moment2, update.beta1_pow,
                   update.beta2_pow, update.master, grad_scale, hyper.beta1, hyper.beta2, hyper.epsilon,
                   update.lr_ratio, hyper.weight_decay, update.with_decay, update.compensation,
-                  update.moment1_absmax, update.moment2_absmax)
+                  update.moment1_absmax, update.moment2_absmax, update.param_amax)
 
 
 _BACKEND = PaddleOptimizerBackend()
@@ -614,6 +624,14 @@ class FastAdamW(paddle.optimizer.AdamW):
         except ImportError:
             pass
         return not any(g is not None and (_selected_rows(g) or p.is_dist()) for p, g in pairs)
+
+    def apply_gradients(self, params_grads):
+        # Paddle's apply_gradients (which the GradientMerge and Recompute wrappers call) runs the
+        # update without _apply_optimize: the FP8 weight cache learns of it here.
+        try:
+            return super().apply_gradients(params_grads)
+        finally:
+            weights_changed(updated_parameters(params_grads))
 
     def _apply_optimize(self, loss, startup_program, params_grads, param_group_idx=0):
         try:

@@ -268,17 +268,20 @@ class Kernels:
                                                 self._stream()), "adamw")
 
     def adamw_with_state(self, param, grad, moment1, moment2, master=None, compensation=None, moment1_absmax=None,
-                         moment2_absmax=None, *, lr, beta1_pow, beta2_pow, beta1=0.9, beta2=0.999, eps=1e-8,
-                         weight_decay=0.01, lr_ratio=1.0, with_decay=True, grad_scale=1.0):
+                         moment2_absmax=None, param_amax=None, *, lr, beta1_pow, beta2_pow, beta1=0.9, beta2=0.999,
+                         eps=1e-8, weight_decay=0.01, lr_ratio=1.0, with_decay=True, grad_scale=1.0):
         """adamw over the low-memory state (fastffn/optimizer.h): moment1/moment2 fp32, or uint8
         codes with their fp32 absmax [ceil(numel / 256)] (8-bit moments); compensation (param's
-        dtype, 16-bit params without master) for Kahan-compensated weights."""
+        dtype, 16-bit params without master) for Kahan-compensated weights; param_amax (one fp32
+        on param's device) set to the updated param's max |x|."""
+        assert param_amax is None or (param_amax.dtype == torch.float32 and param_amax.numel() == 1
+                                      and param_amax.device == param.device), "adamw_with_state: param_amax"
         for t in (param, grad, moment1, moment2, master, compensation):
             assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw_with_state: tensor layout"
         args = self._adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio,
                                 with_decay, grad_scale)
         state = AdamwState(_MOMENT_LAYOUTS[moment1.dtype], *(None if t is None else t.data_ptr() for t in (
-            moment1, moment2, moment1_absmax, moment2_absmax, master, compensation)))
+            moment1, moment2, moment1_absmax, moment2_absmax, master, compensation, param_amax)))
         self._check(self.lib.fastffn_adamw_with_state_cuda(args, param.data_ptr(), grad.data_ptr(), state,
                                                            self._stream()), "adamw_with_state")
 

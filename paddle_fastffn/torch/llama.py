@@ -45,6 +45,7 @@ import torch.utils.checkpoint
 
 from paddle_fastffn.core import decoder
 from paddle_fastffn.core import decoder_steps as COMPOSITION  # the step lists and FP8 call lists
+from paddle_fastffn.core.fp8.weight_cache import weights_changed
 from paddle_fastffn.core import lora as core_lora
 from paddle_fastffn.core import optimizer as core_optimizer
 from paddle_fastffn.core import packed_attention as core_packed_attention
@@ -516,8 +517,13 @@ class FusedMasterAdamW:
     @torch.no_grad()
     def step(self):
         updates = [core_optimizer.ParameterUpdate(
-            p.detach(), p.grad, state["moment1"], state["moment2"], state["master"], *self.beta_pows[i],
+            p, p.grad, state["moment1"], state["moment2"], state["master"], *self.beta_pows[i],
             compensation=state["compensation"], moment1_absmax=state["moment1_absmax"],
             moment2_absmax=state["moment2_absmax"])
             for i, (p, state) in enumerate(zip(self.params, self.states)) if p.grad is not None]
-        core_optimizer.adamw_step(self._backend, updates, self.lr, self.hyper, self.clip)
+        try:
+            core_optimizer.adamw_step(self._backend, updates, self.lr, self.hyper, self.clip)
+        finally:
+            # The kernel writes through raw pointers, which torch's version counter does not see:
+            # the FP8 weight copies learn of the update here, as on the Paddle side.
+            weights_changed([update.param for update in updates])

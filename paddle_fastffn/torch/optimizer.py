@@ -55,6 +55,9 @@ class TorchOptimizerBackend:
     def dtype_name(self, t):
         return str(t.dtype).removeprefix("torch.")
 
+    def same_device(self, a, b):
+        return a.device == b.device
+
     def fill_(self, t, value):
         t.fill_(value)
 
@@ -63,11 +66,11 @@ class TorchOptimizerBackend:
                        beta2=hyper.beta2, eps=hyper.epsilon, weight_decay=hyper.weight_decay, lr_ratio=update.lr_ratio,
                        with_decay=update.with_decay, grad_scale=1.0 if grad_scale is None else grad_scale)
         tensors = (update.param, update.grad, update.moment1, update.moment2, update.master)
-        if update.compensation is None and update.moment1_absmax is None:
+        if update.compensation is None and update.moment1_absmax is None and update.param_amax is None:
             c_api.kernels().adamw(*tensors, **scalars)  # Paddle's layout: the entry the traces record
         else:
             c_api.kernels().adamw_with_state(*tensors, update.compensation, update.moment1_absmax,
-                                             update.moment2_absmax, **scalars)
+                                             update.moment2_absmax, update.param_amax, **scalars)
         advance_beta_pows(update.beta1_pow, update.beta2_pow, hyper.beta1, hyper.beta2)
 
 

@@ -91,6 +91,8 @@ def test_optimizer_step_requantises(optimizer):
         model.forward_backward()
         model.forward_backward()
         assert model.cache.quantizations == step + 1
+        # FastAdamW's kernel wrote each new version's amax (AmaxSlot); a stock optimizer leaves the pass
+        assert model.cache.amax_passes_skipped == (step if optimizer == "fast_adamw" else 0)
         before = cached_weight(model).data.astype(paddle.float32).numpy()
         model.step()
     model.forward_backward()
@@ -217,3 +219,170 @@ def test_clear():
     model.cache.clear()
     model.forward_backward()
     assert model.cache.quantizations == 2
+
+
+# --- the weight's amax from the optimizer (core/fp8/weight_cache.py: AmaxSlot) ---------------------
+
+def fresh_copy(model):
+    """The weight's values quantised now by the amax pass (a copy of them: the weight itself keeps
+    its one slot, that of the state its layer quantises it under)."""
+    state = Fp8Recipe(scaling="delayed", amax_history_len=8).linear_states().weight
+    return WeightCache().get(paddle.assign(model.linear.weight), state)
+
+
+def test_fast_adamws_kernel_hands_the_weights_amax_to_its_next_copy():
+    """After FastAdamW's step the next copy skips its amax pass (the kernel wrote the amax where the
+    quantisation reads it), and the copy is bit for bit the one an amax pass gives."""
+    model = Model("fast_adamw")
+    model.forward_backward()
+    assert model.cache.amax_passes_skipped == 0, "before any step there is no amax but the pass's"
+    for step in range(1, 4):
+        model.step()
+        model.forward_backward()
+        model.forward_backward()
+        assert (model.cache.quantizations, model.cache.amax_passes_skipped) == (step + 1, step)
+        copy, expected = cached_weight(model), fresh_copy(model)
+        np.testing.assert_array_equal(copy.scale_inv.numpy(), expected.scale_inv.numpy())
+        np.testing.assert_array_equal(copy.data.astype(paddle.float32).numpy(),
+                                      expected.data.astype(paddle.float32).numpy())
+        assert_cache_holds_the_weight(model)
+
+
+@pytest.mark.parametrize("write", ["set_value", "stock_optimizer"])
+def test_a_write_after_the_kernels_takes_its_own_amax_pass(write):
+    """The kernel's amax is good for the version its update made, not for a later write."""
+    model = Model("fast_adamw")
+    model.forward_backward()
+    model.step()
+    if write == "set_value":
+        model.linear.weight.set_value(np.full([32, 48], 7.0, np.float32))
+        weights_updated(model.linear)
+    else:
+        stock = track_optimizer(STOCK_OPTIMIZERS["sgd"](model.linear.parameters()))
+        model.forward_backward()
+        stock.step()
+        stock.clear_grad()
+    before = (model.cache.quantizations, model.cache.amax_passes_skipped)
+    model.forward_backward()
+    assert (model.cache.quantizations, model.cache.amax_passes_skipped) == (before[0] + 1, before[1])
+    assert_cache_holds_the_weight(model)
+
+
+def test_training_with_the_kernels_amax_is_bit_identical(monkeypatch):
+    """Three steps of an FP8 linear under FastAdamW: the same weights, bit for bit, with and without
+    the optimizer's amax (without: every copy takes its amax pass)."""
+    from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
+
+    def train():
+        paddle.seed(0)
+        model = Model("fast_adamw")
+        for _ in range(3):
+            model.forward_backward()
+            model.step()
+        model.forward_backward()
+        return model, model.linear.weight.numpy(), cached_weight(model).data.astype(paddle.float32).numpy()
+
+    with_slots, *trained = train()
+    monkeypatch.setattr(core_weight_cache, "amax_slot", lambda weight: None)
+    without, *reference = train()
+    assert (with_slots.cache.amax_passes_skipped, without.cache.amax_passes_skipped) == (3, 0)
+    for got, expected in zip(trained, reference):
+        np.testing.assert_array_equal(got, expected)
+
+
+def weight_amax_passes(model, monkeypatch):
+    """Counts the amax-only passes over the model's weight (the emulated backend's quantize with
+    neither copy asked for)."""
+    from paddle_fastffn.fp8.emulated import EMULATED
+
+    passes, quantize = [], EMULATED.quantize
+
+    def counting(x, *args, rowwise=True, transpose=False, **kwargs):
+        if not rowwise and not transpose and x is model.linear.weight:
+            passes.append(1)
+        return quantize(x, *args, rowwise=rowwise, transpose=transpose, **kwargs)
+
+    monkeypatch.setattr(EMULATED, "quantize", counting)
+    return passes
+
+
+def test_per_use_quantisations_take_the_kernels_amax_too(monkeypatch):
+    """weight_copies "per_use" (the default: no cache, the weight quantised at every use): every forward
+    after a FastAdamW step skips its amax pass, and the outputs are those with the pass."""
+    def train(slots: bool):
+        paddle.seed(0)
+        model = Model("fast_adamw")
+        model.cache = None
+        passes = weight_amax_passes(model, monkeypatch)
+        if not slots:
+            from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
+
+            monkeypatch.setattr(core_weight_cache, "amax_slot", lambda weight: None)
+        outputs = []
+        for _ in range(3):
+            outputs.append(model.forward_backward().numpy())
+            outputs.append(model.forward_backward().numpy())  # a second micro-batch of the step
+            model.step()
+        monkeypatch.undo()
+        return len(passes), outputs, model.linear.weight.numpy()
+
+    passes, outputs, weight = train(slots=True)
+    reference_passes, reference_outputs, reference_weight = train(slots=False)
+    assert (passes, reference_passes) == (2, 6), "with the kernel's amax only the first step's forwards pass"
+    np.testing.assert_array_equal(np.array(outputs), np.array(reference_outputs))
+    np.testing.assert_array_equal(weight, reference_weight)
+
+
+def test_a_restored_weight_state_takes_its_own_amax_pass(monkeypatch):
+    """The kernel wrote the amax into the weight state's history; a checkpoint restore of that state
+    overwrites the history, so the next quantisation measures the weight again."""
+    model = Model("fast_adamw")
+    model.forward_backward()
+    saved = model.states.weight.state_dict()
+    model.step()
+    model.states.weight.set_state_dict(saved)
+    before = (model.cache.quantizations, model.cache.amax_passes_skipped)
+    model.forward_backward()
+    assert (model.cache.quantizations, model.cache.amax_passes_skipped) == (before[0] + 1, before[1])
+    assert_cache_holds_the_weight(model)
+
+
+def test_apply_gradients_requantises_and_stamps_the_kernels_amax():
+    """FastAdamW.apply_gradients (the path Paddle's GradientMerge and Recompute wrappers take) tells the
+    weight cache of its update as step() does."""
+    model = Model("fast_adamw")
+    model.forward_backward()
+    before = cached_weight(model).data.astype(paddle.float32).numpy()
+    model.opt.apply_gradients([(p, p.grad) for p in model.linear.parameters()])
+    model.opt.clear_grad()
+    model.forward_backward()
+    assert (model.cache.quantizations, model.cache.amax_passes_skipped) == (2, 1)
+    assert_cache_holds_the_weight(model)
+    assert not np.array_equal(cached_weight(model).data.astype(paddle.float32).numpy(), before)
+
+
+def test_a_state_shared_by_two_weights_takes_the_amax_pass(monkeypatch):
+    """One scaling state quantising two weights (the functional fp8_linear allows it): the kernel's amax
+    of one would not be what the history holds, so neither skips its pass, and training matches."""
+    def train(slots: bool):
+        paddle.seed(0)
+        first, second = paddle.nn.Linear(32, 48), paddle.nn.Linear(32, 48)
+        states = Fp8Recipe(amax_history_len=8).linear_states()
+        opt = FastAdamW(learning_rate=0.1, parameters=first.parameters() + second.parameters())
+        if not slots:
+            from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
+
+            monkeypatch.setattr(core_weight_cache, "amax_slot", lambda weight: None)
+        outputs = []
+        for _ in range(3):
+            x = paddle.randn([8, 32])
+            y = fp8_linear(x, first.weight, first.bias, states=states) + fp8_linear(x, second.weight, second.bias,
+                                                                                    states=states)
+            (y ** 2).mean().backward()
+            outputs.append(y.numpy())
+            opt.step()
+            opt.clear_grad()
+        monkeypatch.undo()
+        return outputs
+
+    np.testing.assert_array_equal(np.array(train(True)), np.array(train(False)))

@@ -435,3 +435,48 @@ def test_blockwise_state_aligned_and_misaligned_paths_agree_bit_for_bit(dtype):
     for name in names:
         if states[0][name] is not None:
             assert torch.equal(states[0][name], states[1][name]), f"{dtype} {name}: the two paths differ"
+
+
+@pytest.mark.parametrize("layout", ["fp32_master", "int8_master", "compensated", "fp32_param"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
+def test_param_amax_is_the_stored_parameters_max_on_the_gpu(layout, aligned):
+    """fastffn_adamw_with_state_cuda's param_amax over (1 << 20) + 77 elements (many thread blocks,
+    a partial tail): bit for bit max |param| of what the kernel stored, in every layout, on the
+    vector and the element-wise paths; written (the 1e9 it held goes), and NaN once a NaN is stored."""
+    k = c_api.kernels()
+    n = (1 << 20) + 77
+    torch.manual_seed(0)
+    dtype = torch.float32 if layout == "fp32_param" else torch.bfloat16
+    offset = lead(dtype, aligned)
+    param_buf, param = guarded(torch.randn(n, device="cuda") * 3, dtype, offset)
+    master = param.float().clone() if layout.endswith("master") else None
+    compensation = torch.zeros_like(param) if layout == "compensated" else None
+    if layout.startswith("int8"):
+        blocks = -(-n // 256)
+        m1, m2 = torch.full((n,), 127, dtype=torch.uint8, device="cuda"), torch.zeros(n, dtype=torch.uint8, device="cuda")
+        a1, a2 = torch.zeros(blocks, device="cuda"), torch.zeros(blocks, device="cuda")
+    else:
+        m1, m2, a1, a2 = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda"), None, None
+    param_amax = torch.full((1,), 1e9, device="cuda")
+    lr, b1, b2 = (torch.tensor([v], device="cuda") for v in (1e-2, 0.9, 0.999))
+    for step in range(3):
+        grad = torch.randn(n, device="cuda").to(dtype)
+        if step == 2:
+            grad[n // 2] = float("nan")
+        k.adamw_with_state(param, grad, m1, m2, master, compensation, a1, a2, param_amax, lr=lr, beta1_pow=b1,
+                           beta2_pow=b2, weight_decay=0.1)
+        expected = param.float().abs().max()  # torch's max propagates NaN as the kernel's does
+        if step < 2:
+            assert param_amax.item() == expected.item(), (layout, aligned, step)
+        else:
+            assert torch.isnan(param_amax).item() and torch.isnan(expected).item()
+    outside = torch.cat([param_buf[:GUARD + offset], param_buf[GUARD + offset + n:]])
+    assert torch.isnan(outside.float()).all(), "the kernel wrote outside the parameter's view"
+
+
+@pytest.mark.parametrize("weight_copies", ["per_use", "cached"])
+def test_fp8_weight_quantisations_take_the_optimizers_amax_bit_for_bit(weight_copies):
+    """tests/torch_cpu/test_fp8_weight_amax_cpu.py's check on the GPU's kernels."""
+    from tests.torch_cpu.test_fp8_weight_amax_cpu import check_quantisations_take_the_optimizers_amax
+
+    check_quantisations_take_the_optimizers_amax("cuda", weight_copies)

@@ -43,32 +43,41 @@ struct Weights {
     return to_float(param[i]);
   }
 
-  void store(int64_t i, float p) const {
+  // Returns the bits of |param[i]| as stored (fastffn_adamw_state.param_amax).
+  uint32_t store(int64_t i, float p) const {
     const T rounded = ::fastffn::cpu::store<T>(p);
     param[i] = rounded;
     if constexpr (W == Weight::kMaster) master[i] = p;
     if constexpr (W == Weight::kCompensated)
       compensation[i] = ::fastffn::cpu::store<T>(p - to_float(rounded));
+    return float_bits(to_float(rounded)) & 0x7FFFFFFFu;
   }
 };
 
+// The largest of the chunks' amax bits into *param_amax (NULL: not asked for).
+inline void write_amax(float* param_amax, uint32_t bits) {
+  if (param_amax != nullptr) *param_amax = bits_float(bits);
+}
+
 template <typename T, typename G, Weight W>
 void adamw_dense(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G* grad,
-                 float* moment1, float* moment2) {
+                 float* moment1, float* moment2, float* param_amax) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
+  uint32_t amax = 0;
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(n)) reduction(max : amax)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t end = std::min(n, (c + 1) * kChunk);
-#pragma omp simd
+#pragma omp simd reduction(max : amax)
     for (int64_t i = c * kChunk; i < end; ++i) {
       float p = w.load(i);
       float m1 = moment1[i], m2 = moment2[i];
       adamw_update(s, p, to_float(grad[i]), m1, m2);
       moment1[i] = m1;
       moment2[i] = m2;
-      w.store(i, p);
+      amax = std::max(amax, w.store(i, p));
     }
   }
+  write_amax(param_amax, amax);
 }
 
 // The dynamic maps and their search tables, evaluated once (thread-safe static initialisation).
@@ -85,12 +94,14 @@ const DynamicMapTables& dynamic_maps() {
 // One quantisation block per work item: dequantise, update, new absmax, requantise.
 template <typename T, typename G, Weight W>
 void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, const G* grad,
-                     uint8_t* codes1, uint8_t* codes2, float* absmax1, float* absmax2) {
+                     uint8_t* codes1, uint8_t* codes2, float* absmax1, float* absmax2,
+                     float* param_amax) {
   const DynamicMapTables& maps = dynamic_maps();
   const float* map1 = maps.map[0];
   const float* map2 = maps.map[1];
   const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
-#pragma omp parallel for schedule(static) num_threads(parallel_threads(n))
+  uint32_t amax = 0;
+#pragma omp parallel for schedule(static) num_threads(parallel_threads(n)) reduction(max : amax)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t first = b * kQuantBlock;
     const int count = static_cast<int>(std::min<int64_t>(kQuantBlock, n - first));
@@ -102,7 +113,7 @@ void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, cons
       m1[k] = map1[codes1[i]] * absmax1[b];
       m2[k] = map2[codes2[i]] * absmax2[b];
       adamw_update(s, p, to_float(grad[i]), m1[k], m2[k]);
-      w.store(i, p);
+      amax = std::max(amax, w.store(i, p));
       new_absmax1 = nan_max(new_absmax1, std::fabs(m1[k]));
       new_absmax2 = nan_max(new_absmax2, std::fabs(m2[k]));
     }
@@ -113,6 +124,7 @@ void adamw_blockwise(const AdamwStep& s, int64_t n, const Weights<T, W>& w, cons
       codes2[first + k] = static_cast<uint8_t>(quantize(maps, false, m2[k], new_absmax2));
     }
   }
+  write_amax(param_amax, amax);
 }
 
 template <typename T, typename G>
@@ -124,9 +136,10 @@ void adamw_with_state(const AdamwStep& s, int64_t n, void* param, const void* gr
     const G* g = static_cast<const G*>(grad);
     if (state.moments == FASTFFN_MOMENTS_BLOCKWISE_8BIT)
       adamw_blockwise(s, n, w, g, static_cast<uint8_t*>(state.moment1),
-                      static_cast<uint8_t*>(state.moment2), state.absmax1, state.absmax2);
+                      static_cast<uint8_t*>(state.moment2), state.absmax1, state.absmax2, state.param_amax);
     else
-      adamw_dense(s, n, w, g, static_cast<float*>(state.moment1), static_cast<float*>(state.moment2));
+      adamw_dense(s, n, w, g, static_cast<float*>(state.moment1), static_cast<float*>(state.moment2),
+                  state.param_amax);
   });
 }
 
@@ -139,7 +152,10 @@ using namespace fastffn::cpu;
 extern "C" fastffn_status fastffn_adamw_with_state_cpu(fastffn_adamw_args args, void* param,
                                                        const void* grad, fastffn_adamw_state state) {
   FASTFFN_TRY_STATUS(fastffn::check_adamw_state(__func__, args, param, grad, state));
-  if (args.n == 0) return FASTFFN_STATUS_OK;
+  if (args.n == 0) {
+    write_amax(state.param_amax, 0);
+    return FASTFFN_STATUS_OK;
+  }
   const fastffn::AdamwStep step = fastffn::adamw_step(
       args, read(args.lr), read(args.beta1_pow), read(args.beta2_pow), read(args.grad_scale));
   auto run = [&](auto param_tag, auto grad_tag) {
@@ -162,7 +178,7 @@ extern "C" fastffn_status fastffn_adamw_cpu(fastffn_adamw_args args, void* param
                                             float* moment2) {
   FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
   const fastffn_adamw_state state{FASTFFN_MOMENTS_FLOAT32, moment1, moment2, nullptr, nullptr,
-                                  master, nullptr};
+                                  master, nullptr, nullptr};
   return fastffn_adamw_with_state_cpu(args, param, grad, state);
 }
 

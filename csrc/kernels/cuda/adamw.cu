@@ -11,7 +11,7 @@
 // found through the maps and search tables each thread block builds in shared memory.
 #include <type_traits>
 
-#include "cuda_common.cuh"
+#include "fp8_common.cuh"
 #include "../adamw_math.h"
 #include "../validate.h"
 
@@ -32,6 +32,7 @@ namespace {
 #endif
 
 constexpr int kThreads = 256;
+static_assert(kThreads == kTileThreads, "block_amax_to reduces over kTileThreads threads");
 constexpr int kBlocksPerSm = FASTFFN_ADAMW_BLOCKS_PER_SM;
 constexpr int kElems = FASTFFN_ADAMW_ELEMS;  // per thread and iteration on the vector path
 static_assert(kElems % 8 == 0, "the vector path moves whole 16-byte vectors of 16-bit values");
@@ -72,6 +73,7 @@ struct Tensors {
   T* __restrict__ compensation;
   float* __restrict__ moment1;
   float* __restrict__ moment2;
+  unsigned int* param_amax;  // fastffn_adamw_state.param_amax as fp32 bits, or NULL
 
   template <int N>
   __device__ __forceinline__ void load_weights(int64_t i, float (&p)[N]) const {
@@ -88,8 +90,10 @@ struct Tensors {
     }
   }
 
+  // Also max-accumulates the bits of |param| as stored into `amax` (the thread's share of
+  // param_amax; a few integer ops beside a memory-bound update).
   template <int N>
-  __device__ __forceinline__ void store_weights(int64_t i, const float (&p)[N]) const {
+  __device__ __forceinline__ void store_weights(int64_t i, const float (&p)[N], uint32_t& amax) const {
     if constexpr (W == Weight::kMaster) store_from_float<N>(master + i, p);
     if constexpr (W == Weight::kCompensated) {
       float c[N];
@@ -97,12 +101,19 @@ struct Tensors {
       for (int k = 0; k < N; ++k) c[k] = p[k] - round_to_storage<T>(p[k]);
       store_from_float<N>(compensation + i, c);
     }
+#pragma unroll
+    for (int k = 0; k < N; ++k) amax = max(amax, abs_bits(round_to_storage<T>(p[k])));
     store_from_float<N>(param + i, p);
+  }
+
+  // The block's amax into param_amax: after the grid-stride loop, every thread of the block.
+  __device__ __forceinline__ void finish_amax(uint32_t amax, uint32_t* scratch) const {
+    if (param_amax != nullptr) block_amax_to(param_amax, amax, scratch);
   }
 
   // Elements [i, i + N): every load is issued before the math, every store after it.
   template <int N>
-  __device__ __forceinline__ void update(const AdamwStep& s, int64_t i) const {
+  __device__ __forceinline__ void update(const AdamwStep& s, int64_t i, uint32_t& amax) const {
     float p[N], g[N], m1[N], m2[N];
     load_weights<N>(i, p);
     load_as_float<N>(grad + i, g);
@@ -112,7 +123,7 @@ struct Tensors {
     for (int k = 0; k < N; ++k) adamw_update(s, p[k], g[k], m1[k], m2[k]);
     store_from_float<N>(moment1 + i, m1);
     store_from_float<N>(moment2 + i, m2);
-    store_weights<N>(i, p);
+    store_weights<N>(i, p, amax);
   }
 };
 
@@ -124,11 +135,14 @@ adamw_kernel(fastffn_adamw_args a, Tensors<T, G, W> t) {
   const int64_t groups = a.n / N;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = first; i < groups; i += stride) t.template update<N>(s, i * N);
+  uint32_t amax = 0;
+  for (int64_t i = first; i < groups; i += stride) t.template update<N>(s, i * N, amax);
   if constexpr (N > 1) {
     const int64_t tail = groups * N + first;
-    if (tail < a.n) t.template update<1>(s, tail);
+    if (tail < a.n) t.template update<1>(s, tail, amax);
   }
+  __shared__ uint32_t warp_amax[kThreads / 32];
+  t.finish_amax(amax, warp_amax);
 }
 
 // --- 8-bit blockwise moments ---------------------------------------------------------------
@@ -164,8 +178,11 @@ struct BlockwiseTensors {
   // exist. kVector: all of them exist and every pointer is 16-byte aligned. Reached by all 32
   // lanes of the warp (the absmax is a shuffle).
   template <bool kVector>
+  // The lane's share of param_amax goes to the thread block's `block_amax` (shared memory) at the
+  // end: a register carried across the grid-stride loop spilled in the misaligned variant.
   __device__ __forceinline__ void update(const AdamwStep& s, const DynamicMapTables& maps,
-                                         int64_t b, int64_t i, int count) const {
+                                         int64_t b, int64_t i, int count, uint32_t* block_amax) const {
+    uint32_t amax = 0;
     constexpr int N = kLaneElems;
     float p[N], g[N], m1[N], m2[N];
     uint8_t c1[N], c2[N];
@@ -199,14 +216,18 @@ struct BlockwiseTensors {
       max2 = nan_max(max2, fabsf(m2[k]));
     }
     if constexpr (kVector) {
-      weights.template store_weights<N>(i, p);
+      weights.template store_weights<N>(i, p, amax);
     } else {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         if (k >= count) break;
         const float pk[1] = {p[k]};
-        weights.template store_weights<1>(i + k, pk);
+        weights.template store_weights<1>(i + k, pk, amax);
       }
+    }
+    if (weights.param_amax != nullptr) {
+      amax = __reduce_max_sync(0xffffffffu, amax);
+      if (threadIdx.x % 32 == 0) atomicMax(block_amax, amax);
     }
     max1 = warp_nan_max(max1);  // every lane has read absmax[b] before lane 0 overwrites it
     max2 = warp_nan_max(max2);
@@ -257,6 +278,8 @@ template <typename T, typename G, Weight W, bool kVector>
 __global__ void __launch_bounds__(kQuantThreads)
 adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
   __shared__ DynamicMapTables maps;
+  __shared__ uint32_t block_amax;  // param_amax's bits over this thread block's elements
+  if (threadIdx.x == 0) block_amax = 0;
   for (int i = threadIdx.x; i < 2 * kMapSize; i += kQuantThreads) fill_map_entry(maps, i);
   __syncthreads();
 #pragma unroll
@@ -270,11 +293,16 @@ adamw_blockwise_kernel(fastffn_adamw_args a, BlockwiseTensors<T, G, W> t) {
   for (int64_t b = blockIdx.x * int64_t(kQuantWarps) + threadIdx.x / 32; b < blocks; b += stride) {
     const int64_t i = b * kQuantBlock + lane * kLaneElems;
     if (kVector && (b + 1) * kQuantBlock <= a.n) {
-      t.template update<true>(s, maps, b, i, kLaneElems);
+      t.template update<true>(s, maps, b, i, kLaneElems, &block_amax);
     } else {
       const int64_t left = a.n - i;
-      t.template update<false>(s, maps, b, i, left < 0 ? 0 : (left < kLaneElems ? int(left) : kLaneElems));
+      t.template update<false>(s, maps, b, i, left < 0 ? 0 : (left < kLaneElems ? int(left) : kLaneElems),
+                               &block_amax);
     }
+  }
+  if (t.weights.param_amax != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0 && block_amax != 0) atomicMax(t.weights.param_amax, block_amax);
   }
 }
 
@@ -296,6 +324,12 @@ extern "C" fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args,
                                                         const void* grad,
                                                         fastffn_adamw_state state, void* stream) {
   FASTFFN_TRY_STATUS(fastffn::check_adamw_state(__func__, args, param, grad, state));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // param_amax is written, not accumulated: zeroed here, then each block's max is an atomicMax.
+  if (state.param_amax != nullptr) {
+    FASTFFN_TRY_STATUS(cuda_status(cudaMemsetAsync(state.param_amax, 0, sizeof(float), s), __func__,
+                                   "cudaMemsetAsync(param_amax)"));
+  }
   if (args.n == 0) return FASTFFN_STATUS_OK;
   fastffn_device_limits limits;
   const fastffn_status queried = current_device_limits(&limits);
@@ -304,7 +338,6 @@ extern "C" fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args,
   const bool vector = aligned16(param) && aligned16(grad) && aligned16(state.moment1) &&
                       aligned16(state.moment2) && (state.master == nullptr || aligned16(state.master)) &&
                       (state.compensation == nullptr || aligned16(state.compensation));
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(args.param_dtype, [&](auto tag) {
     using T = decltype(tag);
     return FASTFFN_BOOL_SWITCH(args.grad_dtype == FASTFFN_DTYPE_FLOAT32, kFp32Grad, [&] {
@@ -317,7 +350,8 @@ extern "C" fastffn_status fastffn_adamw_with_state_cuda(fastffn_adamw_args args,
           const Tensors<T, G, W> t{static_cast<T*>(param), static_cast<const G*>(grad), state.master,
                                    static_cast<T*>(state.compensation),
                                    static_cast<float*>(state.moment1),
-                                   static_cast<float*>(state.moment2)};
+                                   static_cast<float*>(state.moment2),
+                                   reinterpret_cast<unsigned int*>(state.param_amax)};
           if (blockwise) {
             const BlockwiseTensors<T, G, W> q{t, static_cast<uint8_t*>(state.moment1),
                                               static_cast<uint8_t*>(state.moment2), state.absmax1,
@@ -348,7 +382,7 @@ extern "C" fastffn_status fastffn_adamw_cuda(fastffn_adamw_args args, void* para
                                              float* moment2, void* stream) {
   FASTFFN_TRY_STATUS(fastffn::check_adamw(__func__, args, param, grad, moment1, moment2));
   const fastffn_adamw_state state{FASTFFN_MOMENTS_FLOAT32, moment1, moment2, nullptr, nullptr,
-                                  master, nullptr};
+                                  master, nullptr, nullptr};
   return fastffn_adamw_with_state_cuda(args, param, grad, state, stream);
 }
 

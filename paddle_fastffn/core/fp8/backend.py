@@ -30,6 +30,10 @@ class Fp8Backend(Protocol):
     # [out, in]); linear.WEIGHT_COPIES says which stored copy of a weight each GEMM reads.
     weight_layout: str
 
+    def weight_signals(self, weight: Tensor) -> tuple:
+        """What the framework itself says about a weight's values (its in-place version counter,
+        buffer, dtype and shape): with weight_cache's explicit version, what a copy is valid for."""
+
     # --- activations --------------------------------------------------------------------------
     def rows(self, t: Tensor) -> Tensor:
         """t as 2-D [prod(shape[:-1]), shape[-1]] (a view)."""
@@ -73,9 +77,11 @@ class Fp8Backend(Protocol):
         rowwise: the [R, C] copy; transpose: the [C, transpose_cols or R] copy, zero past R.
         Neither: the amax-only pass (returns None). Else the backend's quantized value (with
         scale_inv = 1 / scale)."""
-    def quantize_weight(self, weight: Tensor, state, copies: tuple = ("rowwise", "transposed")):
+    def quantize_weight(self, weight: Tensor, state, copies: tuple = ("rowwise", "transposed"),
+                        amax_recorded: bool = False):
         """The named stored copies of a weight (both: what the weight cache keeps; the forward's
-        alone: a FrozenFp8Weight), quantised under `state` (state.quantize with this backend)."""
+        alone: a FrozenFp8Weight), quantised under `state` (state.quantize with this backend;
+        amax_recorded: its amax_history holds the weight's amax already, weight_cache.AmaxSlot)."""
     def fp8_transpose(self, data: Tensor) -> Tensor:
         """A weight's other stored copy from one stored copy's data [R, C]: [C, R], one transpose
         of the FP8 bytes (weights are never padded)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from ..autograd import FusedOp, Saved
 from .recipe import FAST_ACCUM_FORWARD
+from .weight_cache import optimizer_amax
 
 ROWWISE, TRANSPOSED = "rowwise", "transposed"
 # The stored copy of the weight each GEMM reads, by the framework's weight layout (the backend's
@@ -60,7 +61,8 @@ def weight_for_forward(be, weight, state, weight_cache):
     if weight_cache is not None:
         q = weight_cache.get(weight, state, be.quantize_weight)
         return q, be.fp8_parts(q, copies["dgrad"])
-    return be.quantize_weight(weight, state, copies=(copies["forward"],)), (weight, None)
+    recorded = optimizer_amax(weight, state, be.weight_signals)
+    return be.quantize_weight(weight, state, copies=(copies["forward"],), amax_recorded=recorded), (weight, None)
 
 
 def weight_for_dgrad(be, kept, state, per_use: bool):

@@ -48,6 +48,7 @@ class ScalingState:
         self.fmt, self.mode, self.algo, self.margin = check_format(fmt), mode, algo, float(margin)
         self.warm_start = warm_start
         self.seeded = False
+        self.restores = 0  # set_state_dict calls: an amax the optimizer wrote before one is not this state's
         self.scale = self.backend.fp32_full(1, 1.0)
         self.scale_inv = self.backend.fp32_full(1, 1.0)
         self.amax_history = self.backend.fp32_full(history_len, 0.0)
@@ -105,10 +106,12 @@ class ScalingState:
         return self.mode == "current" or (self.warm_start and not self.seeded)
 
     # --- quantising ------------------------------------------------------------------------------
-    def quantize(self, x, end_step: bool = True, backend=None, **copies):
+    def quantize(self, x, end_step: bool = True, backend=None, amax_recorded: bool = False, **copies):
         """x quantised under this state with `backend`'s quantize kernel (default: the state's own
         backend), its amax recorded; `copies` (rowwise, transpose, transpose_cols) say which FP8
-        copies the backend writes (backend.py). Returns the backend's quantized tensor."""
+        copies the backend writes (backend.py). amax_recorded: amax_history already holds x's amax
+        (the optimizer wrote it as it wrote x: weight_cache.AmaxSlot), so the amax pass is skipped.
+        Returns the backend's quantized tensor."""
         be = backend or self.backend
 
         def amax_pass():
@@ -117,7 +120,7 @@ class ScalingState:
         def quantize_pass():
             return be.quantize(x, self.scale_used, self.kernel_amax, self.fmt, **copies)
 
-        return quantize_with(be, [self], amax_pass, quantize_pass, end_step)
+        return quantize_with(be, [self], amax_pass, quantize_pass, end_step, amax_recorded)
 
     def end_step(self, backend=None) -> None:
         """Delayed scaling's TE amax_and_scale_update: the scale from the history's amax ("max",
@@ -146,6 +149,7 @@ class ScalingState:
         # `seeded` is saved: a delayed state whose history rolled its only amax out (amax_history_len
         # 1 rolls it out at every step end) is seeded with an all-zero history, and must not warm-start
         # again. States saved without it: a history that holds an amax continues, an empty one warm-starts.
+        self.restores += 1
         seeded = state.get("seeded")
         self.seeded = bool(np.asarray(state["amax_history"]).any() if seeded is None else np.asarray(seeded))
 
@@ -154,10 +158,12 @@ class ScalingState:
                 f"history_len={self.backend.shape(self.amax_history)[0]})")
 
 
-def quantize_with(be, states: list, amax_pass, quantize_pass, end_step: bool = True):
+def quantize_with(be, states: list, amax_pass, quantize_pass, end_step: bool = True,
+                  amax_recorded: bool = False):
     """One quantisation by one kernel, given as its two passes (module docstring), of the tensors
     whose `states` it quantises. Returns quantize_pass()'s. In a recompute's replay, delayed states
-    quantise with their forward's scales: no amax pass, no scale or history update."""
+    quantise with their forward's scales: no amax pass, no scale or history update. amax_recorded:
+    the states' histories hold the tensors' amaxes already (ScalingState.quantize)."""
     if any(s.replaying() for s in states):
         for s in states:
             s.begin_replay()
@@ -167,9 +173,10 @@ def quantize_with(be, states: list, amax_pass, quantize_pass, end_step: bool = T
         # The whole history: current scaling keeps one entry, and a delayed history holds no amax
         # before the warm start's first quantisation. (A delayed state beside them gets the same
         # amax max-accumulated twice, by both passes: a no-op.)
-        for s in own_amax:
-            be.zero_(s.amax_history)
-        amax_pass()
+        if not amax_recorded:
+            for s in own_amax:
+                be.zero_(s.amax_history)
+            amax_pass()
         for s in own_amax:
             be.compute_scale(s.amax_history, s.scale, s.scale_inv, s.fmt_max, s.margin)
     outputs = quantize_pass()

@@ -18,8 +18,30 @@ Freshness is explicit. A weight's version is the pair
       and shape.
 
 Frozen weights (LoRA's base) are bumped by nothing but a load or a hand call: they are quantised
-once for the whole run. Nothing here is process-wide beyond the version table, which holds the
-weights weakly.
+once for the whole run.
+
+The weight's amax, from the optimizer (AmaxSlot). Weights are current-scaled (recipe.py): each
+quantisation of a weight (a cached copy's, or every forward's under weight_copies "per_use") is an
+amax pass over the weight, then the quantising pass. The AdamW kernel writes every weight anyway,
+so it can take the amax as it stores it (fastffn/optimizer.h: param_amax) for the weights an FP8
+layer has quantised before: each gets one AmaxSlot, naming the ScalingState the layer quantises it
+under, whose amax_history[0] the kernel writes. The slot is good for exactly the version the update
+made: the optimizer marks it written, the weights_changed that follows every optimizer step
+(Paddle's FastAdamW, the torch harness's FusedMasterAdamW) stamps it with the weight's new version,
+and a quantisation skips its amax pass only while the weight's version is still that one and the
+state has not been restored from a checkpoint since. Between two updates the history keeps that
+amax: every quantisation of the weight max-accumulates the same value into it. A state that
+quantises more than one weight (the functional fp8_linear lets callers share one) never takes the
+kernel's amax: another weight's quantisation would leave its amax in the history. The FP8 copy is
+bit for bit the one the amax pass gives, since max |x| over the same values is exact.
+
+What it asks of other writers: the explicit freshness rule the cached copies have always had. A write
+Paddle does not report (set_value, copy_, an optimizer nobody tracked) between two FastAdamW steps
+must be followed by paddle_fastffn.fp8.weights_updated(model), or the next quantisation scales the
+new values by the amax of the old ones (under "cached" it would read a stale copy outright). The
+plugin's own writers report theirs: FastAdamW, tracked stock optimizers, the LLaMA checkpoint load.
+
+Nothing here is process-wide beyond the version and slot tables, which hold the weights weakly.
 """
 
 from __future__ import annotations
@@ -40,7 +62,8 @@ def _forget(key: int, ref) -> None:
 
 def weights_changed(weights) -> None:
     """Record that each weight in `weights` (an iterable of tensors) may hold new values: FP8
-    copies cached for them are re-made at their next use."""
+    copies cached for them are re-made at their next use. A slot the optimizer has just written
+    (AmaxSlot) is stamped with the new version."""
     for weight in weights:
         key = id(weight)
         entry = _EXPLICIT_VERSIONS.get(key)
@@ -48,6 +71,113 @@ def weights_changed(weights) -> None:
             entry[1] += 1
         else:
             _EXPLICIT_VERSIONS[key] = [weakref.ref(weight, lambda ref, key=key: _forget(key, ref)), 1]
+        slot = amax_slot(weight)
+        if slot is not None:
+            slot.stamp(weight)
+
+
+class AmaxSlot:
+    """Where the optimizer writes one weight's amax (module docstring): the amax_history of
+    `state`, the ScalingState an FP8 layer quantises the weight under; `signals` the backend's
+    weight_signals. `valid_for`: what the history's amax is valid for ((state restores, weight
+    version)), or None. `pending`: the framework's signals when the kernel wrote, until the
+    weights_changed that follows the optimizer step stamps the version."""
+
+    def __init__(self, state, signals):
+        self.state, self.signals = state, signals
+        self.pending = None
+        self.valid_for = None
+
+    def target(self):
+        """The one-element fp32 tensor the kernel writes the amax into; from here until the stamp,
+        the history holds no amax of a version anyone has quantised."""
+        self.valid_for, self.pending = None, None
+        return self.state.amax_history
+
+    def written(self, weight) -> None:
+        self.pending = self.signals(weight)
+
+    def stamp(self, weight) -> None:
+        # The signals must be those of the kernel's write: a buffer swapped in since is not its values.
+        if self.pending is not None and self.pending == self.signals(weight):
+            self.valid_for = (self.state.restores, weight_version(weight, self.signals))
+        self.pending = None
+
+    def measured(self) -> None:
+        """A quantisation took its own amax pass: the history holds that amax, not the kernel's."""
+        self.valid_for, self.pending = None, None
+
+    def holds_amax_of(self, weight, state) -> bool:
+        return state is self.state and not _shared(state) and self.valid_for is not None and \
+            self.valid_for == (state.restores, weight_version(weight, self.signals))
+
+
+# id(weight) -> [weak reference to it, its AmaxSlot], as _EXPLICIT_VERSIONS.
+_AMAX_SLOTS: dict[int, list] = {}
+
+
+def _forget_slot(key: int, ref) -> None:
+    entry = _AMAX_SLOTS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _AMAX_SLOTS[key]
+
+
+def amax_slot(weight) -> AmaxSlot | None:
+    """The weight's AmaxSlot, or None where no weight cache has quantised it."""
+    entry = _AMAX_SLOTS.get(id(weight))
+    return entry[1] if entry is not None and entry[0]() is weight else None
+
+
+# id(state) -> [weak reference to the state, weak reference to the one weight it quantised, or None
+# once it has quantised two]: a shared state's history holds whichever weight it saw last.
+_STATE_WEIGHTS: dict[int, list] = {}
+
+
+def _forget_state(key: int, ref) -> None:
+    entry = _STATE_WEIGHTS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _STATE_WEIGHTS[key]
+
+
+def _note_weight(state, weight) -> None:
+    key = id(state)
+    entry = _STATE_WEIGHTS.get(key)
+    if entry is None or entry[0]() is not state:
+        _STATE_WEIGHTS[key] = [weakref.ref(state, lambda ref, key=key: _forget_state(key, ref)), weakref.ref(weight)]
+    elif entry[1] is not None and entry[1]() is not weight:
+        entry[1] = None
+
+
+def _shared(state) -> bool:
+    entry = _STATE_WEIGHTS.get(id(state))
+    return entry is not None and entry[0]() is state and entry[1] is None
+
+
+def _slot_for(weight, state, signals) -> AmaxSlot:
+    _note_weight(state, weight)
+    slot = amax_slot(weight)
+    if slot is None or slot.state is not state:
+        key = id(weight)
+        slot = AmaxSlot(state, signals)
+        _AMAX_SLOTS[key] = [weakref.ref(weight, lambda ref, key=key: _forget_slot(key, ref)), slot]
+    return slot
+
+
+def optimizer_amax(weight, state, signals) -> bool:
+    """Whether the quantisation of `weight` about to run may skip its amax pass: `state`'s
+    amax_history holds the amax of the weight's current values, written by the optimizer's kernel
+    (AmaxSlot; signals: the backend's weight_signals). The weight gets a slot for the next
+    optimizer step either way; a False answer marks the slot measured (the pass will run)."""
+    slot = _slot_for(weight, state, signals)
+    if slot.holds_amax_of(weight, state):
+        return True
+    slot.measured()
+    return False
+
+
+def weight_version(weight, signals) -> tuple:
+    """(explicit version, *signals(weight)): what a cached copy and an AmaxSlot are valid for."""
+    return (explicit_version(weight), *signals(weight))
 
 
 def updated_parameters(params_grads) -> list:
@@ -66,27 +196,33 @@ def explicit_version(weight) -> int:
 class WeightCache:
     """FP8 copies of weights, each re-made only when the weight's version changes (module
     docstring). `weight_signals(weight)` is the backend's tuple of the framework's own change
-    signals. `quantizations` counts the quantisations done (tests and benchmarks read it)."""
+    signals. `quantizations` counts the quantisations done, `amax_passes_skipped` those that took
+    the optimizer's amax (tests and benchmarks read them)."""
 
     def __init__(self, weight_signals):
         self._weight_signals = weight_signals
         self._entries: dict[int, tuple] = {}
         self.quantizations = 0
+        self.amax_passes_skipped = 0  # quantisations that read the optimizer's amax (AmaxSlot)
 
     def version(self, weight) -> tuple:
-        return (explicit_version(weight), *self._weight_signals(weight))
+        return weight_version(weight, self._weight_signals)
 
     def get(self, weight, state, quantize):
-        """The FP8 copy of `weight` for its current version; `quantize(weight, state)` makes it
-        (recording the weight's amax in its scaling state `state`). A copy made by another
-        `quantize` (another backend, or other layouts) is not reused."""
+        """The FP8 copy of `weight` for its current version; `quantize(weight, state,
+        amax_recorded=...)` makes it (recording the weight's amax in its scaling state `state`;
+        amax_recorded: the optimizer wrote this version's amax there already, AmaxSlot). A copy
+        made by another `quantize` (another backend, or other layouts) is not reused."""
         version = (self.version(weight), quantize)
         entry = self._entries.get(id(weight))
         if entry is not None and entry[0] is weight and entry[1] == version:
             return entry[2]
-        quantized = quantize(weight, state)
+        recorded = optimizer_amax(weight, state, self._weight_signals)
+        # the keyword only when set: a quantizer written before it existed still works
+        quantized = quantize(weight, state, amax_recorded=True) if recorded else quantize(weight, state)
         self._entries[id(weight)] = (weight, version, quantized)
         self.quantizations += 1
+        self.amax_passes_skipped += recorded
         return quantized
 
     def cached(self):

@@ -58,11 +58,11 @@ class TorchFp8Backend(SharedTensorMethods):
             return None
         return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax[:1])
 
-    def quantize_weight(self, weight, state, copies=("rowwise", "transposed")):
+    def quantize_weight(self, weight, state, copies=("rowwise", "transposed"), amax_recorded=False):
         """The named copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T
         for dgrad; current-scaled (Fp8Recipe: weights)."""
-        return state.quantize(weight.detach().contiguous(), backend=self, rowwise="rowwise" in copies,
-                              transpose="transposed" in copies)
+        return state.quantize(weight.detach().contiguous(), backend=self, amax_recorded=amax_recorded,
+                              rowwise="rowwise" in copies, transpose="transposed" in copies)
 
     def fp8_transpose(self, data):
         """fastffn_fp8_quantize_cuda's byte transpose (torch's .t().contiguous() on FP8 runs an
@@ -118,6 +118,10 @@ class TorchFp8Backend(SharedTensorMethods):
 
     # --- tensors --------------------------------------------------------------------------------
     weight_layout = "out_in"
+
+    @staticmethod
+    def weight_signals(weight) -> tuple:
+        return weight_signals(weight)
 
     def rows(self, t):
         return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])

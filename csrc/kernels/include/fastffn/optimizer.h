@@ -79,6 +79,13 @@
 // is exact in fp32 (both are multiples of p's fp32 ulp and their sum is about p), so a master
 // reconstructed that way splits again into the same compensation.
 //
+// The updated parameter's amax (param_amax != NULL): *param_amax = max |param[i]| over the values
+// just stored (param_dtype, after rounding), the max taken over the fp32 bit patterns of |x|, as
+// fastffn_fp8_quantize's amax pass takes it (so a NaN anywhere makes it NaN, and n = 0 gives 0):
+// current scaling's first pass over a weight, folded into the one pass that writes the weight, so
+// an FP8 copy of it needs only the quantising pass (paddle_fastffn/core/fp8/weight_cache.py). It
+// is written, not max-accumulated: the CUDA entry zeroes it on the stream before the kernel.
+//
 // Either weight layout combines with either moment layout (master and compensation exclude each
 // other). INVALID_ARGUMENT for NULL moments/absmax pointers of the moment layout, absmax pointers
 // given for FLOAT32 moments, an unknown moment layout, or master and compensation both given;
@@ -142,6 +149,7 @@ typedef struct {
   float* absmax2;
   float* master;       // fp32 master weights, or NULL
   void* compensation;  // param_dtype Kahan compensation (16-bit params without master), or NULL
+  float* param_amax;   // fp32 [1]: set to max |param| after the update, or NULL (below)
 } fastffn_adamw_state;
 
 // fastffn_adamw_* is this entry with FLOAT32 moments and no compensation.
