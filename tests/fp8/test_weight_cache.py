@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_fastffn.fp8 import Fp8Recipe, WeightCache, fp8_linear, track_optimizer, weights_updated
+from paddle_fastffn.fp8 import Fp8Recipe, LinearScalingStates, WeightCache, fp8_linear, track_optimizer, weights_updated
 from paddle_fastffn.fp8.formats import quantize_dequantize
 from paddle_fastffn.optim import FastAdamW
 
@@ -386,3 +386,36 @@ def test_a_state_shared_by_two_weights_takes_the_amax_pass(monkeypatch):
         return outputs
 
     np.testing.assert_array_equal(np.array(train(True)), np.array(train(False)))
+
+
+def test_a_delayed_weight_state_keeps_its_passes_and_trains():
+    """A weight state the recipe's layers never make (delayed scaling, a long history: the functional
+    fp8_linear takes any states) gets no slot: FastAdamW steps it as before."""
+    recipe = Fp8Recipe(amax_history_len=16)
+    states = LinearScalingStates(input=recipe.new_state("e4m3"), weight=recipe.new_state("e4m3"),
+                                 grad_output=recipe.new_state("e5m2"))
+    linear = paddle.nn.Linear(32, 48)
+    opt = FastAdamW(learning_rate=0.1, parameters=linear.parameters())
+    for _ in range(2):
+        (fp8_linear(paddle.randn([8, 32]), linear.weight, linear.bias, states=states) ** 2).mean().backward()
+        opt.step()
+        opt.clear_grad()
+    from paddle_fastffn.core.fp8 import weight_cache as core_weight_cache
+
+    assert core_weight_cache.amax_slot(linear.weight) is None
+
+
+def test_another_tensors_quantisation_under_the_state_voids_the_kernels_amax():
+    """After the step, the weight's state quantises another tensor (a frozen copy of it, here): the
+    history now holds that tensor's amax, so the weight's next quantisation measures it again."""
+    from paddle_fastffn.core.fp8.linear import FrozenFp8Weight
+    from paddle_fastffn.fp8.emulated import EMULATED
+
+    model = Model("fast_adamw")
+    model.forward_backward()
+    model.step()
+    FrozenFp8Weight.freeze(EMULATED, paddle.full([32, 48], 100.0), model.states.weight)
+    before = (model.cache.quantizations, model.cache.amax_passes_skipped)
+    model.forward_backward()
+    assert (model.cache.quantizations, model.cache.amax_passes_skipped) == (before[0] + 1, before[1])
+    assert_cache_holds_the_weight(model)

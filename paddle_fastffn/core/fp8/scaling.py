@@ -48,7 +48,10 @@ class ScalingState:
         self.fmt, self.mode, self.algo, self.margin = check_format(fmt), mode, algo, float(margin)
         self.warm_start = warm_start
         self.seeded = False
-        self.restores = 0  # set_state_dict calls: an amax the optimizer wrote before one is not this state's
+        # Writes of amax_history by anything but the quantisations that read an amax the optimizer
+        # wrote (weight_cache.AmaxSlot): amax and quantising passes, the optimizer's own writes,
+        # checkpoint restores. A slot is good only while this count is the one its write left.
+        self.history_writes = 0
         self.scale = self.backend.fp32_full(1, 1.0)
         self.scale_inv = self.backend.fp32_full(1, 1.0)
         self.amax_history = self.backend.fp32_full(history_len, 0.0)
@@ -149,7 +152,7 @@ class ScalingState:
         # `seeded` is saved: a delayed state whose history rolled its only amax out (amax_history_len
         # 1 rolls it out at every step end) is seeded with an all-zero history, and must not warm-start
         # again. States saved without it: a history that holds an amax continues, an empty one warm-starts.
-        self.restores += 1
+        self.history_writes += 1
         seeded = state.get("seeded")
         self.seeded = bool(np.asarray(state["amax_history"]).any() if seeded is None else np.asarray(seeded))
 
@@ -168,6 +171,9 @@ def quantize_with(be, states: list, amax_pass, quantize_pass, end_step: bool = T
         for s in states:
             s.begin_replay()
         return quantize_pass()
+    if not amax_recorded:  # the passes below write the histories
+        for s in states:
+            s.history_writes += 1
     own_amax = [s for s in states if s.scales_by_own_amax()]
     if own_amax:
         # The whole history: current scaling keeps one entry, and a delayed history holds no amax

@@ -28,12 +28,14 @@ layer has quantised before: each gets one AmaxSlot, naming the ScalingState the 
 under, whose amax_history[0] the kernel writes. The slot is good for exactly the version the update
 made: the optimizer marks it written, the weights_changed that follows every optimizer step
 (Paddle's FastAdamW, the torch harness's FusedMasterAdamW) stamps it with the weight's new version,
-and a quantisation skips its amax pass only while the weight's version is still that one and the
-state has not been restored from a checkpoint since. Between two updates the history keeps that
-amax: every quantisation of the weight max-accumulates the same value into it. A state that
-quantises more than one weight (the functional fp8_linear lets callers share one) never takes the
-kernel's amax: another weight's quantisation would leave its amax in the history. The FP8 copy is
-bit for bit the one the amax pass gives, since max |x| over the same values is exact.
+and a quantisation skips its amax pass only while the weight's version is still that one and
+nothing else has written the state's history since (ScalingState.history_writes: another tensor's
+quantisation under a state shared by two weights, which the functional fp8_linear allows, the
+kernel's write of another weight's amax, a checkpoint restore). Between two updates the history
+keeps the weight's amax: the quantisations that read it max-accumulate the same value into it. Only
+a current-scaled state with a one-entry history (what every FP8 layer gives its weights) takes
+slots. The FP8 copy is bit for bit the one the amax pass gives, since max |x| over the same values
+is exact.
 
 What it asks of other writers: the explicit freshness rule the cached copies have always had. A write
 Paddle does not report (set_value, copy_, an optimizer nobody tracked) between two FastAdamW steps
@@ -79,9 +81,9 @@ def weights_changed(weights) -> None:
 class AmaxSlot:
     """Where the optimizer writes one weight's amax (module docstring): the amax_history of
     `state`, the ScalingState an FP8 layer quantises the weight under; `signals` the backend's
-    weight_signals. `valid_for`: what the history's amax is valid for ((state restores, weight
-    version)), or None. `pending`: the framework's signals when the kernel wrote, until the
-    weights_changed that follows the optimizer step stamps the version."""
+    weight_signals. `valid_for`: what the history's amax is valid for ((the state's history_writes,
+    the weight version)), or None. `pending`: (the framework's signals, history_writes) when the
+    kernel wrote, until the weights_changed that follows the optimizer step stamps the version."""
 
     def __init__(self, state, signals):
         self.state, self.signals = state, signals
@@ -89,27 +91,24 @@ class AmaxSlot:
         self.valid_for = None
 
     def target(self):
-        """The one-element fp32 tensor the kernel writes the amax into; from here until the stamp,
-        the history holds no amax of a version anyone has quantised."""
+        """The one-element fp32 tensor the kernel writes the amax into (a write of the history)."""
         self.valid_for, self.pending = None, None
+        self.state.history_writes += 1
         return self.state.amax_history
 
     def written(self, weight) -> None:
-        self.pending = self.signals(weight)
+        self.pending = (self.signals(weight), self.state.history_writes)
 
     def stamp(self, weight) -> None:
-        # The signals must be those of the kernel's write: a buffer swapped in since is not its values.
-        if self.pending is not None and self.pending == self.signals(weight):
-            self.valid_for = (self.state.restores, weight_version(weight, self.signals))
+        # The kernel's write must be the history's last, and of the values the weight holds now (a
+        # buffer swapped in since is not them).
+        if self.pending == (self.signals(weight), self.state.history_writes):
+            self.valid_for = (self.state.history_writes, weight_version(weight, self.signals))
         self.pending = None
 
-    def measured(self) -> None:
-        """A quantisation took its own amax pass: the history holds that amax, not the kernel's."""
-        self.valid_for, self.pending = None, None
-
     def holds_amax_of(self, weight, state) -> bool:
-        return state is self.state and not _shared(state) and self.valid_for is not None and \
-            self.valid_for == (state.restores, weight_version(weight, self.signals))
+        return state is self.state and self.valid_for is not None and \
+            self.valid_for == (state.history_writes, weight_version(weight, self.signals))
 
 
 # id(weight) -> [weak reference to it, its AmaxSlot], as _EXPLICIT_VERSIONS.
@@ -128,33 +127,7 @@ def amax_slot(weight) -> AmaxSlot | None:
     return entry[1] if entry is not None and entry[0]() is weight else None
 
 
-# id(state) -> [weak reference to the state, weak reference to the one weight it quantised, or None
-# once it has quantised two]: a shared state's history holds whichever weight it saw last.
-_STATE_WEIGHTS: dict[int, list] = {}
-
-
-def _forget_state(key: int, ref) -> None:
-    entry = _STATE_WEIGHTS.get(key)
-    if entry is not None and entry[0] is ref:
-        del _STATE_WEIGHTS[key]
-
-
-def _note_weight(state, weight) -> None:
-    key = id(state)
-    entry = _STATE_WEIGHTS.get(key)
-    if entry is None or entry[0]() is not state:
-        _STATE_WEIGHTS[key] = [weakref.ref(state, lambda ref, key=key: _forget_state(key, ref)), weakref.ref(weight)]
-    elif entry[1] is not None and entry[1]() is not weight:
-        entry[1] = None
-
-
-def _shared(state) -> bool:
-    entry = _STATE_WEIGHTS.get(id(state))
-    return entry is not None and entry[0]() is state and entry[1] is None
-
-
 def _slot_for(weight, state, signals) -> AmaxSlot:
-    _note_weight(state, weight)
     slot = amax_slot(weight)
     if slot is None or slot.state is not state:
         key = id(weight)
@@ -167,12 +140,11 @@ def optimizer_amax(weight, state, signals) -> bool:
     """Whether the quantisation of `weight` about to run may skip its amax pass: `state`'s
     amax_history holds the amax of the weight's current values, written by the optimizer's kernel
     (AmaxSlot; signals: the backend's weight_signals). The weight gets a slot for the next
-    optimizer step either way; a False answer marks the slot measured (the pass will run)."""
-    slot = _slot_for(weight, state, signals)
-    if slot.holds_amax_of(weight, state):
-        return True
-    slot.measured()
-    return False
+    optimizer step either way, where its state can take one (current scaling, a one-entry
+    history)."""
+    if state.mode != "current" or state.backend.shape(state.amax_history)[0] != 1:
+        return False
+    return _slot_for(weight, state, signals).holds_amax_of(weight, state)
 
 
 def weight_version(weight, signals) -> tuple:
