@@ -122,7 +122,7 @@ def _forget_slot(key: int, ref) -> None:
 
 
 def amax_slot(weight) -> AmaxSlot | None:
-    """The weight's AmaxSlot, or None where no weight cache has quantised it."""
+    """The weight's AmaxSlot, or None where no FP8 layer has quantised it yet."""
     entry = _AMAX_SLOTS.get(id(weight))
     return entry[1] if entry is not None and entry[0]() is weight else None
 
