@@ -13,9 +13,9 @@ One step, in order:
 3. one AdamW kernel call per parameter with a gradient (`ParameterUpdate`): it multiplies the
    gradient by the coefficient as it reads it and, as Paddle's adamw does, advances that
    parameter's own beta powers (beta1^t, beta2^t), which live on the host: no kernel of their own.
-   For a weight that an FP8 layer keeps a cached FP8 copy of, the same call writes the updated
-   weight's amax where that copy's next quantisation reads it (core/fp8/weight_cache.py,
-   AmaxSlot): current scaling's amax pass over the weight, folded into the pass that writes it.
+   For a weight an FP8 layer has quantised, the same call writes the updated weight's amax where
+   its next quantisation reads it (core/fp8/weight_cache.py, AmaxSlot): current scaling's amax
+   pass over the weight, folded into the pass that writes it.
 Releasing the gradients afterwards is the framework's (Paddle: FastAdamW.clear_grad; torch:
 zero_grad sets None): both release instead of zero-filling, since the next backward writes them.
 
@@ -248,7 +248,7 @@ class LearningRateSlot:
 def update_parameters(be: OptimizerBackend, updates: Sequence[ParameterUpdate], learning_rate: Tensor,
                       grad_scale: Tensor | None, hyper: AdamWHyper) -> None:
     """Step 3: one kernel call per parameter, the clipped ones with the coefficient; a weight with
-    an FP8 weight cache's AmaxSlot gets its amax written there by the same call."""
+    an AmaxSlot gets its amax written there by the same call."""
     for update in updates:
         slot = weight_cache.amax_slot(update.param)
         if slot is not None and not be.same_device(slot.state.amax_history, update.param):

@@ -176,10 +176,10 @@ struct BlockwiseTensors {
 
   // The lane's elements [i, i + kLaneElems) of quantisation block b, of which the first `count`
   // exist. kVector: all of them exist and every pointer is 16-byte aligned. Reached by all 32
-  // lanes of the warp (the absmax is a shuffle).
+  // lanes of the warp (the absmax is a shuffle). The lane's share of param_amax goes to the thread
+  // block's `block_amax` (shared memory) at the end: a register carried across the grid-stride
+  // loop spilled in the misaligned variant.
   template <bool kVector>
-  // The lane's share of param_amax goes to the thread block's `block_amax` (shared memory) at the
-  // end: a register carried across the grid-stride loop spilled in the misaligned variant.
   __device__ __forceinline__ void update(const AdamwStep& s, const DynamicMapTables& maps,
                                          int64_t b, int64_t i, int count, uint32_t* block_amax) const {
     uint32_t amax = 0;

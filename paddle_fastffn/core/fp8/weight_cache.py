@@ -43,23 +43,35 @@ must be followed by paddle_fastffn.fp8.weights_updated(model), or the next quant
 new values by the amax of the old ones (under "cached" it would read a stale copy outright). The
 plugin's own writers report theirs: FastAdamW, tracked stock optimizers, the LLaMA checkpoint load.
 
-Nothing here is process-wide beyond the version and slot tables, which hold the weights weakly.
+Nothing here is process-wide beyond the per-weight table of versions and slots, which holds the
+weights weakly.
 """
 
 from __future__ import annotations
 
 import weakref
 
-# id(weight) -> [weak reference to it, how many explicit updates it has seen]. Keyed by identity,
-# not by the tensor (a WeakKeyDictionary compares keys with ==, which frameworks make elementwise);
-# a freed weight's entry leaves with it.
-_EXPLICIT_VERSIONS: dict[int, list] = {}
+# id(weight) -> [weak reference to it, how many explicit updates it has seen, its AmaxSlot or
+# None]. Keyed by identity, not by the tensor (a WeakKeyDictionary compares keys with ==, which
+# frameworks make elementwise); a freed weight's entry leaves with it.
+_WEIGHTS: dict[int, list] = {}
 
 
 def _forget(key: int, ref) -> None:
-    entry = _EXPLICIT_VERSIONS.get(key)
+    entry = _WEIGHTS.get(key)
     if entry is not None and entry[0] is ref:
-        del _EXPLICIT_VERSIONS[key]
+        del _WEIGHTS[key]
+
+
+def _entry(weight, create: bool) -> list | None:
+    key = id(weight)
+    entry = _WEIGHTS.get(key)
+    if entry is not None and entry[0]() is weight:
+        return entry
+    if not create:
+        return None
+    entry = _WEIGHTS[key] = [weakref.ref(weight, lambda ref, key=key: _forget(key, ref)), 0, None]
+    return entry
 
 
 def weights_changed(weights) -> None:
@@ -67,15 +79,10 @@ def weights_changed(weights) -> None:
     copies cached for them are re-made at their next use. A slot the optimizer has just written
     (AmaxSlot) is stamped with the new version."""
     for weight in weights:
-        key = id(weight)
-        entry = _EXPLICIT_VERSIONS.get(key)
-        if entry is not None and entry[0]() is weight:
-            entry[1] += 1
-        else:
-            _EXPLICIT_VERSIONS[key] = [weakref.ref(weight, lambda ref, key=key: _forget(key, ref)), 1]
-        slot = amax_slot(weight)
-        if slot is not None:
-            slot.stamp(weight)
+        entry = _entry(weight, create=True)
+        entry[1] += 1
+        if entry[2] is not None:
+            entry[2].stamp(weight)
 
 
 class AmaxSlot:
@@ -83,7 +90,8 @@ class AmaxSlot:
     `state`, the ScalingState an FP8 layer quantises the weight under; `signals` the backend's
     weight_signals. `valid_for`: what the history's amax is valid for ((the state's history_writes,
     the weight version)), or None. `pending`: (the framework's signals, history_writes) when the
-    kernel wrote, until the weights_changed that follows the optimizer step stamps the version."""
+    kernel wrote, until the weights_changed that follows the optimizer step stamps the version.
+    Every write of the history counts, so an earlier pending or valid_for lapses by itself."""
 
     def __init__(self, state, signals):
         self.state, self.signals = state, signals
@@ -92,7 +100,6 @@ class AmaxSlot:
 
     def target(self):
         """The one-element fp32 tensor the kernel writes the amax into (a write of the history)."""
-        self.valid_for, self.pending = None, None
         self.state.history_writes += 1
         return self.state.amax_history
 
@@ -106,34 +113,21 @@ class AmaxSlot:
             self.valid_for = (self.state.history_writes, weight_version(weight, self.signals))
         self.pending = None
 
-    def holds_amax_of(self, weight, state) -> bool:
-        return state is self.state and self.valid_for is not None and \
-            self.valid_for == (state.history_writes, weight_version(weight, self.signals))
-
-
-# id(weight) -> [weak reference to it, its AmaxSlot], as _EXPLICIT_VERSIONS.
-_AMAX_SLOTS: dict[int, list] = {}
-
-
-def _forget_slot(key: int, ref) -> None:
-    entry = _AMAX_SLOTS.get(key)
-    if entry is not None and entry[0] is ref:
-        del _AMAX_SLOTS[key]
+    def holds_amax_of(self, weight) -> bool:
+        return self.valid_for == (self.state.history_writes, weight_version(weight, self.signals))
 
 
 def amax_slot(weight) -> AmaxSlot | None:
     """The weight's AmaxSlot, or None where no FP8 layer has quantised it yet."""
-    entry = _AMAX_SLOTS.get(id(weight))
-    return entry[1] if entry is not None and entry[0]() is weight else None
+    entry = _entry(weight, create=False)
+    return None if entry is None else entry[2]
 
 
 def _slot_for(weight, state, signals) -> AmaxSlot:
-    slot = amax_slot(weight)
-    if slot is None or slot.state is not state:
-        key = id(weight)
-        slot = AmaxSlot(state, signals)
-        _AMAX_SLOTS[key] = [weakref.ref(weight, lambda ref, key=key: _forget_slot(key, ref)), slot]
-    return slot
+    entry = _entry(weight, create=True)
+    if entry[2] is None or entry[2].state is not state:
+        entry[2] = AmaxSlot(state, signals)
+    return entry[2]
 
 
 def optimizer_amax(weight, state, signals) -> bool:
@@ -144,7 +138,7 @@ def optimizer_amax(weight, state, signals) -> bool:
     history)."""
     if state.mode != "current" or state.backend.shape(state.amax_history)[0] != 1:
         return False
-    return _slot_for(weight, state, signals).holds_amax_of(weight, state)
+    return _slot_for(weight, state, signals).holds_amax_of(weight)
 
 
 def weight_version(weight, signals) -> tuple:
@@ -161,8 +155,8 @@ def updated_parameters(params_grads) -> list:
 
 
 def explicit_version(weight) -> int:
-    entry = _EXPLICIT_VERSIONS.get(id(weight))
-    return entry[1] if entry is not None and entry[0]() is weight else 0
+    entry = _entry(weight, create=False)
+    return 0 if entry is None else entry[1]
 
 
 class WeightCache:
