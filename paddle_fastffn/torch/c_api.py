@@ -32,6 +32,17 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64:
 _MOMENT_LAYOUTS = {torch.float32: 0, torch.uint8: 1}
 
 
+def current_stream() -> ctypes.c_void_p:
+    """The current CUDA stream of the current device as the C API's `void* stream`: what
+    torch.cuda.current_stream().cuda_stream gives (the same at::cuda::getCurrentCUDAStream, so a
+    torch.cuda.stream(s) or torch.cuda.device(d) block is honoured and CUDA is initialised lazily
+    by _cuda_getDevice), read by two C calls instead of that function's Python device-index
+    resolution and Stream object (~16 Python calls, the FP8 step's largest host cost at ~2300
+    kernel calls a step). It is torch inductor's get_raw_stream."""
+    c = torch._C
+    return ctypes.c_void_p(c._cuda_getCurrentRawStream(c._cuda_getDevice()))
+
+
 def scalar(value) -> Scalar:
     """A Python number as a host value, a one-element fp32 CUDA tensor as its device address (the
     kernel reads it when it runs: no host sync, and a CUDA graph replays the current value), a
@@ -107,9 +118,7 @@ class Kernels:
             raise RuntimeError(f"{op}: {self.lib.fastffn_status_string(status).decode()}: "
                                f"{self.lib.fastffn_last_error().decode()}")
 
-    @staticmethod
-    def _stream():
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    _stream = staticmethod(current_stream)
 
     @staticmethod
     def _ptr(t):

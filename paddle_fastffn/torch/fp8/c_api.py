@@ -115,9 +115,7 @@ class Fp8Kernels:
         message = known.get(status) or self.lib.fastffn_status_string(status).decode()
         raise Fp8Error(op, status, f"{message}. {self.lib.fastffn_last_error().decode()}".strip())
 
-    @staticmethod
-    def _stream():
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    _stream = staticmethod(c_api.current_stream)
 
     # --- quantisation ---------------------------------------------------------------------------
     def quantize(self, x: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor | None = None,
