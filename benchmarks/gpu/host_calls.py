@@ -10,7 +10,7 @@ library whose C entry points return success without running anything, on CPU ten
 cProfile: its count of calls (Python functions and C builtins) per FP8 linear forward + backward
 and per parameter update of FusedMasterAdamW's step is what the GPU step's host executes in Python
 for them; the C entry points' own work and the torch ops' device work are not in it. torch's
-stream query is stood in for at its C layer (the device count, index and stream), so its Python
+stream query is stood in for at its C layer (device count, index, stream; the Stream object), so its Python
 is counted as it runs on a GPU machine. tests/torch_cpu/test_host_calls.py keeps the counts under
 ceilings.
 """
