@@ -39,7 +39,7 @@ class Saved:
     before backward runs. None entries are allowed (the adapter keeps their positions)."""
 
     def __init__(self, needs):
-        self.needs = tuple(bool(n) for n in needs)
+        self.needs = tuple(map(bool, needs))
         self.tensors = ()
 
     def save(self, *tensors) -> None:
@@ -81,9 +81,10 @@ def run_forward(op: type[FusedOp], be, needs, args, save_for_backward):
     entries are not handed over (Paddle's saving refuses them); their positions are kept."""
     saved = Saved(needs)
     outputs = op.forward(be, saved, *args)
-    kept = [i for i, t in enumerate(saved.tensors) if t is not None]
-    save_for_backward(*(saved.tensors[i] for i in kept))
-    saved.layout = (len(saved.tensors), kept)
+    tensors = saved.tensors
+    kept = [i for i, t in enumerate(tensors) if t is not None]
+    save_for_backward(*[tensors[i] for i in kept])
+    saved.layout = (len(tensors), kept)
     saved.tensors = ()
     return outputs, saved
 

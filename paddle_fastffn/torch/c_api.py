@@ -32,12 +32,23 @@ _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64:
 _MOMENT_LAYOUTS = {torch.float32: 0, torch.uint8: 1}
 
 
+def current_stream() -> ctypes.c_void_p:
+    """The current CUDA stream of the current device as the C API's `void* stream`: what
+    torch.cuda.current_stream().cuda_stream gives (the same at::cuda::getCurrentCUDAStream, so a
+    torch.cuda.stream(s) or torch.cuda.device(d) block is honoured and CUDA is initialised lazily
+    by _cuda_getDevice), read by two C calls instead of that function's Python device-index
+    resolution and Stream object (~16 Python calls, the FP8 step's largest host cost at ~2300
+    kernel calls a step). It is torch inductor's get_raw_stream."""
+    c = torch._C
+    return ctypes.c_void_p(c._cuda_getCurrentRawStream(c._cuda_getDevice()))
+
+
 def scalar(value) -> Scalar:
     """A Python number as a host value, a one-element fp32 CUDA tensor as its device address (the
     kernel reads it when it runs: no host sync, and a CUDA graph replays the current value), a
     one-element fp32 CPU tensor (the beta powers, which Paddle keeps on the host) as its value."""
     if isinstance(value, torch.Tensor):
-        assert value.dtype == torch.float32 and value.numel() == 1 and value.is_contiguous(), value
+        assert value.dtype == torch.float32 and value.numel() == 1, value  # one element: contiguous
         if value.is_cuda:
             return Scalar(0.0, value.data_ptr())
         assert value.device.type == "cpu", value
@@ -107,9 +118,7 @@ class Kernels:
             raise RuntimeError(f"{op}: {self.lib.fastffn_status_string(status).decode()}: "
                                f"{self.lib.fastffn_last_error().decode()}")
 
-    @staticmethod
-    def _stream():
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    _stream = staticmethod(current_stream)
 
     @staticmethod
     def _ptr(t):
@@ -258,8 +267,9 @@ class Kernels:
         count (contiguous; any alignment). lr, beta1_pow (beta1^t), beta2_pow and grad_scale: host
         numbers, one-element fp32 CUDA tensors (read by the kernel) or one-element fp32 CPU
         tensors (their values, see scalar)."""
+        n = param.numel()
         for t in (param, grad, moment1, moment2, master):
-            assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw: tensor layout"
+            assert t is None or (t.is_contiguous() and t.numel() == n), "adamw: tensor layout"
         args = self._adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio,
                                 with_decay, grad_scale)
         self._check(self.lib.fastffn_adamw_cuda(args, param.data_ptr(), grad.data_ptr(),
@@ -274,10 +284,11 @@ class Kernels:
         codes with their fp32 absmax [ceil(numel / 256)] (8-bit moments); compensation (param's
         dtype, 16-bit params without master) for Kahan-compensated weights; param_amax (one fp32
         on param's device) set to the updated param's max |x|."""
+        n = param.numel()
         assert param_amax is None or (param_amax.dtype == torch.float32 and param_amax.numel() == 1
                                       and param_amax.device == param.device), "adamw_with_state: param_amax"
         for t in (param, grad, moment1, moment2, master, compensation):
-            assert t is None or (t.is_contiguous() and t.numel() == param.numel()), "adamw_with_state: tensor layout"
+            assert t is None or (t.is_contiguous() and t.numel() == n), "adamw_with_state: tensor layout"
         args = self._adamw_args(param, grad, lr, beta1_pow, beta2_pow, beta1, beta2, eps, weight_decay, lr_ratio,
                                 with_decay, grad_scale)
         state = AdamwState(_MOMENT_LAYOUTS[moment1.dtype], *(None if t is None else t.data_ptr() for t in (

@@ -125,9 +125,10 @@ class Fp8LinearOp(FusedOp):
         if (weight is None) == (frozen_weight is None):
             raise ValueError("Fp8LinearOp: give either weight (a tensor) or frozen_weight (a FrozenFp8Weight)")
         x2d = be.contiguous(be.rows(x))
-        tokens = be.shape(x2d)[0]
+        x_shape, x_dtype = be.shape(x), be.dtype(x)
+        transpose_cols = be.transpose_cols(be.shape(x2d)[0])
         qx = states.input.quantize(x2d, backend=be, rowwise=True, transpose=need_dw,
-                                   transpose_cols=be.transpose_cols(tokens) if need_dw else 0)
+                                   transpose_cols=transpose_cols if need_dw else 0)
         copies = WEIGHT_COPIES[be.weight_layout]
         saved.per_use = frozen_weight is None and weight_cache is None
         if frozen_weight is None:
@@ -139,13 +140,13 @@ class Fp8LinearOp(FusedOp):
             # the dgrad copy where it is held, else the forward's, which backward transposes
             saved.weight_copy = copies["dgrad"] if frozen_weight.holds(copies["dgrad"]) else copies["forward"]
             w_kept = be.fp8_parts(qw, saved.weight_copy)
-        y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], be.dtype(x), fast_accum=FAST_ACCUM_FORWARD, bias=bias)
+        y = be.fp8_gemm(qx, ROWWISE, qw, copies["forward"], x_dtype, fast_accum=FAST_ACCUM_FORWARD, bias=bias)
         x_parts = be.fp8_parts(qx, TRANSPOSED) if need_dw else (None, None)
         saved.save(*x_parts, *w_kept)
         saved.grad_state, saved.weight_state, saved.fmts = states.grad_output, states.weight, (states.input.fmt, w_fmt)
-        saved.dtypes = (be.dtype(x), w_dtype, None if bias is None else be.dtype(bias))
-        saved.x_shape, saved.transpose_cols = be.shape(x), be.transpose_cols(tokens)
-        return be.reshape(y, (*be.shape(x)[:-1], be.shape(y)[-1]))
+        saved.dtypes = (x_dtype, w_dtype, None if bias is None else be.dtype(bias))
+        saved.x_shape, saved.transpose_cols = x_shape, transpose_cols
+        return be.reshape(y, (*x_shape[:-1], be.shape(y)[-1]))
 
     @staticmethod
     def backward(be, saved: Saved, grad_output):

@@ -36,7 +36,7 @@ def current_phase() -> Phase | None:
 def recompute_phase() -> str | None:
     """FORWARD inside the first run of a function under fp8_recompute, REPLAY inside its recompute,
     None elsewhere."""
-    phase = current_phase()
+    phase = getattr(_STATE, "phase", None)  # current_phase(), inline: asked several times a quantisation
     return None if phase is None else phase.name
 
 

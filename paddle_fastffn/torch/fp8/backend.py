@@ -38,25 +38,28 @@ class TorchFp8Backend(SharedTensorMethods):
 
     # --- scaling --------------------------------------------------------------------------------
     def compute_scale(self, amax_history, scale, scale_inv, fmt_max: float, margin: float) -> None:
-        fp8.kernels().compute_scale(amax_history[:1], scale, scale_inv, fmt_max, margin)
+        fp8.kernels().compute_scale(amax_history, scale, scale_inv, fmt_max, margin)  # reads [0]
 
     def update_amax_history(self, amax_history, scale, scale_inv, most_recent: bool, fmt_max: float,
                             margin: float) -> None:
         fp8.kernels().update_amax_history(amax_history, scale, scale_inv, fmt_max, margin, most_recent)
 
     # --- kernels --------------------------------------------------------------------------------
+    # An amax (amax[0] of a ScalingState's history) is handed to the kernels whole: they take its
+    # address and touch element 0 only (fp8/c_api.py; cpu_kernels' emulation writes [:1]), so no
+    # one-element view is made per call.
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
                  transpose_cols: int = 0):
         """fastffn_fp8_quantize_cuda into fp8_c_api.Quantized; the harness's copies are never
         padded (its token counts are multiples of 16: Fp8FFN and Fp8Linear check)."""
-        if transpose_cols not in (0, x.shape[0]):
+        if transpose_cols and transpose_cols != x.shape[0]:
             raise ValueError(f"TorchFp8Backend.quantize: transpose_cols must be 0 or the row count {x.shape[0]}, "
                              f"got {transpose_cols} (the harness does not pad tokens)")
         k = fp8.kernels()
         if not (rowwise or transpose):
-            k.quantize(x, TORCH_FORMATS[fmt], None, rowwise=False, transpose=False, amax=amax[:1])
+            k.quantize(x, TORCH_FORMATS[fmt], None, rowwise=False, transpose=False, amax=amax)
             return None
-        return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax[:1])
+        return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax)
 
     def quantize_weight(self, weight, state, copies=("rowwise", "transposed"), amax_recorded=False):
         """The named copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T
@@ -85,14 +88,14 @@ class TorchFp8Backend(SharedTensorMethods):
         k, f = fp8.kernels(), TORCH_FORMATS[fmt]
         if gate_up_scale is None:
             if not quantize:
-                k.swiglu_fwd_fp8(gate_up, f, rowwise=False, amax=h_amax[:1])
+                k.swiglu_fwd_fp8(gate_up, f, rowwise=False, amax=h_amax)
                 return None
-            return k.swiglu_fwd_fp8(gate_up, f, h_scale, amax=h_amax[:1]), None
+            return k.swiglu_fwd_fp8(gate_up, f, h_scale, amax=h_amax), None
         if not quantize:
-            k.swiglu_fwd_fp8_with_gate_up(gate_up, f, rowwise=False, amax=h_amax[:1], gate_up_amax=gate_up_amax[:1])
+            k.swiglu_fwd_fp8_with_gate_up(gate_up, f, rowwise=False, amax=h_amax, gate_up_amax=gate_up_amax)
             return None
-        return k.swiglu_fwd_fp8_with_gate_up(gate_up, f, h_scale, amax=h_amax[:1], gate_up_scale=gate_up_scale,
-                                             gate_up_rowwise=True, gate_up_amax=gate_up_amax[:1])
+        return k.swiglu_fwd_fp8_with_gate_up(gate_up, f, h_scale, amax=h_amax, gate_up_scale=gate_up_scale,
+                                             gate_up_rowwise=True, gate_up_amax=gate_up_amax)
 
     def swiglu_bwd_fp8(self, gate_up, gate_up_scale_inv, d_h, scale, amax, fmt: str, quantize: bool,
                        h_scale=None, h_fmt: str = "", transpose_cols: int = 0):
@@ -100,10 +103,10 @@ class TorchFp8Backend(SharedTensorMethods):
         the recomputed h at the forward's h_scale; quantize False: the amax-only pass."""
         k, f = fp8.kernels(), TORCH_FORMATS[fmt]
         if not quantize:
-            k.swiglu_bwd_fp8(gate_up, d_h, f, rowwise=False, transpose=False, amax=amax[:1],
+            k.swiglu_bwd_fp8(gate_up, d_h, f, rowwise=False, transpose=False, amax=amax,
                              gate_up_scale_inv=gate_up_scale_inv)
             return None
-        return k.swiglu_bwd_fp8(gate_up, d_h, f, scale, amax=amax[:1], h=TORCH_FORMATS[h_fmt or "e4m3"],
+        return k.swiglu_bwd_fp8(gate_up, d_h, f, scale, amax=amax, h=TORCH_FORMATS[h_fmt or "e4m3"],
                                 h_scale=h_scale, h_transpose=bool(h_fmt), gate_up_scale_inv=gate_up_scale_inv)
 
     def fp8_gemm(self, a, a_copy: str, b, b_copy: str, out_dtype, fast_accum: bool = False, bias=None, out=None):

@@ -22,6 +22,7 @@ Shapes and precision, row-major throughout:
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -64,9 +65,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def describe(t: torch.Tensor | None, dtype: torch.dtype | None = None, scale=None, scale_inv=None,
              amax=None, shape: tuple[int, int] = (0, 0)) -> Tensor:
     """The C descriptor of a 2-D view with unit column stride (rows may be strided); None gives a
-    NULL data pointer with `dtype` and `shape`. (Every FP8 call builds several: one read of
-    shape and strides each.)"""
-    scale, scale_inv, amax = _ptr(scale), _ptr(scale_inv), _ptr(amax)
+    NULL data pointer with `dtype` and `shape`. Every FP8 call builds three or more (~7 per FP8
+    linear's forward and backward), so each tensor's shape, strides and pointers are read once and
+    nothing else is called."""
+    scale = None if scale is None else scale.data_ptr()
+    scale_inv = None if scale_inv is None else scale_inv.data_ptr()
+    amax = None if amax is None else amax.data_ptr()
     if t is None:
         return Tensor(None, DTYPES[dtype], shape[0], shape[1], shape[1], scale, scale_inv, amax)
     dims, strides = t.shape, t.stride()
@@ -79,15 +83,27 @@ def describe(t: torch.Tensor | None, dtype: torch.dtype | None = None, scale=Non
 
 def empty(shape, dtype, device="cuda") -> torch.Tensor:
     """An output buffer, NaN-filled while c_api.POISON_OUTPUTS is set (FP8: the NaN byte 0x7F)."""
-    if dtype in FP8_DTYPES:
-        if c_api.POISON_OUTPUTS:
+    if c_api.POISON_OUTPUTS:
+        if dtype in FP8_DTYPES:
             return torch.full(shape, FP8_NAN_BYTE, dtype=torch.uint8, device=device).view(dtype)
-        return torch.empty(shape, dtype=dtype, device=device)
-    return c_api.Kernels.empty(shape, dtype, device)
+        return c_api.Kernels.empty(shape, dtype, device)
+    return torch.empty(shape, dtype=dtype, device=device)  # c_api.Kernels.empty's unpoisoned buffer
 
 
 def scalar(value: float, device="cuda") -> torch.Tensor:
     return torch.full((1,), value, dtype=torch.float32, device=device)
+
+
+# The GemmConfig of alpha 1 by (transpose_a, transpose_b, accumulate, fast_accum), made once: ctypes
+# copies a by-value struct argument into each call, so one object serves every call.
+_UNIT_ALPHA_CONFIGS = {flags: GemmConfig(*map(int, flags), 1.0) for flags in itertools.product((False, True), repeat=4)}
+
+
+def _gemm_config(transpose_a, transpose_b, accumulate, fast_accum, alpha) -> GemmConfig:
+    config = _UNIT_ALPHA_CONFIGS.get((transpose_a, transpose_b, accumulate, fast_accum)) if alpha == 1.0 else None
+    if config is None:
+        config = GemmConfig(int(transpose_a), int(transpose_b), int(accumulate), int(fast_accum), alpha)
+    return config
 
 
 class Fp8Kernels:
@@ -115,27 +131,28 @@ class Fp8Kernels:
         message = known.get(status) or self.lib.fastffn_status_string(status).decode()
         raise Fp8Error(op, status, f"{message}. {self.lib.fastffn_last_error().decode()}".strip())
 
-    @staticmethod
-    def _stream():
-        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    _stream = staticmethod(c_api.current_stream)
 
     # --- quantisation ---------------------------------------------------------------------------
     def quantize(self, x: torch.Tensor, fp8: torch.dtype, scale: torch.Tensor | None = None,
                  rowwise: bool = True, transpose: bool = True, amax: torch.Tensor | None = None,
                  out: torch.Tensor | None = None, out_t: torch.Tensor | None = None) -> Quantized:
-        """x [R, C] -> Quantized. `amax` (fp32 [1]) is max-accumulated into (a fresh zero when
-        None); `out` / `out_t` may be given as (strided) views to write into."""
+        """x [R, C] -> Quantized. `amax` (fp32, its element 0: the kernel takes a pointer, so an
+        amax history may be given whole) is max-accumulated into (a fresh zero when None);
+        `out` / `out_t` may be given as (strided) views to write into."""
         rows, cols = x.shape
-        amax = torch.zeros(1, dtype=torch.float32, device=x.device) if amax is None else amax
-        scale_inv = empty((1,), torch.float32, x.device)
+        device = x.device
+        amax = torch.zeros(1, dtype=torch.float32, device=device) if amax is None else amax
+        scale_inv = empty((1,), torch.float32, device)
         if rowwise and out is None:
-            out = empty((rows, cols), fp8, x.device)
+            out = empty((rows, cols), fp8, device)
         if transpose and out_t is None:
-            out_t = empty((cols, rows), fp8, x.device)
+            out_t = empty((cols, rows), fp8, device)
         status = self.lib.fastffn_fp8_quantize_cuda(
             describe(x), describe(out, fp8, scale, scale_inv, amax, (rows, cols)),
             describe(out_t, fp8, shape=(cols, rows)), self._stream())
-        self._check(status, "fp8_quantize")
+        if status:
+            self._check(status, "fp8_quantize")
         return Quantized(out, out_t, scale, scale_inv, amax)
 
     def transpose(self, data: torch.Tensor, out_t: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,7 +162,8 @@ class Fp8Kernels:
         out_t = empty((cols, rows), data.dtype, data.device) if out_t is None else out_t
         status = self.lib.fastffn_fp8_quantize_cuda(describe(data), describe(None, data.dtype, shape=(rows, cols)),
                                                     describe(out_t), self._stream())
-        self._check(status, "fp8_transpose")
+        if status:
+            self._check(status, "fp8_transpose")
         return out_t
 
     def quantize_status(self, x_desc: Tensor, out_desc: Tensor, out_t_desc: Tensor) -> int:
@@ -174,16 +192,16 @@ class Fp8Kernels:
              accumulate: bool = False) -> torch.Tensor:
         """D[M, N] = alpha * A @ B^T (+ out when accumulate), A = a [M, K] (or a^T with
         transpose_a), B = b [N, K] (or b^T with transpose_b)."""
-        m = a.shape[1] if transpose_a else a.shape[0]
-        n = b.shape[1] if transpose_b else b.shape[0]
         if out is None:
             assert not accumulate, "accumulate needs `out`"
-            out = empty((m, n), out_dtype, a.device)
-        config = GemmConfig(int(transpose_a), int(transpose_b), int(accumulate), int(fast_accum), alpha)
+            out = empty((a.shape[1] if transpose_a else a.shape[0], b.shape[1] if transpose_b else b.shape[0]),
+                        out_dtype, a.device)
         status = self.lib.fastffn_gemm_cuda(describe(a, scale_inv=a_scale_inv),
                                             describe(b, scale_inv=b_scale_inv), describe(out),
-                                            config, self._stream())
-        self._check(status, "gemm")
+                                            _gemm_config(transpose_a, transpose_b, accumulate, fast_accum, alpha),
+                                            self._stream())
+        if status:
+            self._check(status, "gemm")
         return out
 
     def gemm_q(self, a: Quantized, b: Quantized, out_dtype=torch.bfloat16, a_t=False, b_t=False, **kw):
@@ -301,7 +319,8 @@ class Fp8Kernels:
     def compute_scale(self, amax: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor | None,
                       fmt_max: float, margin: float = 0.0):
         """scale = fmt_max * 2^-margin / amax on the device (previous scale kept for an amax that
-        is 0 or not finite), scale_inv = 1 / scale; fp32 [1] tensors, updated in place."""
+        is 0 or not finite), scale_inv = 1 / scale; fp32 [1] tensors, updated in place (of amax,
+        element 0 is read: an amax history may be given whole)."""
         status = self.lib.fastffn_fp8_compute_scale_cuda(_ptr(amax), _ptr(scale), _ptr(scale_inv),
                                                          fmt_max, margin, self._stream())
         self._check(status, "fp8_compute_scale")
@@ -313,9 +332,10 @@ class Fp8Kernels:
         history rolls (TE's amax_and_scale_update); all fp32, updated in place."""
         assert history.dim() == 1 and history.is_contiguous() and history.dtype == torch.float32
         status = self.lib.fastffn_fp8_update_amax_history_cuda(
-            _ptr(history), history.numel(), int(most_recent), _ptr(scale), _ptr(scale_inv), fmt_max,
-            margin, self._stream())
-        self._check(status, "fp8_update_amax_history")
+            history.data_ptr(), history.numel(), int(most_recent), None if scale is None else scale.data_ptr(),
+            None if scale_inv is None else scale_inv.data_ptr(), fmt_max, margin, self._stream())
+        if status:
+            self._check(status, "fp8_update_amax_history")
 
 
 _KERNELS: Fp8Kernels | None = None

@@ -72,8 +72,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
     tokens = x.numel() // width if width else 0
     check_linear_shapes(tokens, tuple(weight.shape), width)
     # Rows in, rows out: the Function's output is then its GEMM's result itself, not a view made
-    # inside it, so that the LoRA sum may accumulate into it in place (core/lora.py).
-    rows = x.reshape(tokens, width)
+    # inside it, so that the LoRA sum may accumulate into it in place (core/lora.py). Rows given are
+    # taken as they are: a same-shape reshape would add a view and its backward node per call.
+    rows = x if x.dim() == 2 else x.reshape(tokens, width)
     if frozen:
         y = Fp8LinearFunction.apply(rows, None, None, state.states, state.cache, weight)
     else:
