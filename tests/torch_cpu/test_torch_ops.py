@@ -46,9 +46,9 @@ def test_the_fused_loss_takes_the_frozen_head_budget_when_the_head_does_not_trai
     chunks = []
     apply = ops.LinearCrossEntropy.apply
 
-    def recorded(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled):
+    def recorded(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled, fp8):
         chunks.append(chunk)
-        return apply(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled)
+        return apply(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled, fp8)
 
     monkeypatch.setattr(ops.LinearCrossEntropy, "apply", recorded)
     vocab = 128256
