@@ -25,7 +25,7 @@ from .rotary import POSITION_CHECK
 
 # Budget of one chunk's logits counted in fp32, chunk_tokens * vocab * 4 bytes, when chunk_tokens
 # is None.
-# GPU: 1 GiB (2093 tokens at LLaMA-3's 128256 vocabulary). From a one-off probe through the harness
+# GPU: 1 GiB (2092 tokens at LLaMA-3's 128256 vocabulary). From a one-off probe through the harness
 # on the H200, not a committed benchmark (bf16, T=8192, H=4096, V=128256, forward+backward, median
 # of 7; re-measure with a committed benchmark before relying on it): 523-token
 # chunks (256 MiB) 55.1 ms, 1024 46.1 ms, 2048 44.0 ms, 4096 42.3 ms, torch eager 47.6 ms; each
@@ -33,6 +33,14 @@ from .rotary import POSITION_CHECK
 # GiB above the inputs at every chunk size, eager 11.7 GiB) is set by the fp32 d_weight (2 GiB)
 # and the returned bf16 weight gradient, not by chunks up to half of d_weight's size.
 GPU_CHUNK_BYTES = 1 << 30
+# GPU, frozen head (LoRA: no d_weight, so no per-chunk re-read of an fp32 gradient): a chunk only
+# bounds the transient logits, and they sit on top of every layer's saved activations at the step's
+# peak. 128 MiB counted in fp32 (64 MiB of bf16 logits): 1048 tokens at a 32000 vocabulary, 261 at
+# 128256, where the 1 GiB budget holds 0.16 GiB (2,664 labelled rows of a 4096-token packed row, one
+# chunk) and 0.50 GiB (2092 rows). Liger's fused linear cross-entropy chunks to 128-512 rows at these
+# sizes. Unmeasured on a GPU so far: what the smaller chunks cost in time (two GEMMs and a kernel
+# per chunk, none re-reading a weight gradient).
+GPU_FROZEN_HEAD_CHUNK_BYTES = 128 << 20
 # CPU: 32 MiB (256 tokens at a 32000 vocabulary). On the 2-core dev machine (T=2048, V=32000,
 # H=256, fp32, forward+backward, p50 of two runs each): 64-token chunks 2.85-2.91 s and 41 MiB of
 # peak allocations, 256 2.53-2.63 s and 65 MiB, 1024 2.54-2.58 s and 160 MiB (stock: 2.6-2.8 s,
@@ -40,8 +48,10 @@ GPU_CHUNK_BYTES = 1 << 30
 CPU_CHUNK_BYTES = 32 << 20
 
 
-def default_chunk_tokens(vocab: int, on_gpu: bool) -> int:
-    budget = GPU_CHUNK_BYTES if on_gpu else CPU_CHUNK_BYTES
+def default_chunk_tokens(vocab: int, on_gpu: bool, weight_trainable: bool = True) -> int:
+    """Tokens per chunk under the device's budget; on a GPU a frozen head (weight_trainable False)
+    takes GPU_FROZEN_HEAD_CHUNK_BYTES."""
+    budget = (GPU_CHUNK_BYTES if weight_trainable else GPU_FROZEN_HEAD_CHUNK_BYTES) if on_gpu else CPU_CHUNK_BYTES
     return max(1, budget // (4 * max(int(vocab), 1)))
 
 

@@ -123,7 +123,8 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     head); max, log-sum-exp and gradient in fp32; d_hidden stored in hidden's dtype (each row is one
     GEMM with fp32 accumulation), d_weight summed over chunks in fp32; returned in the inputs' dtypes.
     Memory: one [chunk_tokens, V] logits chunk at a time; chunk_tokens None bounds it at
-    core.linear_cross_entropy's GPU_CHUNK_BYTES / CPU_CHUNK_BYTES of fp32. The gradients are computed in forward (so the
+    core.linear_cross_entropy's GPU_CHUNK_BYTES (GPU_FROZEN_HEAD_CHUNK_BYTES for a frozen head) /
+    CPU_CHUNK_BYTES of fp32. The gradients are computed in forward (so the
     backward needs no second pass): d_hidden [T, H] and the fp32 d_weight are held until backward.
     Labels outside [0, V) that are not ignore_index raise ValueError: on CPU at once; on GPU, where
     the kernel flags them on the device, when backward reads its one value per step back (in the
@@ -144,7 +145,8 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
         BACKEND, _checks.contiguous(hidden).reshape([-1, hidden.shape[-1]]),
         _checks.contiguous(labels.astype(paddle.int64).reshape([-1])), int(ignore_index))
     vocab = weight.shape[0] if transpose_weight else weight.shape[1]
-    chunk = chunk_tokens or core.default_chunk_tokens(vocab, not hidden.place.is_cpu_place())
+    chunk = chunk_tokens or core.default_chunk_tokens(vocab, not hidden.place.is_cpu_place(),
+                                                      weight_trainable=not weight.stop_gradient)
     return _LinearCrossEntropy.apply(hidden2d, weight, labels1d, int(ignore_index), bool(transpose_weight),
                                      chunk, n_labelled, fp8)
 

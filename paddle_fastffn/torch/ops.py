@@ -159,8 +159,9 @@ def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_we
     """hidden [T, H] (or [..., H]); weight [H, V] or, with transpose_weight, [V, H]; labels int64 [T]
     -> fp32 scalar loss (mean over tokens whose loss is > 0), never the [T, V] logits. Only the
     labelled rows reach the LM head (labelled_rows), as in the Paddle op; chunks default to the
-    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES). fp8_recipe: the three GEMMs in FP8
-    (core/fp8/lm_head.py), bf16 or fp32 hidden, H and V multiples of 16."""
+    GPU budget (core.linear_cross_entropy.GPU_CHUNK_BYTES, GPU_FROZEN_HEAD_CHUNK_BYTES for a frozen
+    head). fp8_recipe: the three GEMMs in FP8 (core/fp8/lm_head.py), bf16 or fp32 hidden, H and V
+    multiples of 16."""
     fp8 = None
     if fp8_recipe is not None:
         width, vocab = (weight.shape[1], weight.shape[0]) if transpose_weight else weight.shape
@@ -172,6 +173,6 @@ def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, transpose_we
     hidden2d, labels1d, n_labelled = labelled_rows(hidden.reshape(-1, hidden.shape[-1]),
                                                    labels.reshape(-1).long().contiguous(), ignore_index)
     vocab = weight.shape[0] if transpose_weight else weight.shape[1]
-    chunk = chunk_tokens or core_lce.default_chunk_tokens(vocab, on_gpu=True)
+    chunk = chunk_tokens or core_lce.default_chunk_tokens(vocab, on_gpu=True, weight_trainable=weight.requires_grad)
     return LinearCrossEntropy.apply(hidden2d, weight, labels1d.contiguous(), ignore_index, transpose_weight,
                                     chunk, n_labelled, fp8)

@@ -259,6 +259,30 @@ def test_default_chunk_bounds_the_fp32_logits():
     assert core_lce.default_chunk_tokens(32000, on_gpu=False) * 32000 * 4 <= core_lce.CPU_CHUNK_BYTES
     assert core_lce.default_chunk_tokens(128256, on_gpu=True) * 128256 * 4 <= core_lce.GPU_CHUNK_BYTES
     assert core_lce.default_chunk_tokens(10**9, on_gpu=False) == 1
+    # a frozen head (LoRA) on a GPU: a smaller budget, the logits being its only per-chunk cost
+    frozen = core_lce.default_chunk_tokens(128256, on_gpu=True, weight_trainable=False)
+    assert frozen * 128256 * 4 <= core_lce.GPU_FROZEN_HEAD_CHUNK_BYTES < core_lce.GPU_CHUNK_BYTES
+    assert frozen == 261 and core_lce.default_chunk_tokens(32000, on_gpu=True, weight_trainable=False) == 1048
+    assert core_lce.default_chunk_tokens(32000, on_gpu=False, weight_trainable=False) == \
+        core_lce.default_chunk_tokens(32000, on_gpu=False)  # the CPU budget is already small
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained_head", "frozen_head"])
+def test_the_op_picks_the_chunk_by_whether_the_head_trains(frozen, monkeypatch):
+    """The Paddle op asks for its default chunk by whether the head trains (weight.stop_gradient);
+    on this CPU both answers are the CPU budget, on a GPU a frozen head gets the smaller one."""
+    asked = []
+    real = core_lce.default_chunk_tokens
+
+    def recorded(vocab, on_gpu, weight_trainable=True):
+        asked.append(weight_trainable)
+        return real(vocab, on_gpu, weight_trainable)
+
+    monkeypatch.setattr(core_lce, "default_chunk_tokens", recorded)
+    h, w, labels = make_inputs(37, 24, 1000)
+    w.stop_gradient = frozen
+    ops.linear_cross_entropy(h, w, labels)
+    assert asked == [not frozen]
 
 
 def test_reference_matches_paddlenlp_criterion():

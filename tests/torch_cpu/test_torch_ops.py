@@ -35,3 +35,26 @@ def test_the_named_functions_are_the_derived_ones():
     ref = x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-6) * w.detach()
     torch.testing.assert_close(y.detach(), ref)
     assert x.grad is not None and w.grad is not None
+
+
+def test_the_fused_loss_takes_the_frozen_head_budget_when_the_head_does_not_train(monkeypatch):
+    """A LoRA step's head is frozen: the harness's fused loss chunks it under the frozen-head GPU
+    budget (core.linear_cross_entropy.GPU_FROZEN_HEAD_CHUNK_BYTES), a trained head under the other;
+    the chunk it hands the Function is recorded here (the CPU kernels then run it)."""
+    from paddle_fastffn.core import linear_cross_entropy as core_lce
+
+    chunks = []
+    apply = ops.LinearCrossEntropy.apply
+
+    def recorded(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled, fp8):
+        chunks.append(chunk)
+        return apply(hidden, weight, labels, ignore_index, transpose_weight, chunk, n_labelled, fp8)
+
+    monkeypatch.setattr(ops.LinearCrossEntropy, "apply", recorded)
+    vocab = 128256
+    hidden, labels = torch.randn(5, 8, requires_grad=True), torch.randint(0, vocab, (5,))
+    for trains in (True, False):
+        weight = (torch.randn(8, vocab) * 0.1).requires_grad_(trains)
+        ops.linear_cross_entropy(hidden, weight, labels).backward()
+    assert chunks == [core_lce.default_chunk_tokens(vocab, on_gpu=True),
+                      core_lce.default_chunk_tokens(vocab, on_gpu=True, weight_trainable=False)] == [2092, 261]
