@@ -1,29 +1,35 @@
 """Where the FP8 training step's time goes against its targets (forward+backward >= 1.7x HF + Liger bf16,
->= 1.6x with the optimizer step), from committed H100 measurements, and what each candidate change could win.
+>= 1.6x with the optimizer step), from committed H100 measurements, and what each change could still win.
 
     python -m benchmarks.fp8_step_budget [--out benchmarks/results/fp8_step_budget.json]
 
 Runs on any machine (json and arithmetic only). Inputs, all committed and from one card kind (H100 80 GB):
-- --step (run20/step.json): the timed whole steps (round-robin, median of round medians) of ours FP8 (delayed,
-  current) and HF + Liger bf16 at both widths, forward+backward and with the optimizer, each config's shape;
-- --profile (run19/profile_step.json): the kernel timeline of one 7B-width step, ours FP8 delayed and HF + Liger
-  in one run: GPU time by category, every GEMM kernel by name, the idle time between kernels;
+- --step (run21/step.json): the timed whole steps (round-robin, median of round medians) of ours FP8 (delayed,
+  current, delayed with the LM head in FP8) and HF + Liger bf16 at both widths, forward+backward and with the
+  optimizer, each config's shape;
+- --profile (run21/profile_step.json): the kernel timeline of one 7B-width step of ours FP8 delayed with the LM
+  head in bf16 and in FP8, and HF + Liger, in one run: GPU time by category, every GEMM and cast kernel by name,
+  the idle time between kernels;
 - --ceilings (run20/fp8_ffn.json "ceilings"): the card's measured copy bandwidth and bf16 GEMM TFLOP/s.
 
-What the profile shows is split by what could move it:
+What each profiled FP8 step shows is split by what could move it:
 - the GEMMs: cuBLASLt's Hopper kernels name their operand types, FP8 ones with a `q`/`r` after `nvjet_sm90_`
-  (e4m3 / e5m2: `qq` forward, `qr` dgrad and wgrad); the rest are the 16-bit GEMMs, the LM head's alone in a
-  bf16-head FP8 step. The FP8 GEMMs' rate is the projections' FLOPs (the model's less attention's and the LM
-  head's) over their time;
-- the FP8 cast passes (the quantize, amax and transpose kernels: work the bf16 step does not have), by kernel;
+  (e4m3 / e5m2: `qq` forward, `qr`/`rq` dgrad and wgrad); the rest are 16-bit GEMMs, the LM head's alone in a
+  bf16-head FP8 step. The FP8 GEMMs' rate is their FLOPs (the projections', and the LM head's where it is FP8)
+  over their time;
+- the FP8 cast passes (quantize, amax and transpose kernels: work the bf16 step does not have), per kernel with
+  the bytes the step's data flow gives it (`cast_bytes`) and their rate against the measured copy bandwidth;
 - attention, the fused elementwise ops, the rest, and the idle time (the GPU waiting for the host).
-Candidates, each estimated from the profile alone (not measured until a GPU run says so):
-- the LM head's three GEMMs in FP8 (`fast_ffn_fp8_lm_head: fp8`): its 16-bit GEMM time less the same FLOPs at
-  the FP8 GEMMs' rate, less the extra bytes its casts move at copy bandwidth (d_logits read in bf16 and
-  written in FP8 once; h and W are small);
-- the weights' amax pass folded into the AdamW kernel, which reads and writes every weight anyway (weights are
-  current-scaled under both recipes, so the amax pass is one read of every weight per step);
+What is left to win, on the fastest profiled contender (estimates from the profile, not measurements):
+- the cast passes whose tensor another kernel already reads or writes (the activations' e4m3 casts after the
+  norms and attention, the output gradients' e5m2 casts after the norms' and rotary's backward): at most their
+  whole time, if the producer wrote FP8 in its epilogue;
+- the weights' casts (the forward copy and, per use, backward's transposed copy): at most their whole time;
 - the idle time, taken back by less host work per kernel.
+The FP8 LM head's casts are not counted: each is current-scaled per chunk, so its amax pass must come first.
+And the earlier estimate against its measurement: the LM head in FP8, estimated from the bf16-head contender's
+profile (its 16-bit GEMM time less the same FLOPs at the FP8 rate and its casts' bytes), measured as the two
+contenders' forward+backward difference in the same step run.
 """
 
 from __future__ import annotations
@@ -39,10 +45,17 @@ TARGET_FORWARD_BACKWARD = 1.7
 TARGET_WITH_OPTIMIZER = 1.6
 FP8_GEMM_MARKS = ("nvjet_sm90_qq", "nvjet_sm90_qr", "nvjet_sm90_rq")  # cuBLASLt's FP8-operand GEMM kernels
 CAST_KERNEL_MARKS = ("quantize_kernel", "amax_kernel", "fp8_transpose", "transpose_kernel")
-WEIGHT_AMAX_MARK = "amax_kernel"  # the standalone amax pass: the weights' (activations' ride in the casts)
 PROFILED_CONFIG = "llama2_7b_8layers"
-FP8_CONTENDER, PEER = "ours_fp8_delayed", "hf_liger"
-RECIPES = ("ours_fp8_delayed", "ours_fp8_current")
+# The profiled FP8 contenders and where each runs its LM head's GEMMs; the last is the fastest.
+PROFILED = {"ours_fp8_delayed": "bf16", "ours_fp8_delayed_fp8_head": "fp8"}
+BF16_HEAD, FP8_HEAD = PROFILED
+PEER = "hf_liger"
+RECIPES = ("ours_fp8_delayed", "ours_fp8_current", "ours_fp8_delayed_fp8_head")
+# fastffn's quantize_kernel<T, format, transposed> by its template arguments, as the profile names them
+CAST_KINDS = {"weights_forward_copy": "quantize_kernel<__nv_bfloat16, (__nv_fp8_interpretation_t)0, false>",
+              "e4m3_with_transposed_copy": "quantize_kernel<__nv_bfloat16, (__nv_fp8_interpretation_t)0, true>",
+              "e5m2_with_transposed_copy": "quantize_kernel<__nv_bfloat16, (__nv_fp8_interpretation_t)1, true>",
+              "amax": "amax_kernel<__nv_bfloat16>"}
 
 
 def lm_head_flops(shape: dict) -> float:
@@ -54,8 +67,28 @@ def projection_flops(shape: dict) -> float:
     return shape["model_flops_per_step"] - attention_flops(shape) - lm_head_flops(shape)
 
 
-def kernels(profile_contender: dict) -> list:
-    return profile_contender["gpu_only"]["top_kernels"]
+def cast_bytes(shape: dict, head: str) -> dict:
+    """Bytes each cast kernel moves in one forward+backward, from the data flow of core/fp8/linear.py, ffn.py and
+    lm_head.py with per-use weight copies (the default) over torch's [out, in] weights, bf16 in, one FP8 byte out
+    per copy: {kind: {part: bytes}}. Per layer: the forward copy of the four projections' weights (read 2, write
+    1); backward's transposed copy of each (read 2, write 1); the inputs of qkv, o_proj and gate_up with their
+    transposed copies (read 2, write 1 + 1); the output gradients of o_proj, qkv and the FFN likewise in e5m2
+    (gate_up's comes out of the SwiGLU backward kernel). An FP8 head adds h and W (both copies) and d_logits (both
+    copies), each current-scaled: an amax pass over each first."""
+    t, h, i, v, layers = shape["tokens"], shape["hidden"], shape["inter"], shape["vocab"], shape["layers"]
+    qkv = h + 2 * h * shape["kv_heads"] // shape["heads"]
+    weights = layers * (qkv * h + h * h + 2 * i * h + i * h)
+    kinds = {
+        "weights_forward_copy": {"weights": 3 * weights},
+        "e4m3_with_transposed_copy": {"weights_dgrad_copy": 3 * weights, "activations": layers * 3 * 4 * t * h},
+        "e5m2_with_transposed_copy": {"output_gradients": layers * 4 * t * (h + qkv + h)},
+        "amax": {},
+    }
+    if head == "fp8":
+        kinds["e4m3_with_transposed_copy"]["lm_head"] = 4 * t * h + 4 * v * h
+        kinds["e5m2_with_transposed_copy"]["lm_head"] = 4 * t * v
+        kinds["amax"]["lm_head"] = 2 * (t * h + v * h + t * v)
+    return kinds
 
 
 def summed(rows: list, marks: tuple) -> dict:
@@ -63,12 +96,26 @@ def summed(rows: list, marks: tuple) -> dict:
     return {"ms": sum(k["ms_per_step"] for k in chosen), "calls": sum(k["calls_per_step"] for k in chosen)}
 
 
-def profile_budget(profiled: dict, shape: dict, ceilings: dict) -> dict:
-    """The profiled FP8 step's forward+backward, split by what could move it (module doc)."""
-    gpu = profiled[FP8_CONTENDER]["gpu_only"]
+def cast_rows(rows: list, shape: dict, head: str, copy_bytes_per_s: float) -> dict:
+    """Per cast kind: the profile's calls and time, the modelled bytes (by part) and their rate."""
+    out = {}
+    for kind, parts in cast_bytes(shape, head).items():
+        found = [k for k in rows if CAST_KINDS[kind] in k["name"]]
+        if not found:
+            continue
+        ms, total = sum(k["ms_per_step"] for k in found), sum(parts.values())
+        out[kind] = {"calls_per_step": sum(k["calls_per_step"] for k in found), "ms": ms, "bytes": parts,
+                     "fraction_of_copy": total / (ms * 1e-3) / copy_bytes_per_s if total else None}
+    return out
+
+
+def profile_budget(profiled: dict, name: str, shape: dict, ceilings: dict) -> dict:
+    """One profiled FP8 step's forward+backward, split by what could move it (module doc)."""
+    head = PROFILED[name]
+    gpu = profiled[name]["gpu_only"]
     categories = dict(gpu["kernel_ms_by_category"])
     optimizer_ms = categories.pop("optimizer", 0.0)
-    rows = kernels(profiled[FP8_CONTENDER])
+    rows = profiled[name]["gpu_only"]["top_kernels"]
     gemm_rows = [k for k in rows if k["category"] == "gemm"]
     listed_gemm_ms = sum(k["ms_per_step"] for k in gemm_rows)
     # every GEMM kernel must be in the profile's list, or the split below would miss some
@@ -77,34 +124,46 @@ def profile_budget(profiled: dict, shape: dict, ceilings: dict) -> dict:
                          "rerun profile_step with a longer kernel list")
     fp8_gemm = summed(gemm_rows, FP8_GEMM_MARKS)
     half_gemm_ms = categories["gemm"] - fp8_gemm["ms"]
+    fp8_flops = projection_flops(shape) + (lm_head_flops(shape) if head == "fp8" else 0.0)
     casts = [k for k in rows if any(m in k["name"] for m in CAST_KERNEL_MARKS)]
-    fp8_rate = projection_flops(shape) / (fp8_gemm["ms"] * 1e-3) / 1e12
     return {
+        "lm_head": head,
         "forward_backward_span_ms": gpu["span_ms"] - optimizer_ms,
-        "peer_forward_backward_span_ms": profiled[PEER]["gpu_only"]["span_ms"]
-        - profiled[PEER]["gpu_only"]["kernel_ms_by_category"].get("optimizer", 0.0),
         "idle_ms": gpu["idle_ms"],
         "kernel_ms_by_category": categories,
         "fp8_gemm_ms": fp8_gemm["ms"], "fp8_gemm_calls": fp8_gemm["calls"],
-        "fp8_gemm_tflops": fp8_rate,
+        "fp8_gemm_tflops": fp8_flops / (fp8_gemm["ms"] * 1e-3) / 1e12,
         "sixteen_bit_gemm_ms": half_gemm_ms,
-        "sixteen_bit_gemm_tflops": lm_head_flops(shape) / (half_gemm_ms * 1e-3) / 1e12 if half_gemm_ms > 0 else None,
-        "bf16_gemm_ceiling_tflops": ceilings["bf16_gemm_tflops"],
-        "cast_kernels": [{"name": k["name"], "ms_per_step": k["ms_per_step"], "calls_per_step": k["calls_per_step"]}
-                         for k in casts],
+        "sixteen_bit_gemm_tflops": (lm_head_flops(shape) / (half_gemm_ms * 1e-3) / 1e12
+                                    if head == "bf16" and half_gemm_ms > 0 else None),
         "cast_ms": sum(k["ms_per_step"] for k in casts),
-        "weight_amax_ms": summed(casts, (WEIGHT_AMAX_MARK,))["ms"],
+        "casts": cast_rows(rows, shape, head, ceilings["copy_bytes_per_s"]),
     }
 
 
-def candidates(budget: dict, shape: dict, ceilings: dict) -> dict:
-    """Each candidate's estimated saving on the profiled step's forward+backward (module doc)."""
+def fp8_head_estimate(budget: dict, shape: dict, ceilings: dict) -> float:
+    """The LM head's GEMMs in FP8, estimated from a bf16-head profile: its 16-bit GEMM time less the same FLOPs at
+    the FP8 GEMMs' rate, less the bytes its casts add at copy bandwidth (d_logits read in bf16 and written in FP8
+    once; h and W are small)."""
     head_fp8_ms = lm_head_flops(shape) / (budget["fp8_gemm_tflops"] * 1e12) * 1e3
-    d_logits_bytes = shape["tokens"] * shape["vocab"] * (2 + 1)  # bf16 read, FP8 write, once
-    head_cast_ms = d_logits_bytes / ceilings["copy_bytes_per_s"] * 1e3
+    d_logits_bytes = shape["tokens"] * shape["vocab"] * (2 + 1)
+    return max(0.0, budget["sixteen_bit_gemm_ms"] - head_fp8_ms - d_logits_bytes / ceilings["copy_bytes_per_s"] * 1e3)
+
+
+def left_to_win(budget: dict) -> dict:
+    """Upper bounds on what the fastest contender could still save (module doc), each the profile's time of the
+    passes it would remove; a kernel's time is split between its parts (weights, activations, the LM head's) by
+    their bytes."""
+    casts = budget["casts"]
+    e4m3 = casts["e4m3_with_transposed_copy"]
+    e4m3_bytes = sum(e4m3["bytes"].values())
+    share = {part: e4m3["ms"] * b / e4m3_bytes for part, b in e4m3["bytes"].items()}
     return {
-        "fp8_lm_head": max(0.0, budget["sixteen_bit_gemm_ms"] - head_fp8_ms - head_cast_ms),
-        "weight_amax_in_adamw": budget["weight_amax_ms"],
+        "activation_and_gradient_casts_into_their_producers": share["activations"]
+        + casts["e5m2_with_transposed_copy"]["ms"] * (
+            casts["e5m2_with_transposed_copy"]["bytes"]["output_gradients"]
+            / sum(casts["e5m2_with_transposed_copy"]["bytes"].values())),
+        "weight_casts": casts["weights_forward_copy"]["ms"] + share["weights_dgrad_copy"],
         "no_idle": budget["idle_ms"],
     }
 
@@ -138,8 +197,8 @@ def in_repo(path: Path) -> str:
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--step", type=Path, default=RESULTS_DIR / "run20" / "step.json")
-    parser.add_argument("--profile", type=Path, default=RESULTS_DIR / "run19" / "profile_step.json")
+    parser.add_argument("--step", type=Path, default=RESULTS_DIR / "run21" / "step.json")
+    parser.add_argument("--profile", type=Path, default=RESULTS_DIR / "run21" / "profile_step.json")
     parser.add_argument("--ceilings", type=Path, default=RESULTS_DIR / "run20" / "fp8_ffn.json")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "fp8_step_budget.json")
     args = parser.parse_args(argv)
@@ -151,23 +210,24 @@ def main(argv=None) -> Path:
         raise ValueError(f"the step and the profile come from different cards: {sorted(devices)}")
 
     shape = step["step"][PROFILED_CONFIG]["shape"]
-    budget = profile_budget(profile[PROFILED_CONFIG], shape, ceilings)
-    savings = candidates(budget, shape, ceilings)
+    budgets = {name: profile_budget(profile[PROFILED_CONFIG], name, shape, ceilings) for name in PROFILED}
     targets = target_rows(step)
-    profiled_row = next(r for r in targets if r["config"] == PROFILED_CONFIG and r["recipe"] == FP8_CONTENDER)
-    estimated_ms = profiled_row["forward_backward_ms"] - sum(savings.values())
+    rows = {(r["config"], r["recipe"]): r for r in targets}
+    timed = {name: rows[(PROFILED_CONFIG, name)]["forward_backward_ms"] for name in PROFILED}
+    left = left_to_win(budgets[FP8_HEAD])
+    estimated_ms = timed[FP8_HEAD] - sum(left.values())
+    peer_ms = rows[(PROFILED_CONFIG, FP8_HEAD)]["peer_forward_backward_ms"]
     payload = {
         "what": __doc__.split("\n\n")[0].strip(),
         "inputs": {"step": in_repo(args.step), "profile": in_repo(args.profile), "ceilings": in_repo(args.ceilings),
                    "device": devices.pop(), "ceilings_used": ceilings},
         "targets": targets,
-        "profiled_step_7b": budget,
-        "estimated_savings_ms": savings,
-        "with_every_candidate_7b": {
-            "forward_backward_ms": estimated_ms,
-            "ratio": profiled_row["peer_forward_backward_ms"] / estimated_ms,
-            "target": TARGET_FORWARD_BACKWARD,
-        },
+        "profiled_steps_7b": budgets,
+        "fp8_lm_head_7b": {"estimated_ms": fp8_head_estimate(budgets[BF16_HEAD], shape, ceilings),
+                           "measured_ms": timed[BF16_HEAD] - timed[FP8_HEAD]},
+        "left_to_win_ms": left,
+        "with_all_of_it_7b": {"forward_backward_ms": estimated_ms, "ratio": peer_ms / estimated_ms,
+                              "target": TARGET_FORWARD_BACKWARD},
     }
     path = write_results(args.out.stem, payload, args.out.parent)
     for row in targets:
@@ -175,13 +235,18 @@ def main(argv=None) -> Path:
               f"({row['forward_backward_ms']:.1f} ms; {TARGET_FORWARD_BACKWARD}x needs {row['forward_backward_needed_ms']:.1f}), "
               f"with the optimizer {row['step_ratio']:.3f}x ({row['step_ms']:.1f} ms; {TARGET_WITH_OPTIMIZER}x needs "
               f"{row['step_needed_ms']:.1f})")
-    b = budget
-    print(f"profiled 7B FP8 step, forward+backward {b['forward_backward_span_ms']:.1f} ms: FP8 GEMMs "
-          f"{b['fp8_gemm_ms']:.1f} ms at {b['fp8_gemm_tflops']:.0f} TFLOP/s, 16-bit GEMMs (LM head) "
-          f"{b['sixteen_bit_gemm_ms']:.1f} ms, attention {b['kernel_ms_by_category'].get('attention', 0):.1f}, FP8 casts "
-          f"{b['cast_ms']:.1f} (weight amax {b['weight_amax_ms']:.1f}), idle {b['idle_ms']:.1f}")
-    print("estimated savings (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in savings.items())
-          + f" -> {estimated_ms:.1f} ms, {payload['with_every_candidate_7b']['ratio']:.3f}x")
+    for name, b in budgets.items():
+        print(f"profiled 7B {name}, forward+backward {b['forward_backward_span_ms']:.1f} ms: FP8 GEMMs "
+              f"{b['fp8_gemm_ms']:.1f} ms at {b['fp8_gemm_tflops']:.0f} TFLOP/s, 16-bit GEMMs {b['sixteen_bit_gemm_ms']:.1f}, "
+              f"attention {b['kernel_ms_by_category'].get('attention', 0):.1f}, FP8 casts {b['cast_ms']:.1f}, "
+              f"idle {b['idle_ms']:.1f}")
+        for kind, c in b["casts"].items():
+            rate = "" if c["fraction_of_copy"] is None else f", {c['fraction_of_copy']:.0%} of copy bandwidth"
+            print(f"  {kind}: {c['calls_per_step']:.0f} calls, {c['ms']:.2f} ms{rate}")
+    head = payload["fp8_lm_head_7b"]
+    print(f"LM head in FP8: estimated {head['estimated_ms']:.1f} ms, measured {head['measured_ms']:.1f} ms")
+    print("left to win (ms, upper bounds): " + ", ".join(f"{k} {v:.1f}" for k, v in left.items())
+          + f" -> {estimated_ms:.1f} ms, {payload['with_all_of_it_7b']['ratio']:.3f}x")
     return path
 
 

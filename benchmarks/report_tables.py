@@ -319,9 +319,10 @@ def full_depth_section(out, run, conventions=True):
 
 
 def convergence_section(out, distances, convergence):
-    """The memory modes' loss curves against the fp32-state reference: the distances that
-    benchmarks/plot_convergence.py writes (`--summary`) beside the run's own command and seconds."""
-    out.append("### Convergence of the optimizer's memory modes against fp32 masters and moments (same batches)\n")
+    """The runs' loss curves (FP8 recipes, the optimizer's memory modes) against the reference, bf16 on fp32 masters
+    and moments: the distances that benchmarks/plot_convergence.py writes (`--summary`) beside the run's own
+    command and seconds."""
+    out.append("### Convergence against bf16 on fp32 masters and moments (same batches)\n")
     out.append(_run_line(convergence))
     out.append(f"{convergence['model']['parameters'] / 1e6:.0f}M LLaMA, {convergence['setup']['tokens_per_step']} tokens a "
                f"step, {len(convergence['runs'][distances['reference']]['train_loss'])} steps; "
