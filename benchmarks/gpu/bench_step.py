@@ -239,8 +239,8 @@ def step_contenders(config, base, ids, labels, liger):
 
     device = ids.device
 
-    def ours(fp8_kind=None, lm_head="bf16"):
-        recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind, lm_head=lm_head)
+    def ours(fp8_kind=None, lm_head="bf16", weight_copies="per_use"):
+        recipe = None if fp8_kind is None else Fp8Recipe(scaling=fp8_kind, lm_head=lm_head, weight_copies=weight_copies)
         model = FastLlama(base, fp8_recipe=recipe)
         return model, lambda: model(ids, labels), fused_master_adamw
 
@@ -270,10 +270,14 @@ def step_contenders(config, base, ids, labels, liger):
                 return model(input_ids=ids, labels=ids).loss
         return model, forward, fused_torch_adamw
 
-    # ours_fp8_delayed_fp8_head: the LM head's GEMMs in FP8 too (Fp8Recipe.lm_head "fp8").
+    # ours_fp8_delayed_fp8_head: the LM head's GEMMs in FP8 too (Fp8Recipe.lm_head "fp8"); its _cached twin holds
+    # both FP8 copies of each trained weight (weight_copies "cached": one cast pass a weight version where per use
+    # casts the forward's copy in forward and the dgrad's in backward).
     contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
                   "ours_fp8_delayed": lambda: ours("delayed"),
-                  "ours_fp8_delayed_fp8_head": lambda: ours("delayed", lm_head="fp8"), "hf_eager": hf_eager}
+                  "ours_fp8_delayed_fp8_head": lambda: ours("delayed", lm_head="fp8"),
+                  "ours_fp8_delayed_fp8_head_cached": lambda: ours("delayed", lm_head="fp8", weight_copies="cached"),
+                  "hf_eager": hf_eager}
     if liger:
         contenders["hf_liger"] = hf_liger
         contenders["hf_liger_amp"] = hf_liger_amp

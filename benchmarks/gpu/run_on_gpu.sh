@@ -60,10 +60,11 @@ IFS=, read -ra full_depth_workloads <<< "$FULL_DEPTH_WORKLOADS"
 # full_depth: uniform rows took 58 s for both workloads at 3 contenders x 3 rounds on an H200; packed data has
 # 5 contenders per workload and two profiles: ~100 s per workload that fits (a full fine-tune on an 80 GB card is
 # reported without being built).
-# step: 330 s measured with 7 step contenders; the FP8 LM head's (ours_fp8_delayed_fp8_head, and ours_fp8 in the
-# loss table) adds about one contender's rounds, not yet measured: 370.
-declare -A SECONDS_ESTIMATE=([tests]=300 [step]=370 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
-                            [rms_sweep]=220 [rope_sweep]=150 [fp8]=170 [profile]=150 [convergence]=420 [packed_sft]=360
+# step: 203 s measured with 8 step contenders at both widths (run 21, an H100; 330 s on an earlier code's H200 run);
+# the cached-weight-copies twin of the FP8-head contender adds one contender's rounds: 240.
+# convergence: 362 s with four precisions (run 21).
+declare -A SECONDS_ESTIMATE=([tests]=300 [step]=240 [optimizer]=120 [decoder]=90 [kernels]=220 [projections]=60
+                            [rms_sweep]=220 [rope_sweep]=150 [fp8]=170 [profile]=150 [convergence]=380 [packed_sft]=360
                             [full_depth]=$(( 100 * ${#full_depth_workloads[@]} )))
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
