@@ -26,8 +26,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Run 17's LLaMA-2-7B LoRA rows are superseded by run 18's (same workload, current code); run 19 re-times the GSM8K
 # LoRA row and the 80 GB full fine-tune on later code beside run 18's oasst1-zh rows; run 20 re-times the LoRA rows
 # (both profiles, and Llama-3-8B), the whole step and the FP8 FFN on the code of its commit; run 21 re-times the whole
-# step and the loss table (with the FP8 LM head) and trains the FP8 head on the convergence harness.
-CURRENT_GPU_RUNS = (("run21", None),
+# step and the loss table (with the FP8 LM head) and trains the FP8 head on the convergence harness; run 22 re-times
+# the 7B-width step on main with the host-overhead and frozen-head-chunks branches merged (its LoRA file is one cut
+# round, not rendered).
+CURRENT_GPU_RUNS = (("run22", ("step.json",)), ("run21", None),
                     ("run20", ("convergence.json", "convergence_distances.json", "fp8_ffn.json",
                                "full_depth_lora_gsm8k.json", "full_depth_lora_oasst1_zh.json",
                                "full_depth_lora_llama3_8b_gsm8k.json")),
