@@ -18,7 +18,8 @@ What each profiled FP8 step shows is split by what could move it:
   bf16-head FP8 step. The FP8 GEMMs' rate is their FLOPs (the projections', and the LM head's where it is FP8)
   over their time;
 - the FP8 cast passes (quantize, amax and transpose kernels: work the bf16 step does not have), per kernel with
-  the bytes the step's data flow gives it (`cast_bytes`) and their rate against the measured copy bandwidth;
+  the calls and bytes the step's data flow gives it (`cast_model`, its calls checked against the profile's) and
+  their rate against the measured copy bandwidth;
 - attention, the fused elementwise ops, the rest, and the idle time (the GPU waiting for the host).
 What is left to win, on the fastest profiled contender (estimates from the profile, not measurements):
 - the cast passes whose tensor another kernel already reads or writes (the activations' e4m3 casts after the
