@@ -77,6 +77,9 @@ fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+# The commit the results come from, written first: a call cut short by its time limit still names it.
+echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes')" \
+  | tee -a "$OUT/device.txt"
 python3 - <<'EOF' | tee -a "$OUT/device.txt"
 import importlib.metadata as m
 for name in ("torch", "triton", "transformers", "liger-kernel", "torchao"):
