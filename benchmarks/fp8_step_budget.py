@@ -167,15 +167,16 @@ def left_to_win(budget: dict) -> dict:
     passes it would remove; a kernel's time is split between its parts (weights, activations, the LM head's) by
     their bytes."""
     casts = budget["casts"]
-    e4m3 = casts["e4m3_with_transposed_copy"]
-    e4m3_bytes = sum(e4m3["bytes"].values())
-    share = {part: e4m3["ms"] * b / e4m3_bytes for part, b in e4m3["bytes"].items()}
+
+    def part_ms(kind: str, part: str) -> float:
+        cast = casts[kind]
+        return cast["ms"] * cast["bytes"][part] / sum(cast["bytes"].values())
+
     return {
-        "activation_and_gradient_casts_into_their_producers": share["activations"]
-        + casts["e5m2_with_transposed_copy"]["ms"] * (
-            casts["e5m2_with_transposed_copy"]["bytes"]["output_gradients"]
-            / sum(casts["e5m2_with_transposed_copy"]["bytes"].values())),
-        "weight_casts": casts["weights_forward_copy"]["ms"] + share["weights_dgrad_copy"],
+        "activation_and_gradient_casts_into_their_producers": part_ms("e4m3_with_transposed_copy", "activations")
+        + part_ms("e5m2_with_transposed_copy", "output_gradients"),
+        "weight_casts": part_ms("weights_forward_copy", "weights") + part_ms("e4m3_with_transposed_copy",
+                                                                              "weights_dgrad_copy"),
         "no_idle": budget["idle_ms"],
     }
 

@@ -118,8 +118,8 @@ def test_weight_cache_keeps_copies_of_different_quantizers_apart():
     state = Fp8Recipe().new_state("e4m3", scaling="current")
     cache = WeightCache()
 
-    def requantize(w, s):  # another quantizer of the same weight, as the CUDA backend's is
-        return s.quantize(w)
+    def requantize(w, s, amax_recorded=False):  # another quantizer of the same weight, as the CUDA backend's is
+        return s.quantize(w, amax_recorded=amax_recorded)
 
     first = cache.get(weight, state)
     assert cache.get(weight, state) is first and cache.quantizations == 1

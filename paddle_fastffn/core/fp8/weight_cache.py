@@ -184,8 +184,7 @@ class WeightCache:
         if entry is not None and entry[0] is weight and entry[1] == version:
             return entry[2]
         recorded = optimizer_amax(weight, state, self._weight_signals)
-        # the keyword only when set: a quantizer written before it existed still works
-        quantized = quantize(weight, state, amax_recorded=True) if recorded else quantize(weight, state)
+        quantized = quantize(weight, state, amax_recorded=recorded)
         self._entries[id(weight)] = (weight, version, quantized)
         self.quantizations += 1
         self.amax_passes_skipped += recorded
