@@ -7,15 +7,29 @@ integration/lora_forward.py, and fp8/linear.py's Fp8Linear over a LoRALinear) an
 LoRALinear's own forward writes `base + (x @ A @ B) * scaling`: the product [tokens, out] is
 stored, scaled in one pass and added in another, and in backward the scale runs again over the
 output gradient. Here the second GEMM accumulates into base with alpha = scaling (addmm, beta 1),
-so the scale lives in the GEMM in both directions and base's gradient is the output gradient
-itself. On an H100 LoRA r8 step of LLaMA-2-7B (4096 tokens, seven projections adapted) those
-separate passes measured 24.3 ms of bf16 adds and 14.5 ms of muls out of ~250 ms. The GEMM writes
-into base in place on both sides (base is consumed: a projection's fresh output, which no backward
-reads), so the sum allocates no second [tokens, out] buffer.
-Autograd's sum of x's two gradients (the base GEMM's and the adapter's) stays the framework's.
+so the scale lives in the GEMM and base's gradient is the output gradient itself. On an H100 LoRA
+r8 step of LLaMA-2-7B (4096 tokens, seven projections adapted) those separate passes measured
+24.3 ms of bf16 adds and 14.5 ms of muls out of ~250 ms. The GEMM writes into base in place on both
+sides (base is consumed: a projection's fresh output, which no backward reads), so the sum
+allocates no second [tokens, out] buffer.
+
+Two forms:
+  LoraLinear (a fused op)  the base projection and the adapter as one autograd node, where LoRA's
+      dropout is the identity (PaddleNLP's and PEFT's default, lora_dropout 0) and every operand
+      has one dtype. x has one consumer, so its gradient is one tensor: the base's input-gradient
+      GEMM, then the adapter's share added by an accumulating GEMM (addmm into it) in place of
+      autograd's sum of two [tokens, in] gradients, a separate add per adapted projection (on the
+      H100 LoRA step above, before this op: 13.2 ms of bf16 adds at 378 a step, about 6% of it).
+      The base is the 16-bit GEMM of the framework (`be.linear`) or, with fp8_base, the FP8 linear
+      (core/fp8/linear.py's Fp8LinearOp, run inside this op on its own backend).
+  lora_linear (a composition of framework ops)  everywhere else: with dropout the adapter's input
+      is another tensor than the base's, and autograd sums the two gradients as stock does.
 """
 
 from __future__ import annotations
+
+from .autograd import FusedOp, Saved
+from .fp8.linear import Fp8LinearOp
 
 
 def lora_linear(be, x, base, lora_a, lora_b, scaling: float):
@@ -29,3 +43,94 @@ def lora_linear(be, x, base, lora_a, lora_b, scaling: float):
     down = be.linear(x, lora_a)
     out = be.linear_accumulate(be.rows(base), be.rows(down), lora_b, scaling)
     return be.reshape(out, be.shape(base))
+
+
+class Fp8Base:
+    """LoraLinear's option for a base projection in FP8: Fp8LinearOp's backend (the framework's FP8
+    backend: Paddle's emulated or CUDA one, torch's) and its options (the layer's scaling states,
+    weight cache or None, FrozenFp8Weight or None)."""
+
+    def __init__(self, backend, states, weight_cache=None, frozen_weight=None):
+        self.backend, self.states = backend, states
+        self.weight_cache, self.frozen_weight = weight_cache, frozen_weight
+
+
+def fused_applies(be, x, dropped, weight, bias, lora_a, lora_b) -> bool:
+    """Whether LoraLinear computes this projection: LoRA's dropout gave x back (the identity), no
+    bias, and x, the base weight (when it is a tensor: None for one held only in FP8) and the
+    adapter's weights share one dtype that this backend's GEMMs run in (not 16-bit on Paddle's
+    CPU). Elsewhere lora_linear keeps the framework's promotions (AMP O1's fp32 parameters beside
+    16-bit activations)."""
+    dtype = be.dtype(x)
+    return (dropped is x and bias is None and be.gemm_dtype(x) == dtype
+            and all(be.dtype(t) == dtype for t in (lora_a, lora_b) + (() if weight is None else (weight,))))
+
+
+class LoraLinear(FusedOp):
+    """y = linear(x, weight) + scaling * linear(linear(x, A), B) for x [..., in] -> [..., out], the
+    weights in the framework's Linear layout (lora_linear says which), one dtype (fused_applies).
+    fp8_base (an Fp8Base): the base in FP8, weight None when fp8_base holds a FrozenFp8Weight.
+
+    Forward: base GEMM, down = x @ A [tokens, r], then base += scaling * down @ B (one accumulating
+    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy (scaled
+    after their GEMMs: [tokens, r] and [r, out], a few thousandths of the step's bytes), dA =
+    x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or Fp8LinearOp's backward) with
+    d_down @ A^T accumulated into it in place, and the base weight's gradient where it is trained.
+    Saved: x, down, A, B and the base's own (the weight, or Fp8LinearOp's FP8 copies): what the
+    three separate GEMM nodes of lora_linear keep."""
+
+    inputs = ("x", "weight", "bias", "lora_a", "lora_b")
+    options = ("scaling", "fp8_base")
+
+    @staticmethod
+    def forward(be, saved, x, weight, bias, lora_a, lora_b, scaling, fp8_base=None):
+        if bias is not None:
+            raise ValueError("LoraLinear: a base with a bias takes lora_linear (fused_applies)")
+        x_shape = be.shape(x)
+        x2d = be.contiguous(be.rows(x))
+        if fp8_base is None:
+            base = be.linear(x2d, weight)
+            base_kept = (weight,)
+            saved.inner = None
+        else:
+            inner = Saved(saved.needs[:3])
+            base = fp8_base.backend.rows(Fp8LinearOp.forward(
+                fp8_base.backend, inner, x2d, weight, None, fp8_base.states, fp8_base.weight_cache,
+                fp8_base.frozen_weight))
+            base_kept = inner.tensors
+            saved.inner = inner
+        down = be.linear(x2d, lora_a)
+        out = be.linear_accumulate(base, down, lora_b, scaling)
+        saved.save(x2d, down, lora_a, lora_b, *base_kept)
+        saved.scaling, saved.fp8_base, saved.x_shape = scaling, fp8_base, x_shape
+        return be.reshape(out, (*x_shape[:-1], be.shape(out)[-1]))
+
+    @staticmethod
+    def backward(be, saved, grad_output):
+        x2d, down, lora_a, lora_b, *base_kept = saved.tensors
+        need_x, need_w, _, need_a, need_b = saved.needs
+        dy2d = be.contiguous(be.rows(grad_output))
+        dx = dw = d_a = d_b = None
+        d_down = None
+        if need_x or need_a:
+            d_down = be.scale_(be.linear_grad_input(dy2d, lora_b), saved.scaling)
+        if need_b:
+            d_b = be.scale_(be.linear_grad_weight(down, dy2d), saved.scaling)
+        if need_a:
+            d_a = be.linear_grad_weight(x2d, d_down)
+        if saved.fp8_base is None:
+            (weight,) = base_kept
+            if need_x:
+                dx = be.linear_grad_input(dy2d, weight)
+            if need_w:
+                dw = be.linear_grad_weight(x2d, dy2d)
+        elif need_x or need_w:
+            inner = saved.inner
+            inner.tensors = tuple(base_kept)
+            dx, dw, _ = Fp8LinearOp.backward(saved.fp8_base.backend, inner, dy2d)
+            inner.tensors = ()
+        if need_x:
+            dx = be.rows(dx)
+            be.linear_grad_input_accumulate(dx, d_down, lora_a)
+            dx = be.reshape(dx, saved.x_shape)
+        return dx, dw, None, d_a, d_b

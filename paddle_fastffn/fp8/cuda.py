@@ -313,6 +313,11 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scal
 _CudaFp8Linear = pylayer(Fp8LinearOp, CUDA)
 
 
+def check_cuda_linear_input(x: paddle.Tensor) -> None:
+    if x.dtype not in _OUT_DTYPES:
+        raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
+
+
 def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle.Tensor | None = None, *,
                     states: LinearScalingStates, weight_cache, frozen_weight=None) -> paddle.Tensor:
     """FP8 linear on a Hopper GPU: x [..., in] (bf16/fp16/fp32) @ weight [in, out] (+ bias [out]),
@@ -324,7 +329,6 @@ def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle
     if in_features % GEMM_ALIGNMENT or out_features % GEMM_ALIGNMENT:
         raise ValueError(f"fp8_linear_cuda: weight [{in_features}, {out_features}] must be a multiple of "
                          f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
-    if x.dtype not in _OUT_DTYPES:
-        raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
+    check_cuda_linear_input(x)
     states_on(states, x.place)
     return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache, frozen_weight)

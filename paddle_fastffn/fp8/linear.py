@@ -24,11 +24,12 @@ import paddle.nn.functional as F
 
 from ..core.fp8.linear import Fp8LinearOp, FrozenFp8Weight
 from ..core.fp8.weight_cache import weights_changed
-from ..core.lora import lora_linear
+from ..core.lora import Fp8Base, fused_applies, lora_linear
 from ..ops._backend import BACKEND
+from ..ops.lora_linear import lora_linear_fused
 from ..ops._fallback import raise_if_strict
 from ._autograd import pylayer
-from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, fp8_linear_cuda, states_on
+from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, check_cuda_linear_input, fp8_linear_cuda, states_on
 from .emulated import EMULATED
 from .formats import quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
@@ -118,8 +119,9 @@ def _move_storage(tensor: paddle.Tensor, place) -> None:
 
 class Fp8Linear:
     """The FP8 path of one paddle.nn.Linear, or of PaddleNLP's or PaddleFormers' LoRALinear (base
-    GEMM in FP8, adapters in the activation dtype: core/lora.py's lora_linear, LoRALinear.forward's
-    math with the second adapter GEMM accumulating into the base output). Not a Layer: the wrapped layer
+    GEMM in FP8, adapters in the activation dtype: core/lora.py's LoraLinear op where its
+    fused_applies, else lora_linear; LoRALinear.forward's math with the second adapter GEMM
+    accumulating into the base output). Not a Layer: the wrapped layer
     keeps its parameters, names and checkpoints; this object holds the FP8 scaling states and
     the weight cache, and `fp8_state_dict` / `set_fp8_state_dict` save and restore the states.
 
@@ -176,11 +178,18 @@ class Fp8Linear:
         if layer.merged != self._merged:  # eval()/train() merged or unmerged the adapters (set_value)
             weights_changed([layer.weight])
             self._merged = layer.merged
-        base = self._base(x)
         # merged: the adapters are inside the weight (PaddleNLP's eval with merge_weights, PaddleFormers'
         # merge()); disable_lora: PaddleFormers' switch that runs the base alone.
         if layer.merged or getattr(layer, "disable_lora", False):
-            return base
+            return self._base(x)
+        if BACKEND.gemm_dtype(x) == x.dtype:  # not 16-bit on the CPU, where dropout runs upcast below
+            dropped = layer.lora_dropout(x)
+            if fused_applies(BACKEND, x, dropped, layer.weight, layer.bias, layer.lora_A, layer.lora_B):
+                fused = self._fused_lora(x)
+                if fused is not None:
+                    return fused
+            return lora_linear(BACKEND, dropped, self._base(x), layer.lora_A, layer.lora_B, layer.scaling)
+        base = self._base(x)
 
         def add_adapters(x, base, lora_a, lora_b):
             return lora_linear(BACKEND, layer.lora_dropout(x), base, lora_a, lora_b, layer.scaling)
@@ -210,6 +219,30 @@ class Fp8Linear:
         self.restore_weight()  # a GEMM below recipe.min_gemm_size reads the 16-bit weight
         return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
                                None if bias is None else bias.astype(x.dtype))
+
+    def _fused_lora(self, x):
+        """The LoRA projection as core/lora.py's LoraLinear (its caller checked fused_applies), with
+        the base _base would compute: in FP8 (the weight's cache or its FrozenFp8Weight) or 16-bit;
+        None where _base's base is none of these (no token with the base held only in FP8)."""
+        layer = self.linear
+        weight = layer.weight
+        tokens = math.prod(x.shape[:-1])
+        if self.uses_fp8(tokens):
+            cuda = backend_for(self.backend, x) == "cuda"
+            frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
+            cache = self.weight_cache if self.recipe.caches_weight(not weight.stop_gradient) else None
+            if cuda:
+                check_cuda_linear_input(x)
+                states_on(self.states, x.place)
+            else:
+                warn_emulated()
+            fp8_base = Fp8Base(CUDA if cuda else EMULATED, self.states, cache, frozen)
+            return lora_linear_fused(x, None if frozen is not None else weight, layer.lora_A, layer.lora_B,
+                                     layer.scaling, fp8_base)
+        if tokens == 0 and self._home is not None:
+            return None
+        self.restore_weight()
+        return lora_linear_fused(x, weight, layer.lora_A, layer.lora_B, layer.scaling)
 
     def frozen_weight(self, place, cuda: bool) -> FrozenFp8Weight:
         """The base weight's FrozenFp8Weight, made on `place` from the 16-bit weight the first time

@@ -1,14 +1,16 @@
 """LoRALinear's forward on the fast path, for every model family: each PaddleNLP or PaddleFormers
 LoRALinear inside a patched model's decoder layers gets an instance-level `forward` (shadowing the
-class's, as fp8_attach gives a Linear its Fp8Linear) that adds the adapter through core/lora.py's
-lora_linear, the composition the GPU harness runs: the adapter's second GEMM accumulates into the
-base output with alpha = scaling, where the stock forward scales the adapter's [tokens, out]
-product and adds it in two more passes (and scales again in backward).
+class's, as fp8_attach gives a Linear its Fp8Linear) computing the projection as core/lora.py does,
+the composition the GPU harness runs: with LoRA's dropout off (PaddleNLP's default) the LoraLinear
+op, base and adapter as one node whose x gradient is one tensor; with dropout lora_linear. Either
+way the adapter's second GEMM accumulates into the base output with alpha = scaling, where the
+stock forward scales the adapter's [tokens, out] product and adds it in two more passes (and
+scales again in backward).
 
 No class is patched, so LoRA layers of models the plugin did not patch keep the stock forward, and
 detach_all_lora_forwards (revert_fast_ffn) removes every attachment. Layers under FP8 are left to
-their Fp8Linear, which adds its adapters through the same lora_linear. The stock forward runs
-instead wherever its semantics are not this one's (stock_forward_needed)."""
+their Fp8Linear, which computes its projection through the same two forms, the base in FP8. The
+stock forward runs instead wherever its semantics are not this one's (stock_forward_needed)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import weakref
 
 import paddle.nn.functional as F
 
-from ..core.lora import lora_linear
+from ..core.lora import fused_applies, lora_linear
+from ..ops.lora_linear import lora_linear_fused
 from ..ops._backend import BACKEND
 from .fp8_attach import fp8_of, lora_linear_class
 
@@ -39,8 +42,9 @@ def stock_forward_needed(layer, x) -> bool:
 
 
 class FusedLoRAForward:
-    """A LoRALinear's forward: its frozen Linear (bias included) plus core/lora.py's lora_linear of
-    its dropped input; the class's own forward where stock_forward_needed. Takes and returns what
+    """A LoRALinear's forward: core/lora.py's LoraLinear (base and adapter as one node) where
+    fused_applies (no dropout, one dtype, no bias), else its frozen Linear (bias included) plus
+    lora_linear of its dropped input; the class's own forward where stock_forward_needed. Takes and returns what
     LoRALinear.forward does (x [..., in] -> [..., out])."""
 
     def __init__(self, layer):
@@ -50,8 +54,11 @@ class FusedLoRAForward:
         layer = self.layer
         if stock_forward_needed(layer, x):
             return type(layer).forward(layer, x, *args, **kwargs)
+        dropped = layer.lora_dropout(x)
+        if fused_applies(BACKEND, x, dropped, layer.weight, layer.bias, layer.lora_A, layer.lora_B):
+            return lora_linear_fused(x, layer.weight, layer.lora_A, layer.lora_B, layer.scaling)
         base = F.linear(x=x, weight=layer.weight, bias=layer.bias, name=layer.name)
-        return lora_linear(BACKEND, layer.lora_dropout(x), base, layer.lora_A, layer.lora_B, layer.scaling)
+        return lora_linear(BACKEND, dropped, base, layer.lora_A, layer.lora_B, layer.scaling)
 
 
 def attach_lora_forwards(decoder_layers) -> int:

@@ -183,15 +183,25 @@ class FastDecoderLayer(torch.nn.Module):
         # [tokens, in] rows: each projection's output is then a tensor of its own, which the LoRA sum
         # writes into (core/lora.py)
         rows = TORCH.rows(x)
-        if self.fp8 is None:
+        frozen = self.frozen_fp8[fp8_name] if self.fp8 is not None and self.frozen_fp8 is not None else None
+        if self.lora is not None:
+            # The harness's adapters have no dropout and the layer's dtype: LoraLinear, as the Paddle
+            # patch runs it for PaddleNLP's default LoRA (core/lora.py fused_applies).
+            lora_a, lora_b = self.lora_a[fp8_name], self.lora_b[fp8_name]
+            base_weight = None if frozen is not None else weight
+            if not core_lora.fused_applies(TORCH, rows, rows, base_weight, None, lora_a, lora_b):
+                raise ValueError(f"FastDecoderLayer: the {fp8_name} adapter's dtypes ({lora_a.dtype}, "
+                                 f"{lora_b.dtype}) must be the layer's ({rows.dtype})")
+            fp8_base = None
+            if self.fp8 is not None:
+                from paddle_fastffn.torch.fp8.linear import lora_fp8_base
+                fp8_base = lora_fp8_base(rows, frozen if frozen is not None else weight, self.fp8[fp8_name])
+            base = ops.LoraLinear.apply(rows, base_weight, None, lora_a, lora_b, self.lora.scaling, fp8_base)
+        elif self.fp8 is None:
             base = rows @ weight.t()
         else:
             from paddle_fastffn.torch.fp8.linear import fp8_linear
-            held = self.frozen_fp8[fp8_name] if self.frozen_fp8 is not None else weight
-            base = fp8_linear(rows, held, self.fp8[fp8_name])
-        if self.lora is not None:
-            base = core_lora.lora_linear(TORCH, rows, base, self.lora_a[fp8_name], self.lora_b[fp8_name],
-                                         self.lora.scaling)
+            base = fp8_linear(rows, frozen if frozen is not None else weight, self.fp8[fp8_name])
         return TORCH.reshape(base, (*x.shape[:-1], base.shape[-1]))
 
     # --- core.decoder's layer parts (its module docstring names them): torch's plumbing only ----------

@@ -14,6 +14,7 @@ import torch
 import paddle_fastffn.core
 from paddle_fastffn.core import ffn as core_ffn
 from paddle_fastffn.core import linear_cross_entropy as core_lce
+from paddle_fastffn.core import lora as core_lora
 from paddle_fastffn.core.fp8.lm_head import sizes_error
 from paddle_fastffn.core import residual as core_residual
 from paddle_fastffn.core import rms_norm as core_rms_norm
@@ -55,6 +56,9 @@ SwiGLUPair = FUNCTIONS[core_swiglu.SwiGLU]
 RMSNorm = FUNCTIONS[core_rms_norm.RMSNorm]  # apply(x, weight, eps)
 AddRMSNorm = FUNCTIONS[core_rms_norm.AddRMSNorm]  # apply(x, residual, weight, eps)
 ResidualAdd = FUNCTIONS[core_residual.ResidualAdd]  # apply(residual, y): one gradient for both
+# apply(x, weight, bias, lora_a, lora_b, scaling, fp8_base): a LoRA projection, base and adapter as one
+# node (core/lora.py; weight None with a frozen FP8 base in fp8_base)
+LoraLinear = FUNCTIONS[core_lora.LoraLinear]
 
 
 # The core layer's rotary ops (paddle_fastffn/core/rotary.py), as the Paddle path runs them.

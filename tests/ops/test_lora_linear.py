@@ -1,13 +1,16 @@
-"""core/lora.py's lora_linear over Paddle (PaddleBackend.linear_accumulate: addmm with alpha =
-scaling) against LoRALinear.forward's own formula, base + (x @ A @ B) * scaling, evaluated in
-float64 on the same (exactly upcast) inputs: the output and every gradient (x, A, B, the base
-weight and bias), on shapes that are not powers of two."""
+"""core/lora.py's two forms over Paddle, lora_linear (PaddleBackend.linear_accumulate: addmm with
+alpha = scaling) and the LoraLinear op (ops/lora_linear.py: base and adapter as one node), against
+LoRALinear.forward's own formula, base + (x @ A @ B) * scaling, evaluated in float64 on the same
+(exactly upcast) inputs: the output and every gradient (x, A, B, the base weight and bias), on
+shapes that are not powers of two; LoraLinear over the emulated FP8 base against the FP8 linear
+plus lora_linear."""
 
 import paddle
 import paddle.nn.functional as F
 import pytest
 
-from paddle_fastffn.core.lora import lora_linear
+from paddle_fastffn.core.lora import Fp8Base, fused_applies, lora_linear
+from paddle_fastffn.ops.lora_linear import lora_linear_fused
 from paddle_fastffn.fp8.linear import _in_fp32_on_cpu
 from paddle_fastffn.ops._backend import BACKEND
 from tolerances import assert_close
@@ -76,3 +79,84 @@ def test_a_wider_base_keeps_its_dtype_as_stock_promotes():
     fused = BACKEND.linear_accumulate(base, down, lora_b, 0.5)  # writes into base: after stock's sum
     assert fused.dtype == paddle.float64
     assert_close(fused, stock, paddle.float32, "base + 0.5 * down @ B")
+
+
+def fused_op(x, weight, bias, lora_a, lora_b):
+    assert bias is None
+    return lora_linear_fused(x, weight, lora_a, lora_b, SCALING)
+
+
+@pytest.mark.parametrize("frozen_weight", [False, True])
+@pytest.mark.parametrize("dtype", [paddle.float32, paddle.float64])
+def test_lora_linear_op_and_every_gradient_match_the_stock_formula(dtype, frozen_weight):
+    """The op on Paddle's CPU (fp32 and float64: no 16-bit GEMMs there, fused_applies says so), one
+    gradient for x; a frozen base weight (stop_gradient, LoRA's) gets none."""
+    inputs = _inputs(dtype)
+    inputs["bias"] = None
+    leaves = {name: t.detach() for name, t in inputs.items() if name not in ("dy", "bias")}
+    for name, t in leaves.items():
+        t.stop_gradient = frozen_weight and name == "weight"
+    assert fused_applies(BACKEND, leaves["x"], leaves["x"], leaves["weight"], None, leaves["lora_a"], leaves["lora_b"])
+    y = fused_op(leaves["x"], leaves["weight"], None, leaves["lora_a"], leaves["lora_b"])
+    y.backward(inputs["dy"])
+    ref = {name: t.astype(paddle.float64).detach() for name, t in leaves.items()}
+    for t in ref.values():
+        t.stop_gradient = False
+    y_ref = stock(ref["x"], ref["weight"], None, ref["lora_a"], ref["lora_b"])
+    y_ref.backward(inputs["dy"].astype(paddle.float64))
+    assert y.dtype == dtype and y.shape == [*ROWS, OUT]
+    assert_close(y, y_ref, dtype, "y")
+    rows = ROWS[0] * ROWS[1]
+    for name, t in leaves.items():
+        if frozen_weight and name == "weight":
+            assert t.grad is None
+            continue
+        assert t.grad.dtype == dtype, name
+        assert_close(t.grad, ref[name].grad, dtype, f"d_{name}", reduced_rows=1 if name == "x" else rows)
+
+
+def test_fused_applies_only_without_dropout_bias_or_mixed_dtypes():
+    x, w, a, b = (paddle.randn(shape) for shape in ([4, 8], [8, 6], [8, 2], [2, 6]))
+    assert fused_applies(BACKEND, x, x, w, None, a, b)
+    assert not fused_applies(BACKEND, x, x * 1.0, w, None, a, b)  # dropout gave another tensor
+    assert not fused_applies(BACKEND, x, x, w, paddle.randn([6]), a, b)
+    assert not fused_applies(BACKEND, x, x, w.astype(paddle.float64), None, a, b)
+    assert not fused_applies(BACKEND, x.astype(paddle.bfloat16), x.astype(paddle.bfloat16), None, None,
+                             a.astype(paddle.bfloat16), b.astype(paddle.bfloat16))  # no bf16 GEMM on the CPU
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["cached_weight", "frozen_fp8_weight"])
+def test_lora_linear_op_over_an_emulated_fp8_base_matches_the_fp8_linear_plus_lora_linear(frozen):
+    """The FP8 base inside the op (Fp8LinearOp over the emulated backend) gives what fp8_linear
+    followed by lora_linear gives: the same quantisations, x's two gradients summed by the op's
+    accumulating GEMM instead of autograd: equal up to the order of one fp32 sum."""
+    from paddle_fastffn.core.fp8.linear import FrozenFp8Weight
+    from paddle_fastffn.fp8.emulated import EMULATED
+    from paddle_fastffn.fp8.linear import fp8_linear
+    from paddle_fastffn.fp8.recipe import Fp8Recipe
+    from paddle_fastffn.fp8.weight_cache import WeightCache
+
+    paddle.seed(11)
+    tokens, width, out = 32, 64, 48
+    x0, w0 = paddle.randn([tokens, width]), paddle.randn([width, out]) * width**-0.5
+    a0, b0, dy = paddle.randn([width, RANK]) * width**-0.5, paddle.randn([RANK, out]), paddle.randn([tokens, out])
+
+    def run(in_op: bool):
+        states, cache = Fp8Recipe().linear_states(), WeightCache()
+        x, a, b, weight = (t.clone() for t in (x0, a0, b0, w0))
+        for t in (x, a, b):
+            t.stop_gradient = False
+        weight.stop_gradient = frozen
+        held = FrozenFp8Weight.freeze(EMULATED, weight, states.weight) if frozen else None
+        if in_op:
+            y = lora_linear_fused(x, None if frozen else weight, a, b, SCALING,
+                                  Fp8Base(EMULATED, states, None if frozen else cache, held))
+        else:
+            y = lora_linear(BACKEND, x, fp8_linear(x, None if frozen else weight, states=states,
+                                                   weight_cache=None if frozen else cache, frozen_weight=held),
+                            a, b, SCALING)
+        y.backward(dy)
+        return [y.detach(), x.grad, a.grad, b.grad] + ([] if frozen else [weight.grad])
+
+    for name, got, want in zip(("y", "d_x", "d_a", "d_b", "d_weight"), run(True), run(False)):
+        assert_close(got, want, paddle.float32, name)

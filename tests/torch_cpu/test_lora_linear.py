@@ -1,13 +1,15 @@
-"""core/lora.py's lora_linear over the harness's backend (TorchBackend.linear_accumulate: addmm
-with alpha = scaling, in the storage dtype) against the stock formula x @ W^T + (x @ A^T @ B^T) *
-scaling evaluated in float64 on the same inputs: the output and every gradient, fp32 and bf16
-(the rows of the one tolerance table, tests/dtype_tolerances.py)."""
+"""core/lora.py's two forms over the harness's backend, lora_linear (TorchBackend.linear_accumulate:
+addmm with alpha = scaling, in the storage dtype) and the LoraLinear op (base and adapter as one
+node), against the stock formula x @ W^T + (x @ A^T @ B^T) * scaling evaluated in float64 on the
+same inputs: the output and every gradient, fp32 and bf16 (the rows of the one tolerance table,
+tests/dtype_tolerances.py); LoraLinear over an FP8 base against the FP8 linear plus lora_linear."""
 
 import pytest
 import torch
 
 from dtype_tolerances import BY_NAME
 from paddle_fastffn.core.lora import lora_linear
+from paddle_fastffn.torch import ops
 from paddle_fastffn.torch.ops import BACKEND
 
 ROWS, IN, OUT, RANK, SCALING = (3, 13), 45, 37, 6, 2.5
@@ -24,20 +26,25 @@ def fused(x, weight, lora_a, lora_b):
     return lora_linear(BACKEND, x, x @ weight.t(), lora_a, lora_b, SCALING)
 
 
+def fused_op(x, weight, lora_a, lora_b):
+    return ops.LoraLinear.apply(x, weight, None, lora_a, lora_b, SCALING, None)
+
+
 def stock(x, weight, lora_a, lora_b):
     return x @ weight.t() + (x @ lora_a.t() @ lora_b.t()) * SCALING
 
 
+@pytest.mark.parametrize("formula", [fused, fused_op], ids=["lora_linear", "LoraLinear"])
 @pytest.mark.parametrize("rows", [ROWS, (ROWS[0] * ROWS[1],)], ids=["3d_view_base", "2d_in_place"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lora_linear_and_every_gradient_match_the_stock_formula(dtype, rows):
-    """A 3-D base reaches the sum as a view (out of place); a 2-D one takes it in place."""
+def test_lora_linear_and_every_gradient_match_the_stock_formula(dtype, rows, formula):
+    """A 3-D base reaches lora_linear's sum as a view (out of place); a 2-D one takes it in place."""
     gen = torch.Generator().manual_seed(7)
     inputs = dict(x=torch.randn(*rows, IN, generator=gen), weight=torch.randn(OUT, IN, generator=gen) * IN**-0.5,
                   lora_a=torch.randn(RANK, IN, generator=gen) * IN**-0.5,
                   lora_b=torch.randn(OUT, RANK, generator=gen) * RANK**-0.5, dy=torch.randn(*rows, OUT, generator=gen))
     inputs = {name: t.to(dtype) for name, t in inputs.items()}  # the reference sees the same rounded values
-    y, grads = _run(fused, inputs, dtype)
+    y, grads = _run(formula, inputs, dtype)
     y_ref, grads_ref = _run(stock, inputs, torch.float64)
     atol, rtol = BY_NAME[str(dtype).removeprefix("torch.")]
     assert y.dtype == dtype
@@ -145,3 +152,62 @@ def test_the_harness_lora_projection_sums_in_place_with_the_out_of_place_results
     assert "addmm" in ops and "addmm_" not in ops
     for name, a, b in zip(("y", "d_x", "d_lora_a", "d_lora_b"), in_place, out_of_place):
         assert torch.equal(a, b), name
+
+
+def _leaves(gen, rows, dtype, frozen_weight):
+    x = torch.randn(rows, IN, generator=gen).to(dtype).requires_grad_()
+    weight = (torch.randn(OUT, IN, generator=gen) * IN**-0.5).to(dtype).requires_grad_(not frozen_weight)
+    lora_a = (torch.randn(RANK, IN, generator=gen) * IN**-0.5).to(dtype).requires_grad_()
+    lora_b = (torch.randn(OUT, RANK, generator=gen) * RANK**-0.5).to(dtype).requires_grad_()
+    return x, weight, lora_a, lora_b
+
+
+def test_lora_linear_op_is_one_node_and_leaves_a_frozen_weight_without_gradient():
+    """x's gradient is written once by the op (no autograd sum of the base's and the adapter's: no
+    AddBackward, no second node reaching x), and a frozen base weight gets none."""
+    gen = torch.Generator().manual_seed(5)
+    x, weight, lora_a, lora_b = _leaves(gen, 24, torch.float32, frozen_weight=True)
+    y = fused_op(x, weight, lora_a, lora_b)
+    assert y.grad_fn._forward_cls.__name__ == "LoraLinear", y.grad_fn
+    reaching_x = [node for node, _ in y.grad_fn.next_functions if node is not None and getattr(node, "variable", None) is x]
+    assert len(reaching_x) == 1
+    dy = torch.randn(y.shape, generator=gen)
+    y.backward(dy)
+    assert weight.grad is None
+    x_ref, a_ref, b_ref = (t.detach().double().requires_grad_() for t in (x, lora_a, lora_b))
+    stock(x_ref, weight.detach().double(), a_ref, b_ref).backward(dy.double())
+    for name, got, want in (("d_x", x.grad, x_ref.grad), ("d_lora_a", lora_a.grad, a_ref.grad),
+                            ("d_lora_b", lora_b.grad, b_ref.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["cached_weight", "frozen_fp8_weight"])
+def test_lora_linear_op_over_an_fp8_base_matches_the_fp8_linear_plus_lora_linear(frozen):
+    """The FP8 base inside the op (Fp8LinearOp on its own backend, core/lora.py Fp8Base) gives what
+    the FP8 linear followed by lora_linear gives (autograd summing x's two gradients there), fp32
+    activations: the same FP8 quantisations, so equal up to the order of one fp32 sum."""
+    from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, lora_fp8_base
+
+    tokens, width, out = 32, 64, 48
+    gen = torch.Generator().manual_seed(11)
+    x0 = torch.randn(tokens, width, generator=gen)
+    w0 = torch.randn(out, width, generator=gen) * width**-0.5
+    a0, b0 = torch.randn(RANK, width, generator=gen) * width**-0.5, torch.randn(out, RANK, generator=gen)
+    dy = torch.randn(tokens, out, generator=gen)
+
+    def run(in_op: bool):
+        state = Fp8LinearState(Fp8Recipe(), device="cpu")
+        x, a, b = (t.clone().requires_grad_() for t in (x0, a0, b0))
+        weight = w0.clone().requires_grad_(not frozen)
+        held = freeze_weight(weight, state) if frozen else weight
+        if in_op:
+            base_weight = None if frozen else weight
+            y = ops.LoraLinear.apply(x, base_weight, None, a, b, SCALING, lora_fp8_base(x, held, state))
+        else:
+            y = lora_linear(BACKEND, x, fp8_linear(x, held, state), a, b, SCALING)
+        y.backward(dy)
+        return [y.detach(), x.grad, a.grad, b.grad] + ([] if frozen else [weight.grad])
+
+    for name, got, want in zip(("y", "d_x", "d_a", "d_b", "d_weight"), run(True), run(False)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)

@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 
 from paddle_fastffn.core.fp8.linear import Fp8LinearOp, FrozenFp8Weight
+from paddle_fastffn.core.lora import Fp8Base
+from paddle_fastffn.torch.fp8.backend import TORCH as TORCH_FP8
 from paddle_fastffn.torch.fp8.backend import Fp8WeightCache, TorchFp8Backend, function
 from paddle_fastffn.torch.fp8.ffn import DEFAULT_RECIPE, GEMM_ALIGNMENT, Fp8Recipe, misaligned
 
@@ -81,6 +83,17 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
         cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
         y = Fp8LinearFunction.apply(rows, weight, None, state.states, cache, None)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def lora_fp8_base(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> Fp8Base:
+    """The FP8 base of a LoRA projection (core/lora.py LoraLinear's fp8_base): what fp8_linear passes
+    Fp8LinearOp, after the same shape checks."""
+    width = x.shape[-1]
+    check_linear_shapes(x.numel() // width if width else 0, tuple(weight.shape), width)
+    if isinstance(weight, FrozenFp8Weight):
+        return Fp8Base(TORCH_FP8, state.states, None, weight)
+    cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
+    return Fp8Base(TORCH_FP8, state.states, cache, None)
 
 
 def freeze_weight(weight: torch.Tensor, state: Fp8LinearState, both_copies: bool = False) -> FrozenFp8Weight:
