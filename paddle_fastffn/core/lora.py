@@ -72,9 +72,9 @@ class LoraLinear(FusedOp):
     fp8_base (an Fp8Base): the base in FP8, weight None when fp8_base holds a FrozenFp8Weight.
 
     Forward: base GEMM, down = x @ A [tokens, r], then base += scaling * down @ B (one accumulating
-    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy (scaled
-    after their GEMMs: [tokens, r] and [r, out], a few thousandths of the step's bytes), dA =
-    x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or Fp8LinearOp's backward) with
+    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy (scaling
+    inside the GEMM on torch, as addmm's backward carries it in lora_linear; after it on Paddle,
+    whose matmul takes no alpha: [tokens, r] and [r, out], tiny), dA = x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or Fp8LinearOp's backward) with
     d_down @ A^T accumulated into it in place, and the base weight's gradient where it is trained.
     Saved: x, down, A, B and the base's own (the weight, or Fp8LinearOp's FP8 copies): what the
     three separate GEMM nodes of lora_linear keep."""
@@ -113,9 +113,9 @@ class LoraLinear(FusedOp):
         dx = dw = d_a = d_b = None
         d_down = None
         if need_x or need_a:
-            d_down = be.scale_(be.linear_grad_input(dy2d, lora_b), saved.scaling)
+            d_down = be.linear_grad_input(dy2d, lora_b, saved.scaling)
         if need_b:
-            d_b = be.scale_(be.linear_grad_weight(down, dy2d), saved.scaling)
+            d_b = be.linear_grad_weight(down, dy2d, saved.scaling)
         if need_a:
             d_a = be.linear_grad_weight(x2d, d_down)
         if saved.fp8_base is None:

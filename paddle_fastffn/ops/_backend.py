@@ -189,16 +189,20 @@ class PaddleBackend(IndexingBackend):
         return base.astype(dtype).addmm_(x.astype(dtype), weight.astype(dtype), beta=1.0, alpha=alpha)
 
     @staticmethod
-    def linear_grad_input(dy, weight):
-        return paddle.matmul(dy, weight, transpose_y=True)
+    def linear_grad_input(dy, weight, alpha=1.0):
+        # Paddle's matmul takes no alpha: the product is scaled after it (exact for LoRA's default
+        # scaling 2 = alpha / r)
+        out = paddle.matmul(dy, weight, transpose_y=True)
+        return out if alpha == 1.0 else out.scale_(alpha)
 
     @staticmethod
     def linear_grad_input_accumulate(out, dy, weight):
         out.add_(paddle.matmul(dy, weight, transpose_y=True))
 
     @staticmethod
-    def linear_grad_weight(x, dy):
-        return paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
+    def linear_grad_weight(x, dy, alpha=1.0):
+        out = paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
+        return out if alpha == 1.0 else out.scale_(alpha)
 
     @staticmethod
     def linear_output_halves(weight):

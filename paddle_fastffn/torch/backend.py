@@ -18,6 +18,19 @@ from paddle_fastffn.core.backend import IndexingBackend
 from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 
 
+def _gemm_zero(like: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero on like's device and dtype: the input addmm needs beside beta 0 (broadcast, never
+    read), made once per device and dtype."""
+    key = (like.device, like.dtype)
+    zero = _GEMM_ZEROS.get(key)
+    if zero is None:
+        zero = _GEMM_ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return zero
+
+
+_GEMM_ZEROS: dict = {}
+
+
 class TorchBackend(IndexingBackend):
     name = "torch"
     float16, float32, float64, int32 = torch.float16, torch.float32, torch.float64, torch.int32
@@ -160,17 +173,25 @@ class TorchBackend(IndexingBackend):
         return base.addmm_(x, weight.t(), alpha=alpha)
 
     @staticmethod
-    def linear_grad_input(dy, weight):
-        return dy @ weight
+    def linear_grad_input(dy, weight, alpha=1.0):
+        if alpha == 1.0:
+            return dy @ weight
+        # addmm with beta 0 reads nothing of its input (torch's contract): alpha inside the GEMM
+        return torch.addmm(_gemm_zero(dy), dy, weight, beta=0, alpha=alpha)
 
     @staticmethod
     def linear_grad_input_accumulate(out, dy, weight):
         out.addmm_(dy, weight)
 
     @staticmethod
-    def linear_grad_weight(x, dy):
-        rows = x.numel() // x.shape[-1]
-        return dy.reshape(rows, -1).t() @ x.reshape(rows, -1)
+    def linear_grad_weight(x, dy, alpha=1.0):
+        if x.dim() != 2:
+            x = x.reshape(-1, x.shape[-1])
+        if dy.dim() != 2:
+            dy = dy.reshape(-1, dy.shape[-1])
+        if alpha == 1.0:
+            return dy.t() @ x
+        return torch.addmm(_gemm_zero(dy), dy.t(), x, beta=0, alpha=alpha)
 
     @staticmethod
     def linear_output_halves(weight):
