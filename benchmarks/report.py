@@ -29,7 +29,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # step and the loss table (with the FP8 LM head) and trains the FP8 head on the convergence harness; run 22 re-times
 # the 7B-width step on main with the host-overhead and frozen-head-chunks branches merged (its LoRA file is one cut
 # round, not rendered).
-CURRENT_GPU_RUNS = (("run22", ("step.json",)), ("run21", None),
+CURRENT_GPU_RUNS = (("run23", ("full_depth_lora_gsm8k_c4_e1180fb.json", "full_depth_lora_gsm8k_2rows_c4_e1180fb.json",
+                               "full_depth_lora_gsm8k_c5_e1180fb.json", "full_depth_lora_gsm8k_c5_9e2d895.json")),
+                    ("run22", ("step.json",)), ("run21", None),
                     ("run20", ("convergence.json", "convergence_distances.json", "fp8_ffn.json",
                                "full_depth_lora_gsm8k.json", "full_depth_lora_oasst1_zh.json",
                                "full_depth_lora_llama3_8b_gsm8k.json")),

@@ -80,6 +80,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 # The commit the results come from, written first: a call cut short by its time limit still names it.
 echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes')" \
   | tee -a "$OUT/device.txt"
+# The device's copy of the tree may sit on an older commit with the tree's files as changes: the hash of the
+# files themselves (tracked and untracked, not ignored) names it, = `git rev-parse <commit>^{tree}` of the
+# commit that holds exactly them.
+tree_index=$(mktemp -u)
+echo "tree $(GIT_INDEX_FILE=$tree_index git add -A . 2>/dev/null && GIT_INDEX_FILE=$tree_index git write-tree 2>/dev/null \
+  || echo unknown)" | tee -a "$OUT/device.txt"
+rm -f "$tree_index"
 python3 - <<'EOF' | tee -a "$OUT/device.txt"
 import importlib.metadata as m
 for name in ("torch", "triton", "transformers", "liger-kernel", "torchao"):
