@@ -125,6 +125,9 @@ class Backend(Protocol):
     def gemm_dtype(self, t: Tensor) -> DType:
         """The dtype in which this backend runs t's GEMMs: t's own where the device has GEMMs for
         it, fp32 for 16-bit tensors where it has none (Paddle CPU)."""
+    def autocast_changes_gemm(self, t: Tensor) -> bool:
+        """Whether the framework's autocast (AMP) is on and runs a GEMM of t in another dtype than
+        t's (AMP O1: fp32 activations and weights, 16-bit GEMMs)."""
     def linear(self, x: Tensor, weight: Tensor) -> Tensor:
         """x @ W as a Linear layer of this framework computes it (weight in its own layout)."""
     def linear_accumulate(self, base: Tensor, x: Tensor, weight: Tensor, alpha: float) -> Tensor:
@@ -135,14 +138,14 @@ class Backend(Protocol):
         and hands base the output gradient as it is (core/lora.py: LoRA's adapter added to the
         frozen output)."""
     def linear_grad_input(self, dy: Tensor, weight: Tensor, alpha: float = 1.0) -> Tensor:
-        """alpha * dy @ W^T in the math sense: the gradient of `linear` with respect to x (alpha
-        inside the GEMM where the framework's GEMM takes one)."""
+        """alpha * dy @ W^T in the math sense: the gradient of `linear` with respect to x, alpha
+        applied inside the GEMM (one rounding of the product)."""
     def linear_grad_input_accumulate(self, out: Tensor, dy: Tensor, weight: Tensor) -> None:
-        """out += linear_grad_input(dy, weight), in place (no [rows, in] temporary)."""
+        """out += linear_grad_input(dy, weight), in place: one accumulating GEMM (beta 1) where the
+        framework has one for these operands, no [rows, in] temporary."""
     def linear_grad_weight(self, x: Tensor, dy: Tensor, alpha: float = 1.0) -> Tensor:
         """alpha times the gradient of `linear` with respect to weight, in the framework's weight
-        layout; x and dy are taken as 2-D rows (alpha inside the GEMM where the framework's GEMM
-        takes one)."""
+        layout, alpha applied inside the GEMM; x and dy are taken as 2-D rows."""
     def linear_output_halves(self, weight: Tensor) -> tuple[Tensor, Tensor]:
         """Views of a Linear weight's first and second halves of its outputs ([gate | up])."""
     def linear_grad_weight_of_halves(self, x: Tensor, dy_first: Tensor, dy_second: Tensor) -> Tensor:

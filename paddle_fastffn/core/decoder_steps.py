@@ -66,9 +66,10 @@ LLAMA_DECODER_LAYER_FP8 = decoder_layer_steps("fused", "fp8")
 # fused projections back into PaddleNLP's stock q/k/v_proj and gate_proj/up_proj before the adapters
 # are placed, so each projection is its own layer, a LoRALinear where the targets reach it:
 #   y = x @ W + (x @ A @ B) * scaling     W frozen, A [in, r], B [r, out], scaling = alpha / r
-# (LoRALinear.forward's math, dropout on x before A), computed by core/lora.py's lora_linear on both
-# sides: the second adapter GEMM accumulates into the base output with alpha = scaling (addmm, beta
-# 1), no separate scale and add passes over [tokens, out] (Paddle: integration/lora_forward.py's
+# (LoRALinear.forward's math, dropout on x before A), computed by core/lora.py on both sides (its
+# LoraLinear op without dropout, lora_linear with): the second adapter GEMM accumulates into the base
+# output with alpha = scaling (addmm, beta 1), no separate scale and add passes over [tokens, out]
+# (Paddle: integration/lora_forward.py's
 # forward on each LoRALinear, Fp8Linear's adapters under FP8; the harness in torch's [out, in]
 # layout, x @ W^T + scaling * ((x @ A^T) @ B^T)). The MLP then runs the two-input SwiGLU kernel
 # between gate_proj/up_proj and down_proj; swiglu_down_proj is not used (down_proj is a LoRALinear,

@@ -15,11 +15,12 @@ allocates no second [tokens, out] buffer.
 
 Two forms:
   LoraLinear (a fused op)  the base projection and the adapter as one autograd node, where LoRA's
-      dropout is the identity (PaddleNLP's and PEFT's default, lora_dropout 0) and every operand
-      has one dtype. x has one consumer, so its gradient is one tensor: the base's input-gradient
-      GEMM, then the adapter's share added by an accumulating GEMM (addmm into it) in place of
-      autograd's sum of two [tokens, in] gradients, a separate add per adapted projection (on the
-      H100 LoRA step above, before this op: 13.2 ms of bf16 adds at 378 a step, about 6% of it).
+      dropout is the identity (PaddleNLP's and PEFT's default, lora_dropout 0), every operand has one
+      dtype and no autocast changes it. x has one consumer, so its gradient is one tensor: the
+      base's input-gradient GEMM, then the adapter's share added by an accumulating GEMM (addmm
+      into it) in place of autograd's sum of two [tokens, in] gradients, a separate add per adapted
+      projection (a LLaMA-2-7B LoRA step on an H100: 378 bf16 adds a step, 13.3 ms, before this
+      op; 157, 5.1 ms, with it, the rest being where several projections read one x).
       The base is the 16-bit GEMM of the framework (`be.linear`) or, with fp8_base, the FP8 linear
       (core/fp8/linear.py's Fp8LinearOp, run inside this op on its own backend).
   lora_linear (a composition of framework ops)  everywhere else: with dropout the adapter's input
@@ -37,9 +38,10 @@ def lora_linear(be, x, base, lora_a, lora_b, scaling: float):
 
     x: [..., in], the adapter's input (LoRA's dropout already applied: LoRALinear drops x before A);
     base: [..., out], the frozen projection of the undropped x (its Linear, FP8 GEMM or bias
-    included), consumed: the sum may be written into it, in every grad mode; lora_a, lora_b: the adapter's weights in the framework's Linear layout (Paddle A
-    [in, r], B [r, out]; torch A [r, in], B [out, r]). All of one dtype; the result [..., out] in it,
-    the second GEMM accumulating in fp32 before its one rounding."""
+    included), consumed: the sum may be written into it, in every grad mode; lora_a, lora_b: the
+    adapter's weights in the framework's Linear layout (Paddle A [in, r], B [r, out]; torch A
+    [r, in], B [out, r]). All of one dtype; the result [..., out] in it, the second GEMM
+    accumulating in fp32 before its one rounding."""
     down = be.linear(x, lora_a)
     out = be.linear_accumulate(be.rows(base), be.rows(down), lora_b, scaling)
     return be.reshape(out, be.shape(base))
@@ -59,10 +61,11 @@ def fused_applies(be, x, dropped, weight, bias, lora_a, lora_b) -> bool:
     """Whether LoraLinear computes this projection: LoRA's dropout gave x back (the identity), no
     bias, and x, the base weight (when it is a tensor: None for one held only in FP8) and the
     adapter's weights share one dtype that this backend's GEMMs run in (not 16-bit on Paddle's
-    CPU). Elsewhere lora_linear keeps the framework's promotions (AMP O1's fp32 parameters beside
-    16-bit activations)."""
+    CPU) with no autocast changing it. Elsewhere lora_linear keeps the framework's promotions: under
+    AMP O1 autocast runs the GEMMs of fp32 tensors in 16 bits, inside the op's forward as outside,
+    and its backward would meet 16-bit products beside the fp32 tensors it saved."""
     dtype = be.dtype(x)
-    return (dropped is x and bias is None and be.gemm_dtype(x) == dtype
+    return (dropped is x and bias is None and be.gemm_dtype(x) == dtype and not be.autocast_changes_gemm(x)
             and all(be.dtype(t) == dtype for t in (lora_a, lora_b) + (() if weight is None else (weight,))))
 
 
@@ -72,12 +75,12 @@ class LoraLinear(FusedOp):
     fp8_base (an Fp8Base): the base in FP8, weight None when fp8_base holds a FrozenFp8Weight.
 
     Forward: base GEMM, down = x @ A [tokens, r], then base += scaling * down @ B (one accumulating
-    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy (scaling
-    inside the GEMM on torch, as addmm's backward carries it in lora_linear; after it on Paddle,
-    whose matmul takes no alpha: [tokens, r] and [r, out], tiny), dA = x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or Fp8LinearOp's backward) with
-    d_down @ A^T accumulated into it in place, and the base weight's gradient where it is trained.
-    Saved: x, down, A, B and the base's own (the weight, or Fp8LinearOp's FP8 copies): what the
-    three separate GEMM nodes of lora_linear keep."""
+    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy, scaling
+    inside their GEMMs on both frameworks (one rounding; lora_linear's autograd rounds the product,
+    then the scaled product), dA = x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or
+    Fp8LinearOp's backward) with d_down @ A^T accumulated into it in place, and the base weight's
+    gradient where it is trained. Saved, each only where a gradient reads it: x, down, A, B and the
+    base's own (the weight, or Fp8LinearOp's FP8 copies), what lora_linear's three GEMM nodes keep."""
 
     inputs = ("x", "weight", "bias", "lora_a", "lora_b")
     options = ("scaling", "fp8_base")
@@ -86,22 +89,27 @@ class LoraLinear(FusedOp):
     def forward(be, saved, x, weight, bias, lora_a, lora_b, scaling, fp8_base=None):
         if bias is not None:
             raise ValueError("LoraLinear: a base with a bias takes lora_linear (fused_applies)")
+        need_x, need_w, _, need_a, need_b = saved.needs
         x_shape = be.shape(x)
         x2d = be.contiguous(be.rows(x))
         if fp8_base is None:
             base = be.linear(x2d, weight)
-            base_kept = (weight,)
+            base_kept = (weight if need_x else None,)
             saved.inner = None
         else:
             inner = Saved(saved.needs[:3])
             base = fp8_base.backend.rows(Fp8LinearOp.forward(
                 fp8_base.backend, inner, x2d, weight, None, fp8_base.states, fp8_base.weight_cache,
                 fp8_base.frozen_weight))
-            base_kept = inner.tensors
+            # handed to the framework's saving with this op's own; held nowhere else (recompute and
+            # offload see them)
+            base_kept, inner.tensors = inner.tensors, ()
             saved.inner = inner
         down = be.linear(x2d, lora_a)
         out = be.linear_accumulate(base, down, lora_b, scaling)
-        saved.save(x2d, down, lora_a, lora_b, *base_kept)
+        x_read = need_a or (need_w and fp8_base is None)
+        saved.save(x2d if x_read else None, down if need_b else None, lora_a if need_x else None,
+                   lora_b if need_x or need_a else None, *base_kept)
         saved.scaling, saved.fp8_base, saved.x_shape = scaling, fp8_base, x_shape
         return be.reshape(out, (*x_shape[:-1], be.shape(out)[-1]))
 

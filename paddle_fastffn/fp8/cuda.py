@@ -313,9 +313,16 @@ def gemm(a: paddle.Tensor, b: paddle.Tensor, out_dtype, a_scale_inv=None, b_scal
 _CudaFp8Linear = pylayer(Fp8LinearOp, CUDA)
 
 
-def check_cuda_linear_input(x: paddle.Tensor) -> None:
+def prepare_cuda_linear(x: paddle.Tensor, weight, frozen_weight, states) -> None:
+    """fp8_linear_cuda's checks of its operands, then its states moved to x's place: what every CUDA
+    FP8 linear (alone, or the base of core/lora.py's LoraLinear) does before its op."""
+    in_features, out_features = weight.shape if frozen_weight is None else frozen_weight.shape
+    if in_features % GEMM_ALIGNMENT or out_features % GEMM_ALIGNMENT:
+        raise ValueError(f"fp8_linear_cuda: weight [{in_features}, {out_features}] must be a multiple of "
+                         f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
     if x.dtype not in _OUT_DTYPES:
         raise ValueError(f"fp8_linear_cuda: x must be bfloat16, float16 or float32, got {x.dtype}")
+    states_on(states, x.place)
 
 
 def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle.Tensor | None = None, *,
@@ -325,10 +332,5 @@ def fp8_linear_cuda(x: paddle.Tensor, weight: paddle.Tensor | None, bias: paddle
     bias.dtype; fp32 accumulation. The same states and WeightCache semantics as fp8_linear (the
     emulated path): see the module docstring for the GEMMs and the scaling. frozen_weight: a
     FrozenFp8Weight in place of weight (None), for a frozen weight held only in FP8."""
-    in_features, out_features = weight.shape if frozen_weight is None else frozen_weight.shape
-    if in_features % GEMM_ALIGNMENT or out_features % GEMM_ALIGNMENT:
-        raise ValueError(f"fp8_linear_cuda: weight [{in_features}, {out_features}] must be a multiple of "
-                         f"{GEMM_ALIGNMENT} in both dimensions (cuBLASLt's FP8 alignment)")
-    check_cuda_linear_input(x)
-    states_on(states, x.place)
+    prepare_cuda_linear(x, weight, frozen_weight, states)
     return _CudaFp8Linear.apply(x, weight, bias, states, weight_cache, frozen_weight)

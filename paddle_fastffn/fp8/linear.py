@@ -29,7 +29,7 @@ from ..ops._backend import BACKEND
 from ..ops.lora_linear import lora_linear_fused
 from ..ops._fallback import raise_if_strict
 from ._autograd import pylayer
-from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, check_cuda_linear_input, fp8_linear_cuda, states_on
+from .cuda import CUDA, GEMM_ALIGNMENT, backend_for, fp8_linear_cuda, prepare_cuda_linear
 from .emulated import EMULATED
 from .formats import quantize_dequantize
 from .recipe import Fp8Recipe, LinearScalingStates
@@ -203,46 +203,45 @@ class Fp8Linear:
                 and self.layer_in_fp8 and self.aligned)
 
     def _base(self, x):
-        weight, bias = self.linear.weight, self.linear.bias
         tokens = math.prod(x.shape[:-1])
         if self.uses_fp8(tokens):
-            cuda = backend_for(self.backend, x) == "cuda"
-            frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
-            cache = self.weight_cache if self.recipe.caches_weight(not weight.stop_gradient) else None
-            if frozen is not None:
-                weight = None
-            if cuda:
-                return fp8_linear_cuda(x, weight, bias, states=self.states, weight_cache=cache, frozen_weight=frozen)
-            return fp8_linear(x, weight, bias, states=self.states, weight_cache=cache, frozen_weight=frozen)
+            cuda, weight, cache, frozen = self._fp8_operands(x)
+            linear = fp8_linear_cuda if cuda else fp8_linear
+            return linear(x, weight, self.linear.bias, states=self.states, weight_cache=cache, frozen_weight=frozen)
         if tokens == 0 and self._home is not None:  # a base held only in FP8 stays so: no token to multiply
             return paddle.zeros(list(x.shape[:-1]) + [self.out_features], x.dtype)
         self.restore_weight()  # a GEMM below recipe.min_gemm_size reads the 16-bit weight
+        weight, bias = self.linear.weight, self.linear.bias
         return _in_fp32_on_cpu(F.linear, x, weight.astype(x.dtype),
                                None if bias is None else bias.astype(x.dtype))
 
     def _fused_lora(self, x):
         """The LoRA projection as core/lora.py's LoraLinear (its caller checked fused_applies), with
-        the base _base would compute: in FP8 (the weight's cache or its FrozenFp8Weight) or 16-bit;
-        None where _base's base is none of these (no token with the base held only in FP8)."""
+        the base _base would compute: in FP8 or 16-bit; None where _base's base is neither (no token,
+        with the base held only in FP8)."""
         layer = self.linear
-        weight = layer.weight
         tokens = math.prod(x.shape[:-1])
         if self.uses_fp8(tokens):
-            cuda = backend_for(self.backend, x) == "cuda"
-            frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
-            cache = self.weight_cache if self.recipe.caches_weight(not weight.stop_gradient) else None
-            if cuda:
-                check_cuda_linear_input(x)
-                states_on(self.states, x.place)
+            cuda, weight, cache, frozen = self._fp8_operands(x)
+            if cuda:  # what fp8_linear_cuda and fp8_linear do before their op
+                prepare_cuda_linear(x, weight, frozen, self.states)
             else:
                 warn_emulated()
             fp8_base = Fp8Base(CUDA if cuda else EMULATED, self.states, cache, frozen)
-            return lora_linear_fused(x, None if frozen is not None else weight, layer.lora_A, layer.lora_B,
-                                     layer.scaling, fp8_base)
+            return lora_linear_fused(x, weight, layer.lora_A, layer.lora_B, layer.scaling, fp8_base)
         if tokens == 0 and self._home is not None:
             return None
         self.restore_weight()
-        return lora_linear_fused(x, weight, layer.lora_A, layer.lora_B, layer.scaling)
+        return lora_linear_fused(x, layer.weight, layer.lora_A, layer.lora_B, layer.scaling)
+
+    def _fp8_operands(self, x):
+        """What an FP8 base GEMM on x takes: (whether it runs on CUDA, the weight or None where a
+        FrozenFp8Weight holds it, the weight cache or None, that FrozenFp8Weight or None)."""
+        weight = self.linear.weight
+        cuda = backend_for(self.backend, x) == "cuda"
+        frozen = self.frozen_weight(x.place, cuda) if self.holds_frozen_weight() else None
+        cache = self.weight_cache if self.recipe.caches_weight(not weight.stop_gradient) else None
+        return cuda, None if frozen is not None else weight, cache, frozen
 
     def frozen_weight(self, place, cuda: bool) -> FrozenFp8Weight:
         """The base weight's FrozenFp8Weight, made on `place` from the 16-bit weight the first time

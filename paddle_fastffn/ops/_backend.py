@@ -20,6 +20,12 @@ def _on_gpu(t) -> bool:
 # Float dtypes by width, for the promotion LoRA's sum does (linear_accumulate).
 _FLOAT_RANK = {paddle.float16: 1, paddle.bfloat16: 1, paddle.float32: 2, paddle.float64: 3}
 
+def _scaled_product(a, b, alpha: float):
+    """alpha * a @ b, alpha inside the GEMM: addmm with beta 0 (which reads nothing of its input, NaN
+    included, as BLAS's beta 0) over a one-element zero."""
+    return paddle.addmm(paddle.zeros([1], dtype=a.dtype), a, b, beta=0.0, alpha=alpha)
+
+
 class PaddleBackend(IndexingBackend):
     # take_rows is IndexingBackend's indexing, not paddle.gather: Paddle's CPU gather has no float16
     # kernel.
@@ -176,6 +182,13 @@ class PaddleBackend(IndexingBackend):
         return paddle.float32
 
     @staticmethod
+    def autocast_changes_gemm(t):
+        tracer = paddle.base.framework._dygraph_tracer()
+        if tracer is None or tracer._amp_level == paddle.base.core.AmpLevel.O0:
+            return False
+        return str(t.dtype).removeprefix("paddle.") != tracer._amp_dtype
+
+    @staticmethod
     def linear(x, weight):
         return paddle.matmul(x, weight)
 
@@ -190,19 +203,27 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def linear_grad_input(dy, weight, alpha=1.0):
-        # Paddle's matmul takes no alpha: the product is scaled after it (exact for LoRA's default
-        # scaling 2 = alpha / r)
-        out = paddle.matmul(dy, weight, transpose_y=True)
-        return out if alpha == 1.0 else out.scale_(alpha)
+        if alpha == 1.0:
+            return paddle.matmul(dy, weight, transpose_y=True)
+        # Paddle's matmul takes no alpha, its addmm no transposition: the weight's transpose is a
+        # copy, which the callers' small weights (LoRA's B) make cheap
+        return _scaled_product(dy, weight.t(), alpha)
 
     @staticmethod
     def linear_grad_input_accumulate(out, dy, weight):
-        out.add_(paddle.matmul(dy, weight, transpose_y=True))
+        # addmm_ (beta 1) takes no transposition either: where the weight's transposed copy is smaller
+        # than out (LoRA's A), accumulate through it; else a product and an add (a large weight)
+        if weight.numel() < out.numel():
+            out.addmm_(dy, weight.t())
+        else:
+            out.add_(paddle.matmul(dy, weight, transpose_y=True))
 
     @staticmethod
     def linear_grad_weight(x, dy, alpha=1.0):
-        out = paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
-        return out if alpha == 1.0 else out.scale_(alpha)
+        x, dy = x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]])
+        if alpha == 1.0:
+            return paddle.matmul(x, dy, transpose_x=True)
+        return _scaled_product(x.t(), dy, alpha)  # x's transpose is a copy: callers pass small x (LoRA's x @ A)
 
     @staticmethod
     def linear_output_halves(weight):

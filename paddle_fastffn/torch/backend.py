@@ -159,6 +159,11 @@ class TorchBackend(IndexingBackend):
         return t.dtype
 
     @staticmethod
+    def autocast_changes_gemm(t):
+        device = t.device.type
+        return torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != t.dtype
+
+    @staticmethod
     def linear(x, weight):
         return x @ weight.t()
 
@@ -176,7 +181,8 @@ class TorchBackend(IndexingBackend):
     def linear_grad_input(dy, weight, alpha=1.0):
         if alpha == 1.0:
             return dy @ weight
-        # addmm with beta 0 reads nothing of its input (torch's contract): alpha inside the GEMM
+        # addmm with beta 0 reads nothing of its input (torch's contract, NaN included): alpha inside
+        # the GEMM, as Paddle's addmm gives it
         return torch.addmm(_gemm_zero(dy), dy, weight, beta=0, alpha=alpha)
 
     @staticmethod

@@ -178,8 +178,9 @@ class FastDecoderLayer(torch.nn.Module):
 
     def _linear(self, x, weight, fp8_name):
         """x @ weight^T (FP8 GEMMs with a recipe), plus the LoRA adapter of this projection where
-        there is one: core/lora.py's lora_linear (the adapter's second GEMM accumulating into the
-        base output), as the Paddle patch's LoRALinear forward computes it."""
+        there is one: core/lora.py's LoraLinear (base and adapter as one node, the adapter's second
+        GEMM accumulating into the base output), as the Paddle patch's LoRALinear forward computes
+        it for LoRA without dropout."""
         # [tokens, in] rows: each projection's output is then a tensor of its own, which the LoRA sum
         # writes into (core/lora.py)
         rows = TORCH.rows(x)

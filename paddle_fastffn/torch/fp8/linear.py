@@ -69,25 +69,21 @@ Fp8LinearFunction = function(Fp8LinearOp)
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T with FP8 GEMMs -> [..., N] in x's dtype; weight may be a
     FrozenFp8Weight (freeze_weight: a frozen weight held only in FP8)."""
-    width = x.shape[-1]
-    frozen = isinstance(weight, FrozenFp8Weight)
-    tokens = x.numel() // width if width else 0
-    check_linear_shapes(tokens, tuple(weight.shape), width)
+    base = lora_fp8_base(x, weight, state)
     # Rows in, rows out: the Function's output is then its GEMM's result itself, not a view made
     # inside it, so that the LoRA sum may accumulate into it in place (core/lora.py). Rows given are
     # taken as they are: a same-shape reshape would add a view and its backward node per call.
-    rows = x if x.dim() == 2 else x.reshape(tokens, width)
-    if frozen:
-        y = Fp8LinearFunction.apply(rows, None, None, state.states, state.cache, weight)
-    else:
-        cache = state.cache if state.recipe.caches_weight(weight.requires_grad) else None
-        y = Fp8LinearFunction.apply(rows, weight, None, state.states, cache, None)
+    width = x.shape[-1]
+    rows = x if x.dim() == 2 else x.reshape(x.numel() // width if width else 0, width)
+    tensor = None if base.frozen_weight is not None else weight
+    y = Fp8LinearFunction.apply(rows, tensor, None, base.states, base.weight_cache, base.frozen_weight)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def lora_fp8_base(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> Fp8Base:
-    """The FP8 base of a LoRA projection (core/lora.py LoraLinear's fp8_base): what fp8_linear passes
-    Fp8LinearOp, after the same shape checks."""
+    """What Fp8LinearOp takes for x @ weight^T beside x and the weight tensor, after the shape checks:
+    fp8_linear's options, and the FP8 base of a LoRA projection (core/lora.py LoraLinear's
+    fp8_base)."""
     width = x.shape[-1]
     check_linear_shapes(x.numel() // width if width else 0, tuple(weight.shape), width)
     if isinstance(weight, FrozenFp8Weight):
