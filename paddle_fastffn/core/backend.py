@@ -138,14 +138,15 @@ class Backend(Protocol):
         and hands base the output gradient as it is (core/lora.py: LoRA's adapter added to the
         frozen output)."""
     def linear_grad_input(self, dy: Tensor, weight: Tensor, alpha: float = 1.0) -> Tensor:
-        """alpha * dy @ W^T in the math sense: the gradient of `linear` with respect to x, alpha
-        applied inside the GEMM (one rounding of the product)."""
+        """alpha * dy @ W^T in the math sense: the gradient of `linear` with respect to x; alpha
+        inside the GEMM where the framework's GEMM takes one (torch), else a scale of the product
+        (Paddle)."""
     def linear_grad_input_accumulate(self, out: Tensor, dy: Tensor, weight: Tensor) -> None:
         """out += linear_grad_input(dy, weight), in place: one accumulating GEMM (beta 1) where the
-        framework has one for these operands, no [rows, in] temporary."""
+        framework has one (torch's addmm_), else a product and an add (Paddle)."""
     def linear_grad_weight(self, x: Tensor, dy: Tensor, alpha: float = 1.0) -> Tensor:
         """alpha times the gradient of `linear` with respect to weight, in the framework's weight
-        layout, alpha applied inside the GEMM; x and dy are taken as 2-D rows."""
+        layout (alpha as linear_grad_input applies it); x and dy are taken as 2-D rows."""
     def linear_output_halves(self, weight: Tensor) -> tuple[Tensor, Tensor]:
         """Views of a Linear weight's first and second halves of its outputs ([gate | up])."""
     def linear_grad_weight_of_halves(self, x: Tensor, dy_first: Tensor, dy_second: Tensor) -> Tensor:

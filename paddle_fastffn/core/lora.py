@@ -17,10 +17,11 @@ Two forms:
   LoraLinear (a fused op)  the base projection and the adapter as one autograd node, where LoRA's
       dropout is the identity (PaddleNLP's and PEFT's default, lora_dropout 0), every operand has one
       dtype and no autocast changes it. x has one consumer, so its gradient is one tensor: the
-      base's input-gradient GEMM, then the adapter's share added by an accumulating GEMM (addmm
-      into it) in place of autograd's sum of two [tokens, in] gradients, a separate add per adapted
-      projection (a LLaMA-2-7B LoRA step on an H100: 378 bf16 adds a step, 13.3 ms, before this
-      op; 157, 5.1 ms, with it, the rest being where several projections read one x).
+      base's input-gradient GEMM, then the adapter's share added into it in place (torch: one
+      accumulating GEMM, addmm_; Paddle, whose matmul does not accumulate: a product and an add)
+      where autograd summed two [tokens, in] gradients in a new buffer (the harness's LLaMA-2-7B
+      LoRA step on an H100: 378 bf16 adds a step, 13.3 ms, before this op; 157, 5.1 ms, with it,
+      the rest being where several projections read one x).
       The base is the 16-bit GEMM of the framework (`be.linear`) or, with fp8_base, the FP8 linear
       (core/fp8/linear.py's Fp8LinearOp, run inside this op on its own backend).
   lora_linear (a composition of framework ops)  everywhere else: with dropout the adapter's input
@@ -75,12 +76,12 @@ class LoraLinear(FusedOp):
     fp8_base (an Fp8Base): the base in FP8, weight None when fp8_base holds a FrozenFp8Weight.
 
     Forward: base GEMM, down = x @ A [tokens, r], then base += scaling * down @ B (one accumulating
-    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy, scaling
-    inside their GEMMs on both frameworks (one rounding; lora_linear's autograd rounds the product,
-    then the scaled product), dA = x^T @ d_down, dx = the base's input gradient (its 16-bit GEMM or
-    Fp8LinearOp's backward) with d_down @ A^T accumulated into it in place, and the base weight's
-    gradient where it is trained. Saved, each only where a gradient reads it: x, down, A, B and the
-    base's own (the weight, or Fp8LinearOp's FP8 copies), what lora_linear's three GEMM nodes keep."""
+    GEMM). Backward, from dy: d_down = scaling * dy @ B^T and dB = scaling * down^T @ dy (the
+    backend's alpha: inside the GEMM on torch, a scale of the product on Paddle), dA = x^T @ d_down,
+    dx = the base's input gradient (its 16-bit GEMM or Fp8LinearOp's backward) with d_down @ A^T
+    accumulated into it in place, and the base weight's gradient where it is trained. Saved: x,
+    down, A, B and the 16-bit weight each only where a gradient reads it, and Fp8LinearOp's own
+    saved tensors (its FP8 copies): what lora_linear's three GEMM nodes keep."""
 
     inputs = ("x", "weight", "bias", "lora_a", "lora_b")
     options = ("scaling", "fp8_base")

@@ -20,12 +20,6 @@ def _on_gpu(t) -> bool:
 # Float dtypes by width, for the promotion LoRA's sum does (linear_accumulate).
 _FLOAT_RANK = {paddle.float16: 1, paddle.bfloat16: 1, paddle.float32: 2, paddle.float64: 3}
 
-def _scaled_product(a, b, alpha: float):
-    """alpha * a @ b, alpha inside the GEMM: addmm with beta 0 (which reads nothing of its input, NaN
-    included, as BLAS's beta 0) over a one-element zero."""
-    return paddle.addmm(paddle.zeros([1], dtype=a.dtype), a, b, beta=0.0, alpha=alpha)
-
-
 class PaddleBackend(IndexingBackend):
     # take_rows is IndexingBackend's indexing, not paddle.gather: Paddle's CPU gather has no float16
     # kernel.
@@ -203,27 +197,22 @@ class PaddleBackend(IndexingBackend):
 
     @staticmethod
     def linear_grad_input(dy, weight, alpha=1.0):
-        if alpha == 1.0:
-            return paddle.matmul(dy, weight, transpose_y=True)
-        # Paddle's matmul takes no alpha, its addmm no transposition: the weight's transpose is a
-        # copy, which the callers' small weights (LoRA's B) make cheap
-        return _scaled_product(dy, weight.t(), alpha)
+        # Paddle's matmul takes no alpha (and its addmm rounds alpha to the tensors' dtype): the
+        # product is scaled after it, in the scale op's fp32 arithmetic (torch's GEMM applies alpha
+        # inside; the two round the scaled product once and twice)
+        out = paddle.matmul(dy, weight, transpose_y=True)
+        return out if alpha == 1.0 else out.scale_(alpha)
 
     @staticmethod
     def linear_grad_input_accumulate(out, dy, weight):
-        # addmm_ (beta 1) takes no transposition either: where the weight's transposed copy is smaller
-        # than out (LoRA's A), accumulate through it; else a product and an add (a large weight)
-        if weight.numel() < out.numel():
-            out.addmm_(dy, weight.t())
-        else:
-            out.add_(paddle.matmul(dy, weight, transpose_y=True))
+        # A product and an add: Paddle's matmul has no accumulating form, and its addmm_ copies its
+        # input into the output before a beta-1 GEMM (the same traffic, more launches)
+        out.add_(paddle.matmul(dy, weight, transpose_y=True))
 
     @staticmethod
     def linear_grad_weight(x, dy, alpha=1.0):
-        x, dy = x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]])
-        if alpha == 1.0:
-            return paddle.matmul(x, dy, transpose_x=True)
-        return _scaled_product(x.t(), dy, alpha)  # x's transpose is a copy: callers pass small x (LoRA's x @ A)
+        out = paddle.matmul(x.reshape([-1, x.shape[-1]]), dy.reshape([-1, dy.shape[-1]]), transpose_x=True)
+        return out if alpha == 1.0 else out.scale_(alpha)  # as linear_grad_input
 
     @staticmethod
     def linear_output_halves(weight):

@@ -182,7 +182,7 @@ class TorchBackend(IndexingBackend):
         if alpha == 1.0:
             return dy @ weight
         # addmm with beta 0 reads nothing of its input (torch's contract, NaN included): alpha inside
-        # the GEMM, as Paddle's addmm gives it
+        # the GEMM, one op (Paddle scales the product after its matmul)
         return torch.addmm(_gemm_zero(dy), dy, weight, beta=0, alpha=alpha)
 
     @staticmethod

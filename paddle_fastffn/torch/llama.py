@@ -191,8 +191,9 @@ class FastDecoderLayer(torch.nn.Module):
             lora_a, lora_b = self.lora_a[fp8_name], self.lora_b[fp8_name]
             base_weight = None if frozen is not None else weight
             if not core_lora.fused_applies(TORCH, rows, rows, base_weight, None, lora_a, lora_b):
-                raise ValueError(f"FastDecoderLayer: the {fp8_name} adapter's dtypes ({lora_a.dtype}, "
-                                 f"{lora_b.dtype}) must be the layer's ({rows.dtype})")
+                raise ValueError(f"FastDecoderLayer: the {fp8_name} projection's LoRA needs the adapter's dtypes "
+                                 f"({lora_a.dtype}, {lora_b.dtype}) to be the layer's ({rows.dtype}), and no "
+                                 f"autocast that changes it")
             fp8_base = None
             if self.fp8 is not None:
                 from paddle_fastffn.torch.fp8.linear import lora_fp8_base

@@ -121,7 +121,7 @@ def test_lora_linear_op_gives_the_gradients_asked_for_and_only_those(dtype, need
         assert_close(t.grad, ref[name].grad, dtype, f"d_{name}", reduced_rows=1 if name == "x" else rows)
 
 
-def test_autocast_that_changes_the_gemm_dtype_keeps_lora_linear(monkeypatch):
+def test_autocast_that_changes_the_gemm_dtype_keeps_lora_linear():
     """AMP O1 on a GPU: fp32 activations and weights, 16-bit GEMMs inside the op's forward as outside
     (Paddle's PyLayer keeps autocast on), which its backward would meet beside the fp32 tensors it
     saved; fused_applies says no, from the tracer's AMP level and dtype. O2 (16-bit tensors, the

@@ -237,3 +237,18 @@ def test_lora_linear_op_over_an_fp8_base_matches_the_fp8_linear_plus_lora_linear
             continue
         _assert_within(got.reshape(-1, got.shape[-1]).double(), want.reshape(-1, want.shape[-1]).double(),
                        1.25 * magnitudes[name], atol, rtol, name)
+
+
+def test_autocast_that_changes_the_gemm_dtype_keeps_lora_linear():
+    """torch's autocast (here the CPU's, bf16) runs the GEMMs of fp32 tensors in bf16, inside a
+    Function's forward too: fused_applies says no for fp32 tensors under it, yes for bf16 ones
+    (what AMP O2's 16-bit model hands it) and for fp32 ones outside it."""
+    from paddle_fastffn.core.lora import fused_applies
+
+    x, w, a, b = (torch.randn(shape) for shape in ((4, 8), (6, 8), (2, 8), (6, 2)))
+    assert fused_applies(BACKEND, x, x, w, None, a, b) and not BACKEND.autocast_changes_gemm(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert BACKEND.autocast_changes_gemm(x)
+        assert not fused_applies(BACKEND, x, x, w, None, a, b)
+        x16, w16, a16, b16 = (t.to(torch.bfloat16) for t in (x, w, a, b))
+        assert fused_applies(BACKEND, x16, x16, w16, None, a16, b16)
