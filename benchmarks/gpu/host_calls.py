@@ -137,6 +137,41 @@ def fp8_linear_calls(scaling: str = "delayed", weight: str = "frozen", linears: 
     return calls / linears, stats
 
 
+def lora_projection_calls(one_node: bool = True, projections: int = 32, width: int = 64, tokens: int = 64,
+                          rank: int = 8) -> tuple[float, pstats.Stats]:
+    """(Python calls per LoRA projection forward + backward, the stats): a chain of `projections`
+    LoRA projections over frozen FP8 bases (FrozenFp8Weight, delayed scaling: the FP8 LoRA step's
+    projections) and one backward through all of them, after two warm-up steps. one_node: the
+    LoraLinear op (core/lora.py, what the harness runs); else the FP8 linear followed by
+    lora_linear (its three GEMM nodes and autograd's sum of x's two gradients)."""
+    from paddle_fastffn.core.fp8.recipe import Fp8Recipe
+    from paddle_fastffn.core.lora import lora_linear
+    from paddle_fastffn.torch import ops
+    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, lora_fp8_base
+
+    with stand_in_kernels():
+        states = [Fp8LinearState(Fp8Recipe(scaling="delayed"), "cpu") for _ in range(projections)]
+        bases = [freeze_weight(torch.randn(width, width, dtype=torch.bfloat16), s) for s in states]
+        adapters = [(torch.randn(rank, width, dtype=torch.bfloat16, requires_grad=True),
+                     torch.randn(width, rank, dtype=torch.bfloat16, requires_grad=True)) for _ in range(projections)]
+
+        def step(x, dy):
+            y = x
+            for base, state, (a, b) in zip(bases, states, adapters):
+                if one_node:
+                    y = ops.LoraLinear.apply(y, None, None, a, b, 2.0, lora_fp8_base(y, base, state))
+                else:
+                    y = lora_linear(ops.BACKEND, y, fp8_linear(y, base, state), a, b, 2.0)
+            y.backward(dy)
+
+        inputs = [(torch.randn(tokens, width, dtype=torch.bfloat16, requires_grad=True),
+                   torch.randn(tokens, width, dtype=torch.bfloat16)) for _ in range(3)]
+        step(*inputs[0])
+        step(*inputs[1])
+        calls, stats = _count(lambda: step(*inputs[2]))
+    return calls / projections, stats
+
+
 def adamw_calls(params: int = 32, numel: int = 256) -> tuple[float, pstats.Stats]:
     """(Python calls per parameter of FusedMasterAdamW.step, the stats): bf16 parameters with fp32
     masters and moments, no clip, after one warm-up step."""
@@ -162,6 +197,11 @@ def main():
     print(f"FP8 linear forward + backward ({args.scaling} scaling, {args.weight} weight): "
           f"{per_linear:.1f} Python calls")
     stats.sort_stats("ncalls").print_stats(args.top)
+    for one_node in (True, False):
+        per_projection, stats = lora_projection_calls(one_node)
+        print(f"LoRA projection over a frozen FP8 base, forward + backward, "
+              f"{'LoraLinear' if one_node else 'FP8 linear + lora_linear'}: {per_projection:.1f} Python calls")
+        stats.sort_stats("ncalls").print_stats(args.top)
     per_param, stats = adamw_calls()
     print(f"FusedMasterAdamW.step: {per_param:.1f} Python calls per parameter")
     stats.sort_stats("ncalls").print_stats(args.top)
