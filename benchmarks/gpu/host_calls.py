@@ -105,6 +105,16 @@ def _count(run) -> tuple[int, pstats.Stats]:
     return stats.total_calls, stats
 
 
+def _count_after_warm_up(step, tokens: int, width: int) -> tuple[int, pstats.Stats]:
+    """_count of step(x, dy) on bf16 [tokens, width] inputs, after two warm-up steps (delayed
+    scaling's warm start) on inputs of their own."""
+    inputs = [(torch.randn(tokens, width, dtype=torch.bfloat16, requires_grad=True),
+               torch.randn(tokens, width, dtype=torch.bfloat16)) for _ in range(3)]
+    step(*inputs[0])
+    step(*inputs[1])
+    return _count(lambda: step(*inputs[2]))
+
+
 def fp8_linear_calls(scaling: str = "delayed", weight: str = "frozen", linears: int = 32, width: int = 64,
                      tokens: int = 64) -> tuple[float, pstats.Stats]:
     """(Python calls per FP8 linear forward + backward, the stats): a chain of `linears` FP8
@@ -129,11 +139,7 @@ def fp8_linear_calls(scaling: str = "delayed", weight: str = "frozen", linears: 
                 y = fp8_linear(y, w, s)
             y.backward(dy)
 
-        inputs = [(torch.randn(tokens, width, dtype=torch.bfloat16, requires_grad=True),
-                   torch.randn(tokens, width, dtype=torch.bfloat16)) for _ in range(3)]
-        step(*inputs[0])
-        step(*inputs[1])
-        calls, stats = _count(lambda: step(*inputs[2]))
+        calls, stats = _count_after_warm_up(step, tokens, width)
     return calls / linears, stats
 
 
@@ -147,7 +153,7 @@ def lora_projection_calls(one_node: bool = True, projections: int = 32, width: i
     from paddle_fastffn.core.fp8.recipe import Fp8Recipe
     from paddle_fastffn.core.lora import lora_linear
     from paddle_fastffn.torch import ops
-    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, lora_fp8_base
+    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, fp8_base_of
 
     with stand_in_kernels():
         states = [Fp8LinearState(Fp8Recipe(scaling="delayed"), "cpu") for _ in range(projections)]
@@ -159,16 +165,12 @@ def lora_projection_calls(one_node: bool = True, projections: int = 32, width: i
             y = x
             for base, state, (a, b) in zip(bases, states, adapters):
                 if one_node:
-                    y = ops.LoraLinear.apply(y, None, None, a, b, 2.0, lora_fp8_base(y, base, state))
+                    y = ops.LoraLinear.apply(y, None, None, a, b, 2.0, fp8_base_of(y, base, state))
                 else:
                     y = lora_linear(ops.BACKEND, y, fp8_linear(y, base, state), a, b, 2.0)
             y.backward(dy)
 
-        inputs = [(torch.randn(tokens, width, dtype=torch.bfloat16, requires_grad=True),
-                   torch.randn(tokens, width, dtype=torch.bfloat16)) for _ in range(3)]
-        step(*inputs[0])
-        step(*inputs[1])
-        calls, stats = _count(lambda: step(*inputs[2]))
+        calls, stats = _count_after_warm_up(step, tokens, width)
     return calls / projections, stats
 
 

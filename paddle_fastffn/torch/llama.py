@@ -196,8 +196,8 @@ class FastDecoderLayer(torch.nn.Module):
                                  f"autocast that changes it")
             fp8_base = None
             if self.fp8 is not None:
-                from paddle_fastffn.torch.fp8.linear import lora_fp8_base
-                fp8_base = lora_fp8_base(rows, frozen if frozen is not None else weight, self.fp8[fp8_name])
+                from paddle_fastffn.torch.fp8.linear import fp8_base_of
+                fp8_base = fp8_base_of(rows, frozen if frozen is not None else weight, self.fp8[fp8_name])
             base = ops.LoraLinear.apply(rows, base_weight, None, lora_a, lora_b, self.lora.scaling, fp8_base)
         elif self.fp8 is None:
             base = rows @ weight.t()

@@ -199,7 +199,7 @@ def test_lora_linear_op_over_an_fp8_base_matches_the_fp8_linear_plus_lora_linear
     activations on a 3-D x: the same FP8 quantisations, so equal up to the order of fp32
     roundings. The nested op's saved tensors live only in the framework's saving."""
     from paddle_fastffn.core.fp8.recipe import Fp8Recipe
-    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, lora_fp8_base
+    from paddle_fastffn.torch.fp8.linear import Fp8LinearState, fp8_linear, freeze_weight, fp8_base_of
 
     shape, width, out = (2, 16), 64, 48
     gen = torch.Generator().manual_seed(11)
@@ -216,7 +216,7 @@ def test_lora_linear_op_over_an_fp8_base_matches_the_fp8_linear_plus_lora_linear
         held = freeze_weight(weight, state) if frozen else weight
         if in_op:
             base_weight = None if frozen else weight
-            y = ops.LoraLinear.apply(x, base_weight, None, a, b, SCALING, lora_fp8_base(x, held, state))
+            y = ops.LoraLinear.apply(x, base_weight, None, a, b, SCALING, fp8_base_of(x, held, state))
             assert y.grad_fn._forward_cls.__name__ == "LoraLinear"
             assert y.grad_fn.fused_saved.inner.tensors == ()
         else:

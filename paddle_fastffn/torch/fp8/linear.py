@@ -69,7 +69,7 @@ Fp8LinearFunction = function(Fp8LinearOp)
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T with FP8 GEMMs -> [..., N] in x's dtype; weight may be a
     FrozenFp8Weight (freeze_weight: a frozen weight held only in FP8)."""
-    base = lora_fp8_base(x, weight, state)
+    base = fp8_base_of(x, weight, state)
     # Rows in, rows out: the Function's output is then its GEMM's result itself, not a view made
     # inside it, so that the LoRA sum may accumulate into it in place (core/lora.py). Rows given are
     # taken as they are: a same-shape reshape would add a view and its backward node per call.
@@ -80,7 +80,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: F
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def lora_fp8_base(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> Fp8Base:
+def fp8_base_of(x: torch.Tensor, weight: torch.Tensor | FrozenFp8Weight, state: Fp8LinearState) -> Fp8Base:
     """What Fp8LinearOp takes for x @ weight^T beside x and the weight tensor, after the shape checks:
     fp8_linear's options, and the FP8 base of a LoRA projection (core/lora.py LoraLinear's
     fp8_base)."""
