@@ -272,11 +272,15 @@ def step_contenders(config, base, ids, labels, liger):
 
     # ours_fp8_delayed_fp8_head: the LM head's GEMMs in FP8 too (Fp8Recipe.lm_head "fp8"); its _cached twin holds
     # both FP8 copies of each trained weight (weight_copies "cached": one cast pass a weight version where per use
-    # casts the forward's copy in forward and the dgrad's in backward).
+    # casts the forward's copy in forward and the dgrad's in backward); the _tuned twins run with the GEMM
+    # provider's tuning on (GEMM_TUNING below).
+    cached = lambda: ours("delayed", lm_head="fp8", weight_copies="cached")  # noqa: E731
     contenders = {"ours": ours, "ours_fp8_current": lambda: ours("current"),
                   "ours_fp8_delayed": lambda: ours("delayed"),
+                  "ours_fp8_delayed_tuned": lambda: ours("delayed"),
                   "ours_fp8_delayed_fp8_head": lambda: ours("delayed", lm_head="fp8"),
-                  "ours_fp8_delayed_fp8_head_cached": lambda: ours("delayed", lm_head="fp8", weight_copies="cached"),
+                  "ours_fp8_delayed_fp8_head_cached": cached,
+                  "ours_fp8_delayed_fp8_head_cached_tuned": cached,
                   "hf_eager": hf_eager}
     if liger:
         contenders["hf_liger"] = hf_liger
@@ -285,8 +289,36 @@ def step_contenders(config, base, ids, labels, liger):
     return contenders
 
 
+# Contenders run with the GEMM provider's tuning on (fastffn_gemm_set_tuning): candidates timed per new
+# problem. Everyone else runs the heuristic's first choice (tuning 0, the default).
+GEMM_TUNING = {"ours_fp8_delayed_tuned": 8, "ours_fp8_delayed_fp8_head_cached_tuned": 8}
+
+
+@contextlib.contextmanager
+def gemm_tuning(candidates, row):
+    """The GEMM provider's tuning for one contender's round, reset after; the problems it tuned in
+    this round (the first: later rounds reuse the process's cached choices) go into row."""
+    from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
+
+    kernels = fp8_c_api.kernels()
+    before = len(kernels.gemm_tuning_records())
+    kernels.gemm_tuning = candidates
+    try:
+        yield
+    finally:
+        kernels.gemm_tuning = 0
+        tuned = kernels.gemm_tuning_records()[before:]
+        if tuned:
+            row["gemm_tuning"] = tuned
+
+
+def tuning_for(contender, row):
+    """The GEMM tuning a contender's round runs under (GEMM_TUNING), or nothing."""
+    return gemm_tuning(GEMM_TUNING[contender], row) if contender in GEMM_TUNING else contextlib.nullcontext()
+
+
 def step_section(configs, liger, skip_compile_after_s=None, started=None, report=None, save=lambda: None,
-                 rounds=3):
+                 rounds=3, only=None):
     """report (a dict) receives each configuration's results as they come; save() after each
     contender's round, so a run cut short keeps what it measured."""
     from paddle_fastffn.torch.llama import shift_labels
@@ -303,6 +335,11 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
         tokens = shape["batch"] * shape["seq"]
         flops = step_flops(**shape)
         contenders = step_contenders(config, base, ids, labels, liger)
+        if only:
+            unknown = set(only) - set(contenders)
+            if unknown:
+                raise SystemExit(f"--contenders: unknown {sorted(unknown)}; known: {sorted(contenders)}")
+            contenders = {name: build for name, build in contenders.items() if name in only}
 
         def measured(contender, build):
             def run():
@@ -311,10 +348,12 @@ def step_section(configs, liger, skip_compile_after_s=None, started=None, report
                     raise TimeoutError(f"skipped (time budget): {time.time() - started:.0f} s into the run")
                 patch = (liger_patched(fused_linear_cross_entropy=True) if contender.startswith("hf_liger")
                          else contextlib.nullcontext())
+                tuning = {}
                 try:
-                    with patch:
+                    with patch, tuning_for(contender, tuning):
                         model, forward, make_optimizer = build()
                         row = measure_training(forward, model, make_optimizer)
+                    row.update(tuning)
                 finally:
                     if contender == "hf_torch_compile":
                         torch._dynamo.reset()  # frees the compiled graphs and the model they hold
@@ -360,6 +399,8 @@ def main():
     parser.add_argument("--sections", default="loss,step")
     parser.add_argument("--configs", nargs="+", default=list(STEP_CONFIGS))
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the step (at least 3)")
+    parser.add_argument("--contenders", nargs="+", default=None,
+                        help="the step section's contenders to run (default: all)")
     parser.add_argument("--skip-compile-after-s", type=float, default=None,
                         help="skip torch.compile contenders once the run is this old (device-time budget)")
     args = parser.parse_args()
@@ -383,7 +424,8 @@ def main():
         save()
     if "step" in sections:
         report["step"] = {}
-        step_section(args.configs, liger, args.skip_compile_after_s, started, report["step"], save, args.rounds)
+        step_section(args.configs, liger, args.skip_compile_after_s, started, report["step"], save, args.rounds,
+                     args.contenders)
         save()
     print(f"wrote {args.out} in {time.time() - started:.0f}s")
 

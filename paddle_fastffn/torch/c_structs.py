@@ -69,6 +69,15 @@ def _headers() -> list[str]:
     return [path.read_text() for path in sorted(folder.glob("*.h"))]
 
 
+def header_constant(name: str) -> int:
+    """The integer a header #defines as `name` (read, not copied, so the two cannot drift)."""
+    for text in _headers():
+        match = re.search(rf"^#define {re.escape(name)} (\d+)\s*$", text, re.M)
+        if match:
+            return int(match.group(1))
+    raise KeyError(f"no `#define {name} <integer>` in the C API headers")
+
+
 # C type name -> its mirror; enums are passed as ctypes.c_int.
 MIRRORS = parse_headers(_headers())
 globals().update({_camel(name): mirror for name, mirror in MIRRORS.items() if mirror is not ctypes.c_int})

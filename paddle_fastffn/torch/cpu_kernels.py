@@ -191,6 +191,18 @@ class CpuFp8Kernels:
     def dequantize(self, q, scale_inv, dtype=torch.float32):
         return _float32(q, scale_inv).to(dtype)
 
+    # GEMM tuning chooses among cuBLASLt's algorithms; the CPU GEMM has one. Off (0) is accepted.
+    gemm_tuning = property(lambda self: 0)
+
+    @gemm_tuning.setter
+    def gemm_tuning(self, candidates):
+        if int(candidates) > 1:
+            raise NotImplementedError("GEMM tuning times cuBLASLt's candidate algorithms: the CUDA GEMM "
+                                      "provider's alone (fastffn_gemm_set_tuning)")
+
+    def gemm_tuning_records(self):
+        return []
+
     def gemm(self, a, b, out_dtype=torch.bfloat16, a_scale_inv=None, b_scale_inv=None, transpose_a=False,
              transpose_b=False, alpha=1.0, fast_accum=False, out=None, accumulate=False):
         """D[M, N] = alpha * A @ B^T (+ out when accumulate), fp32 accumulation."""

@@ -542,6 +542,92 @@ def test_fp8_linear_backward_uses_the_transposed_copies(k, shape):
                       extra_atol=2.0**-24 * dw0.double().abs())
 
 
+@contextlib.contextmanager
+def gemm_tuning(k, candidates):
+    """The process-wide GEMM tuning set for the block, restored after."""
+    saved = k.gemm_tuning
+    k.gemm_tuning = candidates
+    try:
+        yield
+    finally:
+        k.gemm_tuning = saved
+
+
+def new_records(k, before):
+    return k.gemm_tuning_records()[before:]
+
+
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
+def test_tuned_fp8_gemm_times_candidates_and_meets_the_tolerance(k, fast_accum):
+    """With tuning on, a new problem's candidates are timed and the winner's result meets the
+    same bound as the heuristic's first choice; its record says what ran."""
+    m, n, kk = 1040, 2064, 4096  # a shape no other test uses: a new problem for the cache
+    xq, wq = quantized_pair(k, m, n, kk)
+    before = len(k.gemm_tuning_records())
+    with gemm_tuning(k, 8):
+        got = k.gemm_q(xq, wq, torch.bfloat16, fast_accum=fast_accum)
+        again = k.gemm_q(xq, wq, torch.bfloat16, fast_accum=fast_accum)
+    records = new_records(k, before)
+    assert len(records) == 1, "one record per new problem; the second call reuses the cached winner"
+    record = records[0]
+    print(record)
+    assert (record["m"], record["n"], record["k"]) == (m, n, kk)
+    assert record["dtypes"] == ["float8_e4m3fn", "float8_e4m3fn", "bfloat16"]
+    assert record["fast_accum"] is fast_accum and not record["accumulate"]
+    assert record["candidates_asked"] == 8 and record["candidates_timed"] >= 1
+    assert 0 <= record["chosen_rank"] < record["candidates_asked"]
+    assert 0 < record["chosen_ms"] <= record["first_choice_ms"]
+    assert torch.equal(got, again)
+    a64, b64 = dequantized64(xq), dequantized64(wq)
+    kind = "fp8_fast" if fast_accum else "fp8"
+    assert_gemm_close(got, a64 @ b64.t(), a64.abs() @ b64.abs().t(), kk, kind, "tuned fp8 fwd")
+
+
+def test_tuned_accumulating_gemm_adds_once(k):
+    """The timed runs of an accumulating GEMM write a scratch D: D receives the product once."""
+    t, n_out, n_in = 4096, 1008, 2064
+    dy = torch.randn(t, n_out, device="cuda").to(torch.bfloat16)
+    x = torch.randn(t, n_in, device="cuda").to(torch.bfloat16)
+    dyq, xq = k.quantize(dy, E5M2, delayed_scale(dy, E5M2)), k.quantize(x, E4M3, delayed_scale(x, E4M3))
+    d0 = torch.randn(n_out, n_in, device="cuda")
+    d = d0.clone()
+    before = len(k.gemm_tuning_records())
+    with gemm_tuning(k, 8):
+        k.gemm_q(dyq, xq, a_t=True, b_t=True, out=d, accumulate=True)
+    [record] = new_records(k, before)
+    assert record["accumulate"] and record["candidates_timed"] >= 1
+    dy64, x64 = dequantized64(dyq), dequantized64(xq)
+    ref = d0.double() + dy64.t() @ x64
+    assert_gemm_close(d, ref, dy64.abs().t() @ x64.abs(), t, "fp8", "tuned wgrad accumulate",
+                      extra_atol=2.0**-24 * d0.double().abs())
+
+
+def test_tuning_is_part_of_the_cached_problem(k):
+    """A problem first run untuned is tuned when tuning is switched on (the cache key holds the
+    setting), and switching it off again runs the heuristic's choice without a new record."""
+    x = torch.randn(208, 768, device="cuda").to(torch.bfloat16)
+    w = torch.randn(400, 768, device="cuda").to(torch.bfloat16)
+    with gemm_tuning(k, 0):
+        untuned = k.gemm(x, w)
+    before = len(k.gemm_tuning_records())
+    with gemm_tuning(k, 4):
+        tuned = k.gemm(x, w)
+    assert len(new_records(k, before)) == 1
+    with gemm_tuning(k, 0):
+        assert torch.equal(k.gemm(x, w), untuned)
+    assert len(new_records(k, before)) == 1
+    ref = x.double() @ w.double().t()
+    assert_gemm_close(tuned, ref, x.double().abs() @ w.double().abs().t(), 768, "16bit", "tuned bf16")
+
+
+@pytest.mark.parametrize("candidates", [-1, 33])
+def test_gemm_tuning_rejects_out_of_range_candidates(k, candidates):
+    saved = k.gemm_tuning
+    with pytest.raises(fp8.Fp8Error, match="candidates must be 0 or 1 .* or 2..32, got"):
+        k.gemm_tuning = candidates
+    assert k.gemm_tuning == saved
+
+
 @pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
 def test_fp8_gemm_matches_torch_scaled_mm(k, fast_accum):
     if not hasattr(torch, "_scaled_mm"):

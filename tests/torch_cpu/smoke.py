@@ -24,6 +24,9 @@ NOT_ON_CPU = {
            ("full_depth", "hf_liger_bf16_adamw"), ("full_depth", "hf_liger_adamw8bit"),
            ("packed_sft", "hf_liger_padding_free"), ("packed_sft", "hf_liger_padded"),
            ("kernels", "liger"), ("kernels", "liger_packed"), ("rope_sweep", "liger"), ("rms_sweep", "liger"))},
+    **{("step", contender): (r"GEMM tuning times cuBLASLt's candidate algorithms",
+                             "GEMM tuning chooses among cuBLASLt's algorithms, which the CPU GEMM does not have")
+       for contender in ("ours_fp8_delayed_tuned", "ours_fp8_delayed_fp8_head_cached_tuned")},
     ("fp8", "torchao_rowwise"): (r"_scaled_mm only supports per-tensor scaling for CPU",
                                  "torchao's rowwise recipe needs the GPU's row-wise scaled_mm"),
     ("optimizer", "paddle"): (r"NVIDIA driver|nvcc|CUDA", "the stock-Paddle AdamW port is a CUDA source (paddle_adamw.cu)"),

@@ -27,8 +27,9 @@ def hf_base():
     return config, bench_step.new_hf_model(config, "cpu")
 
 
-def model_steps(section, contenders, failures, liger_contenders=()):
-    """One training step (bench_step.training_step) of each build() -> (model, forward, make_optimizer)."""
+def model_steps(section, contenders, failures, liger_contenders=(), step_context=lambda name: contextlib.nullcontext()):
+    """One training step (bench_step.training_step) of each build() -> (model, forward, make_optimizer),
+    under step_context(name) as its section runs it."""
     for name, build in contenders.items():
         patch = liger_patched(fused_linear_cross_entropy=True) if name in liger_contenders else contextlib.nullcontext()
         with patch:
@@ -38,8 +39,9 @@ def model_steps(section, contenders, failures, liger_contenders=()):
                 failures.append(f"{section}/{name}: construction failed: {type(error).__name__}: {error}")
                 continue
 
-            def step(model=model, forward=forward, make_optimizer=make_optimizer):
-                loss = bench_step.training_step(forward, model, make_optimizer(model.parameters()))()
+            def step(model=model, forward=forward, make_optimizer=make_optimizer, name=name):
+                with step_context(name):
+                    loss = bench_step.training_step(forward, model, make_optimizer(model.parameters()))()
                 finite_loss(section, name, loss)
             run_step(section, name, step, failures)
         torch._dynamo.reset()
@@ -66,7 +68,8 @@ def test_step_section():
 
     contenders = bench_step.step_contenders(config, base, ids, shift_labels(ids), liger=True)
     names += list(contenders)
-    model_steps("step", contenders, failures, liger_contenders=("hf_liger", "hf_liger_amp"))
+    model_steps("step", contenders, failures, liger_contenders=("hf_liger", "hf_liger_amp"),
+                step_context=lambda name: bench_step.tuning_for(name, {}))
     check("step", names, failures)
 
 

@@ -17,7 +17,9 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,13 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // Dynamic shapes (variable sequence lengths) keep adding keys; past this the cache starts over.
 constexpr size_t kMaxCachedAlgos = 4096;
+// Tuning (fastffn_gemm_set_tuning): rounds over the candidates after each one's warm-up run, the
+// median of a candidate's rounds deciding; problems tuned per process before new ones take the
+// heuristic's choice untimed (variable sequence lengths would otherwise time every new shape);
+// most candidates asked of the heuristic.
+constexpr int kTuningRounds = 5;
+constexpr size_t kMaxTunedProblems = 512;
+constexpr int kMaxTuningCandidates = 32;
 
 // Records the message as fastffn_last_error (validate.h's fastffn::fail) under the provider's name.
 fastffn_status fail(fastffn_status status, const char* format, ...)
@@ -365,8 +374,9 @@ fastffn_status describe(const fastffn_tensor& a, const fastffn_tensor& b, const 
   return FASTFFN_STATUS_OK;
 }
 
-// What the chosen algorithm depends on: device, shape, strides, dtypes, layout, flags, alignment.
-using AlgoKey = std::array<int64_t, 14>;
+// What the chosen algorithm depends on: device, shape, strides, dtypes, layout, flags, alignment,
+// and how many candidates tuning timed (0: the heuristic's first choice).
+using AlgoKey = std::array<int64_t, 15>;
 
 struct AlgoKeyHash {
   size_t operator()(const AlgoKey& key) const {
@@ -377,18 +387,131 @@ struct AlgoKeyHash {
 };
 
 AlgoKey algo_key(int device, const fastffn_tensor& a, const fastffn_tensor& b,
-                 const fastffn_tensor& d, const fastffn_gemm_config& config, const Problem& p) {
+                 const fastffn_tensor& d, const fastffn_gemm_config& config, const Problem& p,
+                 int tuning) {
   const int64_t flags = (config.transpose_a != 0) | (config.transpose_b != 0) << 1 |
                         (config.accumulate != 0) << 2 |
                         (is_fp8(a.dtype) && config.fast_accum != 0) << 3 |
                         (a.scale_inv != nullptr) << 4 | (b.scale_inv != nullptr) << 5;
   return {device, p.m, p.n, p.k, a.row_stride, b.row_stride, d.row_stride, a.dtype, b.dtype,
-          d.dtype, flags, alignment(a.data), alignment(b.data), alignment(d.data)};
+          d.dtype, flags, alignment(a.data), alignment(b.data), alignment(d.data), tuning};
 }
 
-// cuBLASLt's top heuristic choice for `desc`, cached per key (a small map behind a mutex; the
-// heuristic query itself runs unlocked, so two threads may both ask for a new key once).
-fastffn_status find_algorithm(const AlgoKey& key, cublasLtHandle_t handle, Descriptors* desc,
+// --- tuning: the heuristic's candidates timed on the real operands ------------------------------
+
+// Candidates timed per new problem: 0 takes the heuristic's first choice untimed. Read from
+// FASTFFN_GEMM_TUNING at the first GEMM of the process; fastffn_gemm_set_tuning overrides it.
+std::atomic<int>& tuning_setting() {
+  static std::atomic<int> candidates{[] {
+    const char* env = std::getenv("FASTFFN_GEMM_TUNING");
+    const int value = env != nullptr ? std::atoi(env) : 0;
+    return value > 1 ? std::min(value, kMaxTuningCandidates) : 0;
+  }()};
+  return candidates;
+}
+
+struct TuningRecord {
+  AlgoKey key;
+  int timed = 0;        // candidates that ran (a candidate cuBLASLt refuses at launch is skipped)
+  int chosen = 0;       // the winner's rank in the heuristic's order (0: its first choice)
+  float first_ms = 0;   // median time of the heuristic's first choice
+  float chosen_ms = 0;  // median time of the winner
+};
+
+std::mutex& tuning_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::vector<TuningRecord>& tuning_records() {
+  static std::vector<TuningRecord> records;
+  return records;
+}
+
+// What one tuning run of a problem needs: the call's operands and stream, and where its timed
+// runs write (D itself when beta is 0, since the real call overwrites it; otherwise a scratch D
+// that the runs write while reading D as C, so D keeps its value for the real accumulation).
+struct TuningCall {
+  const fastffn_tensor& a;
+  const fastffn_tensor& b;
+  const fastffn_tensor& d;
+  float alpha, beta;
+  cublasLtHandle_t handle;
+  void* workspace;
+  cudaStream_t stream;
+};
+
+// Times `candidates` (heuristic order) round-robin on the call's stream; *chosen gets the index of
+// the fastest by its median, with the record. Any CUDA failure here leaves *chosen at 0 (the
+// heuristic's first choice, what an untuned call runs) and clears the error: tuning never fails
+// a GEMM that would run untuned.
+void time_candidates(const TuningCall& call, Descriptors* desc,
+                     const std::vector<cublasLtMatmulHeuristicResult_t>& candidates, TuningRecord* record,
+                     int* chosen) {
+  const CublasLt& lt = desc->lt;
+  *chosen = 0;
+  const int count = static_cast<int>(candidates.size());
+  void* out = call.d.data;
+  bool scratch = false;
+  if (call.beta != 0.f) {
+    const size_t bytes = static_cast<size_t>(call.d.rows) * call.d.row_stride *
+                         element_bytes(call.d.dtype);
+    if (cudaMallocAsync(&out, bytes, call.stream) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    scratch = true;
+  }
+  std::vector<cudaEvent_t> events(static_cast<size_t>(count) * kTuningRounds * 2, nullptr);
+  bool ok = true;
+  for (cudaEvent_t& event : events) ok = ok && cudaEventCreate(&event) == cudaSuccess;
+  std::vector<bool> runs(count, ok);
+  auto launch = [&](int i) {
+    return lt.matmul(call.handle, desc->op, &call.alpha, call.b.data, desc->first, call.a.data,
+                     desc->second, &call.beta, call.d.data, desc->out, out, desc->out,
+                     &candidates[i].algo, call.workspace, kWorkspaceBytes, call.stream) ==
+           CUBLAS_STATUS_SUCCESS;
+  };
+  for (int i = 0; i < count && ok; ++i) runs[i] = launch(i);  // warm-up; refusals drop out
+  for (int round = 0; round < kTuningRounds && ok; ++round) {
+    for (int i = 0; i < count; ++i) {
+      if (!runs[i]) continue;
+      cudaEvent_t* pair = &events[(static_cast<size_t>(round) * count + i) * 2];
+      cudaEventRecord(pair[0], call.stream);
+      runs[i] = launch(i);
+      cudaEventRecord(pair[1], call.stream);
+    }
+  }
+  std::vector<float> medians(count, -1.f);
+  if (ok && cudaStreamSynchronize(call.stream) == cudaSuccess) {
+    for (int i = 0; i < count; ++i) {
+      if (!runs[i]) continue;
+      std::vector<float> times(kTuningRounds);
+      for (int round = 0; round < kTuningRounds; ++round) {
+        cudaEvent_t* pair = &events[(static_cast<size_t>(round) * count + i) * 2];
+        if (cudaEventElapsedTime(&times[round], pair[0], pair[1]) != cudaSuccess) runs[i] = false;
+      }
+      if (!runs[i]) continue;
+      std::nth_element(times.begin(), times.begin() + kTuningRounds / 2, times.end());
+      medians[i] = times[kTuningRounds / 2];
+      record->timed += 1;
+    }
+  }
+  for (cudaEvent_t event : events)
+    if (event != nullptr) cudaEventDestroy(event);
+  if (scratch) cudaFreeAsync(out, call.stream);
+  cudaGetLastError();
+  if (medians[0] < 0.f) return;  // the first choice did not run: keep it, as untuned calls do
+  for (int i = 1; i < count; ++i)
+    if (medians[i] >= 0.f && medians[i] < medians[*chosen]) *chosen = i;
+  record->first_ms = medians[0];
+  record->chosen = *chosen;
+  record->chosen_ms = medians[*chosen];
+}
+
+// The algorithm for `desc`, cached per key (a small map behind a mutex; the heuristic query and any
+// tuning run unlocked, so two threads may both resolve a new key once): the heuristic's first
+// choice, or with tuning (key[14] candidates) the fastest of its candidates timed on this call.
+fastffn_status find_algorithm(const AlgoKey& key, const TuningCall& call, Descriptors* desc,
                               cublasLtMatmulAlgo_t* algo) {
   static std::mutex mutex;
   static std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache;
@@ -414,21 +537,50 @@ fastffn_status find_algorithm(const AlgoKey& key, cublasLtHandle_t handle, Descr
   FASTFFN_TRY(prefer(lt, desc->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second));
   FASTFFN_TRY(prefer(lt, desc->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d));
   FASTFFN_TRY(prefer(lt, desc->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d));
-  cublasLtMatmulHeuristicResult_t result{};
+  const int wanted = key[14] > 1 ? static_cast<int>(key[14]) : 1;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
   int returned = 0;
-  FASTFFN_CUBLASLT(lt.heuristic(handle, desc->op, desc->first, desc->second, desc->out, desc->out,
-                                desc->pref, 1, &result, &returned));
-  if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+  FASTFFN_CUBLASLT(lt.heuristic(call.handle, desc->op, desc->first, desc->second, desc->out,
+                                desc->out, desc->pref, wanted, results.data(), &returned));
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+  for (int i = 0; i < returned; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates.push_back(results[i]);
+  if (candidates.empty())
     return fail(FASTFFN_STATUS_LIBRARY_ERROR,
                 "cuBLASLt found no algorithm for M %lld N %lld K %lld (dtypes a %lld b %lld "
                 "d %lld, layout flags %lld, alignments a %lld b %lld d %lld bytes)",
                 (long long)key[1], (long long)key[2], (long long)key[3], (long long)key[7],
                 (long long)key[8], (long long)key[9], (long long)key[10], (long long)key[11],
                 (long long)key[12], (long long)key[13]);
-  *algo = result.algo;
+  int chosen = 0;
+  if (wanted > 1) {
+    bool room = false;
+    {
+      std::lock_guard<std::mutex> lock(tuning_mutex());
+      room = tuning_records().size() < kMaxTunedProblems;
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    // Timing needs a host wait on the stream, which a stream being captured into a graph forbids.
+    const bool capturing = cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
+                           capture != cudaStreamCaptureStatusNone;
+    cudaGetLastError();
+    if (room && !capturing) {
+      TuningRecord record;
+      record.key = key;
+      if (candidates.size() > 1) {
+        time_candidates(call, desc, candidates, &record, &chosen);
+      }
+      std::lock_guard<std::mutex> lock(tuning_mutex());
+      tuning_records().push_back(record);
+    } else if (capturing) {
+      *algo = candidates[0].algo;  // not cached: a later uncaptured call tunes the problem
+      return FASTFFN_STATUS_OK;
+    }
+  }
+  *algo = candidates[chosen].algo;
   std::lock_guard<std::mutex> lock(mutex);
   if (cache.size() >= kMaxCachedAlgos) cache.clear();
-  cache.emplace(key, result.algo);
+  cache.emplace(key, *algo);
   return FASTFFN_STATUS_OK;
 }
 
@@ -477,12 +629,41 @@ extern "C" fastffn_status fastffn_gemm_cuda(fastffn_tensor a, fastffn_tensor b, 
   const CublasLt& lt = cublaslt();
   Descriptors desc(lt);
   FASTFFN_TRY(describe(a, b, d, config, p, &desc));
-  cublasLtMatmulAlgo_t algo;
-  FASTFFN_TRY(find_algorithm(algo_key(context.device, a, b, d, config, p), context.handle, &desc,
-                             &algo));
   const float alpha = config.alpha, beta = config.accumulate ? 1.f : 0.f;
+  const TuningCall call{a, b, d, alpha, beta, context.handle, context.workspace, s};
+  cublasLtMatmulAlgo_t algo;
+  FASTFFN_TRY(find_algorithm(
+      algo_key(context.device, a, b, d, config, p, tuning_setting().load()), call, &desc, &algo));
   FASTFFN_CUBLASLT(lt.matmul(context.handle, desc.op, &alpha, b.data, desc.first, a.data,
                              desc.second, &beta, d.data, desc.out, d.data, desc.out, &algo,
                              context.workspace, kWorkspaceBytes, s));
   return FASTFFN_STATUS_OK;
+}
+
+extern "C" fastffn_status fastffn_gemm_set_tuning(int candidates) {
+  fastffn::ok();
+  if (candidates < 0 || candidates > kMaxTuningCandidates)
+    return fail(FASTFFN_STATUS_INVALID_ARGUMENT,
+                "candidates must be 0 or 1 (the heuristic's first choice, untimed) or 2..%d, got %d",
+                kMaxTuningCandidates, candidates);
+  tuning_setting().store(candidates > 1 ? candidates : 0);
+  return FASTFFN_STATUS_OK;
+}
+
+extern "C" int fastffn_gemm_get_tuning(void) { return tuning_setting().load(); }
+
+extern "C" int fastffn_gemm_tuning_records(double* rows, int capacity) {
+  std::lock_guard<std::mutex> lock(tuning_mutex());
+  const std::vector<TuningRecord>& records = tuning_records();
+  const int count = static_cast<int>(records.size());
+  for (int i = 0; i < count && i < capacity && rows != nullptr; ++i) {
+    const TuningRecord& r = records[i];
+    double* row = rows + static_cast<size_t>(i) * FASTFFN_GEMM_TUNING_FIELDS;
+    const double values[FASTFFN_GEMM_TUNING_FIELDS] = {
+        double(r.key[1]), double(r.key[2]), double(r.key[3]), double(r.key[7]), double(r.key[8]),
+        double(r.key[9]), double(r.key[10]), double(r.key[14]), double(r.timed),
+        double(r.chosen), double(r.first_ms), double(r.chosen_ms)};
+    std::copy(values, values + FASTFFN_GEMM_TUNING_FIELDS, row);
+  }
+  return count;
 }

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from paddle_fastffn.torch import c_api
-from paddle_fastffn.torch.c_structs import GemmConfig, Tensor, check_abi
+from paddle_fastffn.torch.c_structs import GemmConfig, Tensor, check_abi, header_constant
 
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 4,
           torch.float8_e5m2: 5}
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+DTYPE_NAMES = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPES.items()}
+GEMM_TUNING_FIELDS = header_constant("FASTFFN_GEMM_TUNING_FIELDS")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FP8_NAN_BYTE = 0x7F  # NaN in both formats: what poisoned FP8 outputs start as
 
@@ -118,6 +120,11 @@ class Fp8Kernels:
         self.lib.fastffn_fp8_dequantize_cuda.argtypes = [Tensor, Tensor, ctypes.c_void_p]
         self.lib.fastffn_gemm_cuda.argtypes = [Tensor, Tensor, Tensor, GemmConfig, ctypes.c_void_p]
         self.lib.fastffn_gemm_init_cuda.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fastffn_gemm_set_tuning.argtypes = [ctypes.c_int]
+        self.lib.fastffn_gemm_set_tuning.restype = ctypes.c_int
+        self.lib.fastffn_gemm_get_tuning.restype = ctypes.c_int
+        self.lib.fastffn_gemm_tuning_records.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
+        self.lib.fastffn_gemm_tuning_records.restype = ctypes.c_int
         self.lib.fastffn_last_error.restype = ctypes.c_char_p
         self.lib.fastffn_status_string.restype = ctypes.c_char_p
         self._declare_swiglu_fp8()
@@ -184,6 +191,32 @@ class Fp8Kernels:
         version = ctypes.c_size_t(0)
         self._check(self.lib.fastffn_gemm_init_cuda(ctypes.byref(version)), "gemm_init")
         return version.value
+
+    @property
+    def gemm_tuning(self) -> int:
+        """Candidates the GEMM provider times per new problem (0: the heuristic's first choice,
+        untimed); process-wide (scaled_tensor.h, fastffn_gemm_set_tuning)."""
+        return self.lib.fastffn_gemm_get_tuning()
+
+    @gemm_tuning.setter
+    def gemm_tuning(self, candidates: int):
+        self._check(self.lib.fastffn_gemm_set_tuning(int(candidates)), "gemm_set_tuning")
+
+    def gemm_tuning_records(self) -> list[dict]:
+        """One dict per problem tuned so far in this process (fastffn_gemm_tuning_records)."""
+        count = self.lib.fastffn_gemm_tuning_records(None, 0)
+        rows = (ctypes.c_double * (count * GEMM_TUNING_FIELDS))()
+        count = min(count, self.lib.fastffn_gemm_tuning_records(rows, count))
+        records = []
+        for i in range(count):
+            row = rows[i * GEMM_TUNING_FIELDS:(i + 1) * GEMM_TUNING_FIELDS]
+            m, n, k, a_dtype, b_dtype, d_dtype, flags, asked, timed, chosen, first_ms, chosen_ms = row
+            records.append({"m": int(m), "n": int(n), "k": int(k),
+                            "dtypes": [DTYPE_NAMES.get(int(t), int(t)) for t in (a_dtype, b_dtype, d_dtype)],
+                            "accumulate": bool(int(flags) & 4), "fast_accum": bool(int(flags) & 8),
+                            "candidates_asked": int(asked), "candidates_timed": int(timed),
+                            "chosen_rank": int(chosen), "first_choice_ms": first_ms, "chosen_ms": chosen_ms})
+        return records
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
              a_scale_inv: torch.Tensor | None = None, b_scale_inv: torch.Tensor | None = None,

@@ -80,7 +80,9 @@ typedef struct {
 // device (not capturable into a CUDA graph: call fastffn_gemm_init_cuda first). The workspace is
 // shared by every call on the device, so GEMMs on one device must be ordered (one stream at a
 // time, as Paddle's compute stream is). Algorithms come from cuBLASLt's heuristic, cached per
-// (device, shape, strides, dtypes, layout, accumulate, fast_accum, pointer alignment).
+// (device, shape, strides, dtypes, layout, accumulate, fast_accum, pointer alignment, tuning):
+// its first choice, or with tuning on (fastffn_gemm_set_tuning below) the fastest of its
+// candidates timed at the problem's first call.
 // Returns INVALID_ARGUMENT for shapes or layouts outside the above, LIBRARY_MISSING when cuBLASLt
 // cannot be loaded, LIBRARY_ERROR when it fails, CUDA_ERROR for a CUDA runtime failure.
 // ---------------------------------------------------------------------------------------------
@@ -101,6 +103,30 @@ fastffn_status fastffn_gemm_cuda(fastffn_tensor a, fastffn_tensor b, fastffn_ten
 // (Paddle's or torch's), then libcublasLt.so, libcublasLt.so.13, libcublasLt.so.12 through the
 // dynamic loader's search path. *cublaslt_version (may be NULL) gets cublasLtGetVersion().
 fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version);
+
+// GEMM algorithm tuning, process-wide. candidates 0 (the default) or 1: each problem runs the
+// heuristic's first choice, nothing is timed. 2..32: a problem's first call asks the heuristic for
+// up to that many candidates and times each on the call's own operands and stream (one warm-up
+// run, then 5 round-robin rounds; the median decides), synchronising the stream once; the fastest
+// is cached for the problem. A call that accumulates (beta 1) times into a scratch D allocated
+// stream-ordered (cudaMallocAsync), so D keeps its value; when that allocation fails, or any CUDA
+// call of the timing does, the problem keeps the heuristic's first choice. A stream being captured
+// into a CUDA graph is never timed. After 512 tuned problems (variable sequence lengths add one
+// per new token count) new problems take the heuristic's first choice untimed. The choice depends
+// on timings, so two processes may run different algorithms for one problem (results may differ
+// in the last bits). FASTFFN_GEMM_TUNING=<candidates> in the environment sets it at the first
+// GEMM of the process. INVALID_ARGUMENT outside 0..32.
+fastffn_status fastffn_gemm_set_tuning(int candidates);
+int fastffn_gemm_get_tuning(void);
+
+// One row per tuned problem, in the order tuned, FASTFFN_GEMM_TUNING_FIELDS doubles each:
+//   M, N, K, a dtype, b dtype, D dtype (fastffn_dtype), layout flags (transpose_a 1, transpose_b 2,
+//   accumulate 4, fast_accum 8, a scale_inv 16, b scale_inv 32), candidates asked, candidates
+//   timed (0 when timing could not run), the winner's rank in the heuristic's order (0: its first
+//   choice), the first choice's median ms, the winner's median ms.
+// Writes min(count, capacity) rows to `rows` (may be NULL with capacity 0); returns the count.
+#define FASTFFN_GEMM_TUNING_FIELDS 12
+int fastffn_gemm_tuning_records(double* rows, int capacity);
 
 // fastffn_last_error under its former name: what went wrong in this thread's last failed call (for
 // the GEMM: the paths tried, the cuBLASLt call and its status, the broken requirement); "" after a
