@@ -289,8 +289,8 @@ def step_contenders(config, base, ids, labels, liger):
     return contenders
 
 
-# Contenders run with the GEMM provider's tuning on (fastffn_gemm_set_tuning): candidates timed per new
-# problem. Everyone else runs the heuristic's first choice (tuning 0, the default).
+# Contenders run with the GEMM provider's tuning on (fastffn_gemm_set_tuning): that many candidates timed
+# per new problem (--gemm-tuning sets it). Everyone else runs the heuristic's first choice (tuning 0, the default).
 GEMM_TUNING = {"ours_fp8_delayed_tuned": 8, "ours_fp8_delayed_fp8_head_cached_tuned": 8}
 
 
@@ -401,6 +401,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the step (at least 3)")
     parser.add_argument("--contenders", nargs="+", default=None,
                         help="the step section's contenders to run (default: all)")
+    parser.add_argument("--gemm-tuning", type=int, default=None,
+                        help=f"candidates the _tuned contenders time per GEMM problem (default {GEMM_TUNING})")
     parser.add_argument("--skip-compile-after-s", type=float, default=None,
                         help="skip torch.compile contenders once the run is this old (device-time budget)")
     args = parser.parse_args()
@@ -418,6 +420,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
 
+    if args.gemm_tuning is not None:
+        GEMM_TUNING.update(dict.fromkeys(GEMM_TUNING, args.gemm_tuning))
     sections = args.sections.split(",")
     if "loss" in sections:
         report["loss"] = loss_section(liger=liger)

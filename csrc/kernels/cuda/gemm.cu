@@ -76,6 +76,7 @@ struct CublasLt {
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
   decltype(&cublasLtGetStatusName) status_name = nullptr;  // optional: error messages only
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;  // optional: tuning records only
   size_t version = 0;
   std::string path;   // the file or name that was loaded
   std::string error;  // why loading failed ("" when loaded)
@@ -151,6 +152,7 @@ CublasLt load_cublaslt() {
   ok &= resolve(library, "cublasLtMatmul", &lt.matmul, &missing);
   std::string optional;
   resolve(library, "cublasLtGetStatusName", &lt.status_name, &optional);
+  resolve(library, "cublasLtMatmulAlgoConfigGetAttribute", &lt.algo_get, &optional);
   if (!ok) {
     lt.error = lt.path + " lacks" + missing;
     lt.create = nullptr;
@@ -410,8 +412,35 @@ std::atomic<int>& tuning_setting() {
   return candidates;
 }
 
+// What tells two algorithms apart in a record: cuBLASLt's algorithm id, tile, stages, split-K
+// count and cluster shape (its cublasLtMatmulAlgoConfigAttributes_t; -1 where it does not say).
+constexpr int kAlgoConfigFields = 5;
+using AlgoConfig = std::array<int64_t, kAlgoConfigFields>;
+
+AlgoConfig algo_config(const CublasLt& lt, const cublasLtMatmulAlgo_t& algo) {
+  AlgoConfig config;
+  config.fill(-1);
+  if (lt.algo_get == nullptr) return config;
+  const cublasLtMatmulAlgoConfigAttributes_t attributes[kAlgoConfigFields] = {
+      CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+      CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+  for (int i = 0; i < kAlgoConfigFields; ++i) {
+    uint64_t value = 0;  // the attributes are 2- or 4-byte integers: ask for the size, then read
+    size_t size = 0;
+    if (lt.algo_get(&algo, attributes[i], nullptr, 0, &size) != CUBLAS_STATUS_SUCCESS ||
+        size == 0 || size > sizeof(value))
+      continue;
+    size_t written = 0;
+    if (lt.algo_get(&algo, attributes[i], &value, size, &written) == CUBLAS_STATUS_SUCCESS)
+      config[i] = size == 2 ? static_cast<int64_t>(static_cast<uint16_t>(value))
+                            : static_cast<int64_t>(static_cast<int32_t>(value));
+  }
+  return config;
+}
+
 struct TuningRecord {
   AlgoKey key;
+  AlgoConfig first_config{}, chosen_config{};
   int timed = 0;        // candidates that ran (a candidate cuBLASLt refuses at launch is skipped)
   int chosen = 0;       // the winner's rank in the heuristic's order (0: its first choice)
   float first_ms = 0;   // median time of the heuristic's first choice
@@ -506,6 +535,8 @@ void time_candidates(const TuningCall& call, Descriptors* desc,
   record->first_ms = medians[0];
   record->chosen = *chosen;
   record->chosen_ms = medians[*chosen];
+  record->first_config = algo_config(lt, candidates[0].algo);
+  record->chosen_config = algo_config(lt, candidates[*chosen].algo);
 }
 
 // The algorithm for `desc`, cached per key (a small map behind a mutex; the heuristic query and any
@@ -659,11 +690,15 @@ extern "C" int fastffn_gemm_tuning_records(double* rows, int capacity) {
   for (int i = 0; i < count && i < capacity && rows != nullptr; ++i) {
     const TuningRecord& r = records[i];
     double* row = rows + static_cast<size_t>(i) * FASTFFN_GEMM_TUNING_FIELDS;
-    const double values[FASTFFN_GEMM_TUNING_FIELDS] = {
+    const double values[] = {
         double(r.key[1]), double(r.key[2]), double(r.key[3]), double(r.key[7]), double(r.key[8]),
         double(r.key[9]), double(r.key[10]), double(r.key[14]), double(r.timed),
         double(r.chosen), double(r.first_ms), double(r.chosen_ms)};
-    std::copy(values, values + FASTFFN_GEMM_TUNING_FIELDS, row);
+    static_assert(sizeof(values) / sizeof(double) + 2 * kAlgoConfigFields == FASTFFN_GEMM_TUNING_FIELDS,
+                  "a record's row is its fields and the two algorithms' configs");
+    double* next = std::copy(std::begin(values), std::end(values), row);
+    next = std::copy(r.first_config.begin(), r.first_config.end(), next);
+    std::copy(r.chosen_config.begin(), r.chosen_config.end(), next);
   }
   return count;
 }

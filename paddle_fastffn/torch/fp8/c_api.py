@@ -35,6 +35,8 @@ DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 DTYPE_NAMES = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPES.items()}
 GEMM_TUNING_FIELDS = header_constant("FASTFFN_GEMM_TUNING_FIELDS")
+# A tuning record's algorithm configuration (scaled_tensor.h, fastffn_gemm_tuning_records).
+ALGO_CONFIG_FIELDS = ("algorithm_id", "tile_id", "stages_id", "split_k", "cluster_shape_id")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FP8_NAN_BYTE = 0x7F  # NaN in both formats: what poisoned FP8 outputs start as
 
@@ -210,12 +212,14 @@ class Fp8Kernels:
         records = []
         for i in range(count):
             row = rows[i * GEMM_TUNING_FIELDS:(i + 1) * GEMM_TUNING_FIELDS]
-            m, n, k, a_dtype, b_dtype, d_dtype, flags, asked, timed, chosen, first_ms, chosen_ms = row
+            m, n, k, a_dtype, b_dtype, d_dtype, flags, asked, timed, chosen, first_ms, chosen_ms = row[:12]
+            configs = [dict(zip(ALGO_CONFIG_FIELDS, map(int, part))) for part in (row[12:17], row[17:22])]
             records.append({"m": int(m), "n": int(n), "k": int(k),
                             "dtypes": [DTYPE_NAMES.get(int(t), int(t)) for t in (a_dtype, b_dtype, d_dtype)],
                             "accumulate": bool(int(flags) & 4), "fast_accum": bool(int(flags) & 8),
                             "candidates_asked": int(asked), "candidates_timed": int(timed),
-                            "chosen_rank": int(chosen), "first_choice_ms": first_ms, "chosen_ms": chosen_ms})
+                            "chosen_rank": int(chosen), "first_choice_ms": first_ms, "chosen_ms": chosen_ms,
+                            "first_choice_config": configs[0], "chosen_config": configs[1]})
         return records
 
     def gemm(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,

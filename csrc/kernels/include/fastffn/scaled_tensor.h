@@ -123,9 +123,12 @@ int fastffn_gemm_get_tuning(void);
 //   M, N, K, a dtype, b dtype, D dtype (fastffn_dtype), layout flags (transpose_a 1, transpose_b 2,
 //   accumulate 4, fast_accum 8, a scale_inv 16, b scale_inv 32), candidates asked, candidates
 //   timed (0 when timing could not run), the winner's rank in the heuristic's order (0: its first
-//   choice), the first choice's median ms, the winner's median ms.
+//   choice), the first choice's median ms, the winner's median ms; then the first choice's and the
+//   winner's cuBLASLt configuration, 5 each: algorithm id, tile id, stages id, split-K count,
+//   cluster shape id (cublasLtMatmulAlgoConfigAttributes_t; -1 where cuBLASLt does not say; all -1
+//   when timing could not run).
 // Writes min(count, capacity) rows to `rows` (may be NULL with capacity 0); returns the count.
-#define FASTFFN_GEMM_TUNING_FIELDS 12
+#define FASTFFN_GEMM_TUNING_FIELDS 22
 int fastffn_gemm_tuning_records(double* rows, int capacity);
 
 // fastffn_last_error under its former name: what went wrong in this thread's last failed call (for
