@@ -13,8 +13,8 @@ backward scales them by the upstream gradient. Only one ``[chunk, vocab]`` logit
 a time.
 
 With `fp8` (a core/fp8/lm_head.py Fp8LmHead: Fp8Recipe.lm_head "fp8") the three GEMMs run in FP8
-instead, every operand current-scaled per chunk (that module says how and why); the kernel pass and
-the reduction are the same.
+instead, d_W as one GEMM over every chunk's rows (that module says how, with which scales and why);
+the kernel pass and the reduction are the same.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class LinearCrossEntropy(FusedOp):
     [H, V] (PaddleNLP's LM head) or, with transpose_weight, [V, H] (a tied embedding), labels int64
     [T] -> fp32 scalar. The gradients are computed in forward and held (d_hidden in hidden's dtype,
     d_weight in fp32; with a single chunk d_weight is the GEMM's output in its own dtype: one
-    rounding, as a cast of the fp32 result would give, 2 GiB less traffic at a 128k vocab).
+    rounding, as a cast of the fp32 result would give, 2 GiB less traffic at a 128k vocab; the FP8
+    head's is always one GEMM's output in W's dtype).
 
     n_labelled: the labelled rows' count (labelled_rows). Gradient scale: the mean over them,
     1 / n_labelled, applied by the kernel; fp16 logits keep the kernel's gradient unscaled (softmax
@@ -151,7 +152,8 @@ class LinearCrossEntropy(FusedOp):
         if fp8 is None or tokens == 0:
             w, gemms = be.cast(weight, compute), None
         else:
-            w, gemms = None, fp8_lm_head.Fp8HeadGemms(fp8, weight, transpose_weight, need_d_hidden, need_d_weight)
+            w, gemms = None, fp8_lm_head.Fp8HeadGemms(fp8, weight, transpose_weight, need_d_hidden, need_d_weight,
+                                                      hidden, grad_bound=kernel_scale)
         d_weight = None
         # One chunk: d_hidden is its GEMM's own output. Several: each chunk's GEMM writes its rows
         # of one buffer (torch writes them in place; Paddle's matmul has no out=, so it copies).
@@ -170,10 +172,8 @@ class LinearCrossEntropy(FusedOp):
                                            kernel_scale, with_grad, flag))
             d_logits = logits  # overwritten in place by the kernel
             if gemms is not None:
-                if with_grad:
-                    # d_W: one chunk's in W's dtype; over several, summed in fp32 by the GEMMs themselves
-                    d_rows, d_weight = gemms.gradients(d_logits, d_hidden_dtype, be.dtype(weight) if single_chunk
-                                                       else be.float32, d_weight)
+                if with_grad:  # d_W: one GEMM over every chunk, after the loop
+                    d_rows = gemms.gradients(d_logits, d_hidden_dtype)
                     if need_d_hidden:
                         d_hidden = d_rows if single_chunk else be.write_rows(d_hidden, start, d_rows)
             elif need_d_hidden:
@@ -192,6 +192,8 @@ class LinearCrossEntropy(FusedOp):
                 else:
                     d_weight = be.gemm_fp32_accumulate(d_weight, a, b, gemm_scale)
             del logits, d_logits, h
+        if gemms is not None and need_d_weight:
+            d_weight = gemms.weight_gradient(be.dtype(weight))
         if need_d_hidden and d_hidden is None:  # no tokens: an empty gradient
             d_hidden = be.empty((tokens, width), d_hidden_dtype, hidden)
         if need_d_hidden and tokens != unpadded:  # the FP8 head's padding rows

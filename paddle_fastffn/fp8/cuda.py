@@ -63,7 +63,7 @@ import paddle
 
 from ..core.fp8.linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, Fp8LinearOp
 from ._autograd import pylayer
-from .emulated import PaddleFp8Tensors
+from .emulated import PaddleFp8Tensors, RowBlocks
 from .recipe import LinearScalingStates, ScalingState
 
 # Every K and every FP8 row stride of the three GEMMs must be a multiple of 16 bytes (1-byte FP8).
@@ -218,14 +218,27 @@ class CudaFp8Backend(PaddleFp8Tensors):
         _run("fastffn_fp8_update_amax_history", amax_history, scale, scale_inv, most_recent, fmt_max, margin)
 
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
-                 transpose_cols: int = 0):
+                 transpose_cols: int = 0, into=None):
         """fastffn_fp8_quantize: x [R, C] (contiguous, bf16/fp16/fp32 on the GPU); transpose_cols
-        the column count of data_t (0: R), zero past R."""
+        the column count of data_t (0: R), zero past R. into: data_t [C, R] is the storage's block
+        at first_row (RowBlocks: joined by one concat, where the torch harness's kernel writes
+        into the whole copy's columns directly)."""
         out = _run("fastffn_fp8_quantize", x, scale, amax, fmt, rowwise, transpose, int(transpose_cols))
         if not (rowwise or transpose):
             return None
         data, data_t, scale_inv = out[:3]
+        if into is not None:
+            storage, first_row = into
+            storage.add(first_row, data_t)
+            data_t = None
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
+
+    def transposed_rows(self, rows: int, cols: int, fmt: str, like):
+        return RowBlocks(rows)
+
+    def transposed_rows_value(self, storage, scale_inv, fmt: str):
+        """The blocks' transposed copies [C, r] side by side: the [C, rows] copy."""
+        return CudaQuantized(None, storage.joined(axis=1), scale_inv, fmt)
 
     def quantize_weight(self, weight, state, copies=(ROWWISE, TRANSPOSED), amax_recorded=False):
         """The named copies of a weight [in, out]: q(W) for dgrad, q(W)^T for the forward."""

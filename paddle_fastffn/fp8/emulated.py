@@ -59,6 +59,32 @@ def swiglu_bwd32(gate_up: paddle.Tensor, d_h: paddle.Tensor):
     return d_gate_up, silu * up
 
 
+class RowBlocks:
+    """transposed_rows storage on Paddle: the blocks of FP8 copies as quantised, joined once every
+    one is written (Paddle has no kernel that writes an FP8 tensor into part of another, set_value
+    included, so the blocks are concatenated: one copy of the whole)."""
+
+    def __init__(self, rows: int):
+        self.rows, self.blocks = rows, []
+
+    def add(self, first_row: int, data) -> None:
+        self.blocks.append((first_row, data))
+
+    def joined(self, axis: int):
+        """The blocks in row order concatenated along `axis` (their row axis), checked to tile the
+        rows exactly."""
+        blocks = sorted(self.blocks, key=lambda block: block[0])
+        expected = 0
+        for first_row, data in blocks:
+            if first_row != expected:
+                raise ValueError(f"RowBlocks: a block starts at row {first_row}, expected {expected}")
+            expected += data.shape[axis]
+        if expected != self.rows:
+            raise ValueError(f"RowBlocks: the blocks hold {expected} rows of {self.rows}")
+        data = [d for _, d in blocks]
+        return data[0] if len(data) == 1 else paddle.concat(data, axis=axis)
+
+
 class PaddleFp8Tensors(SharedTensorMethods):
     """The Paddle tensor side of core/fp8/backend.py's protocol, shared by the emulated and the CUDA
     backend: state tensors, 2-D views, dtypes, Paddle's [in, out] weight layout."""
@@ -126,16 +152,28 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
 
     # --- kernels --------------------------------------------------------------------------------
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
-                 transpose_cols: int = 0):
+                 transpose_cols: int = 0, into=None):
         """formats.quantize (one copy, x's own layout: it serves as both stored copies, the GEMMs
-        transpose as they read it); neither copy asked: the amax-only pass."""
+        transpose as they read it); neither copy asked: the amax-only pass. into: the copy is also
+        the storage's block at first_row (transposed_rows)."""
         with paddle.no_grad():
             if not (rowwise or transpose):
                 _max_into(amax, amax_of(x))
                 return None
             q = quantize_tensor(x, scale, fmt)
             _max_into(amax, q.amax)
+            if into is not None:
+                storage, first_row = into
+                storage.add(first_row, q.data)
             return q
+
+    def transposed_rows(self, rows: int, cols: int, fmt: str, like):
+        return RowBlocks(rows)
+
+    def transposed_rows_value(self, storage, scale_inv, fmt: str):
+        """The blocks in row order as one [rows, cols] copy (it serves as the transposed one, as
+        every copy here does)."""
+        return Quantized(data=storage.joined(axis=0), scale_inv=scale_inv, amax=None, fmt=fmt)
 
     def quantize_weight(self, weight, state, copies=("rowwise", "transposed"), amax_recorded=False):
         """q(W) (records the weight's amax in `state`): one copy serves every GEMM here."""

@@ -1,6 +1,6 @@
 """The FP8 LM head (ops.linear_cross_entropy with fp8_recipe: core/fp8/lm_head.py over the emulated
 backend) against an independent float64 reference of the same quantisation (Paddle's own fp32 -> FP8
-casts, each operand scaled by its own amax, per chunk of labelled rows), and against the unquantised
+casts; h and W scaled by their own amax over the call, d_logits by its bound 1 / n), and against the unquantised
 head within the FP8 budget of tests/tolerances.py; its argument errors; the recipe and option that
 turn it on."""
 
@@ -20,10 +20,15 @@ from tolerances import FP8_HEAD_REFERENCE_RTOL, FP8_HEAD_VS_FP32_RTOL, assert_re
 IGNORE = -100
 
 
-def fp8_round(x: np.ndarray, fmt: str) -> np.ndarray:
-    """x quantised with its own amax (current scaling) and dequantised, in float64: Paddle's fp32 ->
-    FP8 cast (round to nearest even) of x * scale clipped to the format's max, divided by the scale."""
+def fp8_round(x: np.ndarray, fmt: str, bound: float | None = None) -> np.ndarray:
+    """x quantised with its own amax (current scaling) or, given, a bound on |x| (the head's
+    d_logits: the scale fmt_max / bound), and dequantised, in float64: Paddle's fp32 -> FP8 cast
+    (round to nearest even) of x * scale clipped to the format's max, divided by the scale."""
     x32 = x.astype(np.float32)
+    if bound is not None:
+        scale = np.float32(FP8_MAX[fmt] / bound)
+        q = paddle.to_tensor(np.clip(x32 * scale, -FP8_MAX[fmt], FP8_MAX[fmt])).astype(FP8_DTYPES[fmt])
+        return q.astype(paddle.float32).numpy().astype(np.float64) / np.float64(scale)
     amax = float(np.abs(x32).max())
     scale = np.float32(FP8_MAX[fmt]) / np.float32(amax) if amax > 0 else np.float32(1.0)
     scaled = np.clip(x32 * scale, -FP8_MAX[fmt], FP8_MAX[fmt])
@@ -33,17 +38,21 @@ def fp8_round(x: np.ndarray, fmt: str) -> np.ndarray:
 
 def reference(hidden, weight, labels, chunk_tokens, transpose_weight, quantized=True):
     """(loss, d_hidden, d_weight) in float64: the labelled rows in chunks of chunk_rows(chunk_tokens),
-    h and d_logits rounded per chunk (e4m3, e5m2), W once (e4m3); quantized False: the plain head."""
+    h rounded by the amax of every labelled row (e4m3), d_logits per chunk under the bound 1 / n
+    (e5m2), W once (e4m3): core/fp8/lm_head.py's scales; quantized False: the plain head."""
     h_all = hidden.astype(np.float64)
     w = weight.astype(np.float64).T if transpose_weight else weight.astype(np.float64)  # [H, V]
     keep = np.nonzero(labels != IGNORE)[0]
     n = len(keep)
     wq = fp8_round(w, "e4m3") if quantized else w
+    if quantized and n:
+        h_all = h_all.copy()
+        h_all[keep] = fp8_round(h_all[keep], "e4m3")
     d_hidden, d_w, losses = np.zeros_like(h_all), np.zeros_like(w), []
     step = chunk_rows(chunk_tokens)
     for start in range(0, n, step):
         rows = keep[start:start + step]
-        h = fp8_round(h_all[rows], "e4m3") if quantized else h_all[rows]
+        h = h_all[rows]
         logits = h @ wq
         top = logits.max(axis=1, keepdims=True)
         lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
@@ -52,7 +61,7 @@ def reference(hidden, weight, labels, chunk_tokens, transpose_weight, quantized=
         d_logits = np.exp(logits - lse[:, None])
         d_logits[np.arange(len(rows)), target] -= 1.0
         d_logits /= n
-        dlq = fp8_round(d_logits, "e5m2") if quantized else d_logits
+        dlq = fp8_round(d_logits, "e5m2", bound=1.0 / n) if quantized else d_logits
         d_hidden[rows] = dlq @ wq.T
         d_w += h.T @ dlq
     loss_rows = np.concatenate(losses)

@@ -1,7 +1,8 @@
 """The FP8 LM head (paddle_fastffn.torch.ops.linear_cross_entropy with fp8_recipe: the product's
 core/fp8/lm_head.py over the ctypes FP8 backend, cuBLASLt's FP8 GEMMs) against a float64 reference
-of the same quantisation, stage by stage: the labelled rows in chunks, h and d_logits quantised per
-chunk by their own amax (e4m3, e5m2) through torch's own fp32 -> FP8 casts, W once (e4m3).
+of the same quantisation, stage by stage: the labelled rows in chunks through torch's own fp32 -> FP8
+casts, h by the amax of every labelled row (e4m3), d_logits per chunk under its bound 1 / n (e5m2), W
+once (e4m3), d_W summed over every chunk (core/fp8/lm_head.py's scales and its one d_W GEMM).
 - The logits GEMM (fast accumulation, as every forward FP8 GEMM) against the float64 product of the
   dequantised operands, within test_fp8_kernels' fast-accumulation norm bound.
 - The loss and the two gradient GEMMs from the logits the op computed (captured before the loss
@@ -41,12 +42,15 @@ LOSS_RTOL = 1e-5
 LOGITS_RTOL = NORM_ERROR["fp8_fast"]
 
 
-def dequantized(t: torch.Tensor, fmt: torch.dtype) -> torch.Tensor:
-    """float64 values of t quantised with its own amax (current scaling): the fp32 scale
-    fmt_max / amax, the fp32 product saturated and rounded to nearest even by torch's cast.
-    (test_fp8_linear_and_model's dequantized_ref makes its scale on the GPU; this one also runs on
-    the CPU harness, tests/torch_cpu/test_fp8_lm_head_cpu.py.)"""
+def dequantized(t: torch.Tensor, fmt: torch.dtype, bound: float | None = None) -> torch.Tensor:
+    """float64 values of t quantised with its own amax (current scaling) or, given, a bound on |t|
+    (the head's d_logits: the scale fmt_max / bound): the fp32 scale, the fp32 product saturated
+    and rounded to nearest even by torch's cast. (test_fp8_linear_and_model's dequantized_ref makes
+    its scale on the GPU; this one also runs on the CPU harness, tests/torch_cpu/test_fp8_lm_head_cpu.py.)"""
     t32 = t.float()
+    if bound is not None:
+        scale = torch.tensor(FP8_MAX[fmt] / bound, dtype=torch.float32, device=t.device)
+        return (t32 * scale).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(fmt).double() / scale.double()
     amax = t32.abs().max()
     scale = torch.where(amax > 0, torch.tensor(FP8_MAX[fmt], device=t.device) / amax, torch.ones_like(amax))
     codes = (t32 * scale).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(fmt)
@@ -84,16 +88,17 @@ def reference(hidden, weight, labels, chunk, transpose_weight, op_logits):
     step = chunk_rows(chunk)
     starts = range(0, n, step)
     assert len(op_logits) == len(starts), f"{len(op_logits)} logits GEMMs for {len(starts)} chunks"
+    hq_all = dequantized(hidden[keep], torch.float8_e4m3fn)  # one scale for every labelled row
     for start, computed in zip(starts, op_logits):
         rows = keep[start:start + step]
-        hq = dequantized(hidden[rows], torch.float8_e4m3fn)
+        hq = hq_all[start:start + step]
         logits = computed[:len(rows)].double()
         logits_error = max(logits_error, rel_err(logits, hq @ wq))
         target = labels[rows]
         losses.append(F.cross_entropy(logits, target, reduction="none"))
         d_logits = torch.softmax(logits, 1)
         d_logits[torch.arange(len(rows), device=hidden.device), target] -= 1.0
-        dlq = dequantized((d_logits / n).to(hidden.dtype), torch.float8_e5m2)
+        dlq = dequantized((d_logits / n).to(hidden.dtype), torch.float8_e5m2, bound=1.0 / n)
         d_hidden[rows] = dlq @ wq.t()
         d_w += hq.t() @ dlq
     loss_rows = torch.cat(losses)

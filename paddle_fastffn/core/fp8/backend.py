@@ -71,12 +71,22 @@ class Fp8Backend(Protocol):
 
     # --- kernels ---------------------------------------------------------------------------------
     def quantize(self, x: Tensor, scale: Tensor, amax: Tensor, fmt: str, rowwise: bool = True,
-                 transpose: bool = False, transpose_cols: int = 0):
+                 transpose: bool = False, transpose_cols: int = 0, into: tuple | None = None):
         """fastffn_fp8_quantize: x [R, C] -> FP8 copies round(x * scale[0]) saturated
         (fastffn/scaled_tensor.h), max |x| max-accumulated into amax[0] (NaN propagates).
         rowwise: the [R, C] copy; transpose: the [C, transpose_cols or R] copy, zero past R.
         Neither: the amax-only pass (returns None). Else the backend's quantized value (with
-        scale_inv = 1 / scale)."""
+        scale_inv = 1 / scale). into (storage, first_row), with transpose: x is rows first_row ..
+        first_row + R of a larger tensor, and its transposed copy goes into that tensor's
+        transposed_rows storage (columns first_row.. of the [C, rows] copy); the returned value
+        holds the row-wise copy (when asked) alone."""
+    def transposed_rows(self, rows: int, cols: int, fmt: str, like: Tensor):
+        """Storage for the transposed copy of a [rows, cols] FP8 tensor quantised one block of
+        rows at a time under one scale (quantize's `into`), on like's device; rows and every
+        block's row count multiples of 16 where the backend's GEMMs need it."""
+    def transposed_rows_value(self, storage, scale_inv: Tensor, fmt: str):
+        """The quantized value whose transposed copy is `storage`, every block written: a GEMM
+        operand (its "transposed" copy) dequantised by scale_inv."""
     def quantize_weight(self, weight: Tensor, state, copies: tuple = ("rowwise", "transposed"),
                         amax_recorded: bool = False):
         """The named stored copies of a weight (both: what the weight cache keeps; the forward's

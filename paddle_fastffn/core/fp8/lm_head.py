@@ -4,16 +4,35 @@ under Fp8Recipe.lm_head "fp8". Per chunk of tokens of that op:
     logits [rows, V]  = gemm(q(h), q(W))              e4m3 x e4m3, fast accumulation, in the GEMM dtype
     (the loss kernel overwrites the logits with d_logits, the mean's 1 / n applied)
     d_h    [rows, H]  = gemm(q(d_logits), q(W))        e5m2 x e4m3, in hidden's dtype
-    d_W               = gemm(q(h)^T, q(d_logits)^T)     in W's dtype (one chunk) or fp32 summed over chunks
+and once, after the last chunk, over every row of the call:
+    d_W               = gemm(q(h)^T, q(d_logits)^T)     in W's dtype, K = all rows
 
-Scaling is current (each tensor's own amax) for all three: h and d_logits per chunk, W once per call
-(both of its stored copies, from one amax). Nothing carries from one step to the next, so the head
-has no scaling state to checkpoint, resume or replay under recompute. Why not delayed: the head's
-gradient is scaled by 1 / (labelled tokens), which changes every batch, and a delayed scale set by
-the last batch's would saturate or flush the next batch's gradient; h is one [rows, H] read, cheap
-beside its GEMMs, and its amax pass costs less than the [rows, V] logits it saves in bf16.
+Each chunk writes its rows of q(h)^T and q(d_logits)^T into storage for the whole call
+(Fp8Backend.transposed_rows), so d_W is one GEMM. Summed per chunk instead, each chunk's GEMM has
+K = its rows only (2080 at a 128256 vocabulary) and reads and writes the whole fp32 [H, V] sum (2 GiB
+each way at H 4096), which then needs a cast to W's dtype: on an H100 the four chunks of an 8192-token
+Llama-3 batch took 12.5 ms against about 6 ms for the one GEMM's FLOPs (run 24's GEMM records). The
+storage holds rows x (V + H) bytes (1.08 GiB at 8192 tokens, V 128256, H 4096), less than the fp32 sum
+it replaces (2 GiB).
 
-Rows: cuBLASLt's FP8 GEMMs read K-major operands, and d_W's K is a chunk's row count, so chunks are
+One GEMM needs one scale per operand for the whole call:
+- h: current scaling over every row (one amax pass over h, then each chunk's quantisation reads that
+  scale).
+- d_logits: bounded scaling. The kernel writes (softmax - onehot) * g with g = 1 / n (the mean over
+  the n labelled rows) and every softmax entry in [0, 1], so |d_logits| <= g exactly: the scale is
+  fmt_max / g, the bound's, for every chunk and no amax pass (a d_logits value rounded to the logits'
+  dtype above g by half an ulp saturates to fmt_max, within e5m2's own rounding). Its amax is the
+  bound's, not the data's: current scaling would use the data's amax, which a batch's confident rows
+  can put below g; e5m2's normal range spans 30 binades below its max, so only entries 2^-30 g and
+  smaller flush to zero (gradients of probabilities below 1e-9), where per-chunk current scaling
+  would keep them.
+- W: current, once per call (both of its stored copies, from one amax).
+Nothing carries from one step to the next, so the head has no scaling state to checkpoint, resume
+or replay under recompute. Why not delayed: the head's gradient is scaled by 1 / (labelled tokens),
+which changes every batch, and a delayed scale set by the last batch's would saturate or flush the
+next batch's gradient; h is one [rows, H] read, cheap beside its GEMMs.
+
+Rows: cuBLASLt's FP8 GEMMs read K-major operands, and d_W's K is the call's row count, so chunks are
 multiples of ROW_MULTIPLE rows and the op pads the labelled rows with zero rows labelled
 ignore_index (the kernel gives them loss 0 and a zero gradient; the mean counts only losses > 0),
 then drops the padding from d_h. H and V themselves must be multiples of 16 (the caller checks).
@@ -25,7 +44,7 @@ embedding the "out_in" one, whatever the framework.
 
 from __future__ import annotations
 
-from .linear import ROWWISE, WEIGHT_COPIES, weight_gradient
+from .linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, weight_gradient
 from .recipe import FAST_ACCUM_FORWARD
 
 ROW_MULTIPLE = 16  # cuBLASLt's FP8 alignment of a GEMM's K (d_W's K is the chunk's rows)
@@ -61,40 +80,63 @@ class Fp8LmHead:
 
 
 class Fp8HeadGemms:
-    """One call's FP8 GEMMs: q(W) made once (the forward's copy, and the input gradient's where
-    d_h is wanted), then per chunk `logits`, then `gradients` of the same chunk."""
+    """One call's FP8 GEMMs over `hidden` (every row of the call, padded): q(W) and h's scale made
+    once, then per chunk `logits` and `gradients` of the same chunk, then `weight_gradient`.
+    grad_bound: g, the loss kernel's gradient scale (every |d_logits| <= g; module docstring)."""
 
-    def __init__(self, head: Fp8LmHead, weight, transpose_weight: bool, need_d_hidden: bool, need_d_weight: bool):
+    def __init__(self, head: Fp8LmHead, weight, transpose_weight: bool, need_d_hidden: bool, need_d_weight: bool,
+                 hidden, grad_bound: float):
         self.be, self.states = head.backend, head.states
+        be, states = self.be, self.states
         self.need_d_hidden, self.need_d_weight = need_d_hidden, need_d_weight
         self.layout = "out_in" if transpose_weight else "in_out"
         self.copies = WEIGHT_COPIES[self.layout]
         wanted = (self.copies["forward"],) + ((self.copies["dgrad"],) if need_d_hidden else ())
-        self.q_weight = self.be.quantize_weight(weight, self.states.weight, copies=wanted)
-        self.q_hidden = None
+        self.q_weight = be.quantize_weight(weight, states.weight, copies=wanted)
+        # h's scale from every row's amax (current scaling over the call).
+        h = states.input
+        be.zero_(h.amax_history)
+        be.quantize(hidden, h.scale, h.amax_history, h.fmt, rowwise=False, transpose=False)
+        be.compute_scale(h.amax_history, h.scale, h.scale_inv, h.fmt_max, h.margin)
+        g = states.grad_output
+        self.grad_scale = be.fp32_full(1, g.fmt_max / grad_bound, like=hidden)
+        be.zero_(g.amax_history)  # the data's amax, recorded by the quantisations (not used for scaling)
+        self.grad_scale_inv = None
+        rows, width = be.shape(hidden)
+        vocab = be.shape(weight)[0] if transpose_weight else be.shape(weight)[1]
+        self.h_rows = be.transposed_rows(rows, width, h.fmt, hidden) if need_d_weight else None
+        self.grad_rows = be.transposed_rows(rows, vocab, g.fmt, hidden) if need_d_weight else None
+        self.first_row = 0
 
     def logits(self, h, out_dtype):
-        """q(h) (and its transposed copy for d_W), then the logits GEMM in out_dtype."""
-        be = self.be
-        rows = be.shape(h)[0]
-        self.q_hidden = self.states.input.quantize(
-            h, backend=be, rowwise=True, transpose=self.need_d_weight,
-            transpose_cols=be.transpose_cols(rows) if self.need_d_weight else 0)
-        return be.fp8_gemm(self.q_hidden, ROWWISE, self.q_weight, self.copies["forward"], out_dtype,
+        """q(h) of the chunk (its transposed copy into the call's storage for d_W), then the
+        logits GEMM in out_dtype."""
+        be, state = self.be, self.states.input
+        into = (self.h_rows, self.first_row) if self.need_d_weight else None
+        q_hidden = be.quantize(h, state.scale, state.amax_history, state.fmt, rowwise=True,
+                               transpose=self.need_d_weight, into=into)
+        return be.fp8_gemm(q_hidden, ROWWISE, self.q_weight, self.copies["forward"], out_dtype,
                            fast_accum=FAST_ACCUM_FORWARD)
 
-    def gradients(self, d_logits, d_hidden_dtype, d_weight_dtype, d_weight_sum=None):
-        """(d_h or None, d_W or None) of the chunk whose logits were last computed, from q(d_logits);
-        d_weight_sum (fp32): the earlier chunks' d_W, which this chunk's GEMM adds into in place."""
-        be = self.be
+    def gradients(self, d_logits, d_hidden_dtype):
+        """d_h of the chunk whose logits were last computed (None when not wanted), from
+        q(d_logits) under the bound's scale; its transposed copy goes into the call's storage."""
+        be, state = self.be, self.states.grad_output
         rows = be.shape(d_logits)[0]
-        q_grad = self.states.grad_output.quantize(
-            d_logits, backend=be, rowwise=self.need_d_hidden, transpose=self.need_d_weight,
-            transpose_cols=be.transpose_cols(rows) if self.need_d_weight else 0)
-        d_hidden = d_weight = None
-        if self.need_d_hidden:
-            d_hidden = be.fp8_gemm(q_grad, ROWWISE, self.q_weight, self.copies["dgrad"], d_hidden_dtype)
-        if self.need_d_weight:
-            d_weight = weight_gradient(be, self.q_hidden, q_grad, d_weight_dtype, layout=self.layout, out=d_weight_sum)
-        self.q_hidden = None
-        return d_hidden, d_weight
+        into = (self.grad_rows, self.first_row) if self.need_d_weight else None
+        q_grad = be.quantize(d_logits, self.grad_scale, state.amax_history, state.fmt, rowwise=self.need_d_hidden,
+                             transpose=self.need_d_weight, into=into)
+        self.first_row += rows
+        if self.grad_scale_inv is None:
+            self.grad_scale_inv = be.fp8_parts(q_grad, ROWWISE if self.need_d_hidden else TRANSPOSED)[1]
+        if not self.need_d_hidden:
+            return None
+        return be.fp8_gemm(q_grad, ROWWISE, self.q_weight, self.copies["dgrad"], d_hidden_dtype)
+
+    def weight_gradient(self, dtype):
+        """d_W over every row of the call, in dtype (W's), once every chunk's gradients ran."""
+        be, h, g = self.be, self.states.input, self.states.grad_output
+        q_hidden = be.transposed_rows_value(self.h_rows, h.scale_inv, h.fmt)
+        q_grad = be.transposed_rows_value(self.grad_rows, self.grad_scale_inv, g.fmt)
+        self.h_rows = self.grad_rows = None
+        return weight_gradient(be, q_hidden, q_grad, dtype, layout=self.layout)

@@ -49,9 +49,11 @@ class TorchFp8Backend(SharedTensorMethods):
     # address and touch element 0 only (fp8/c_api.py; cpu_kernels' emulation writes [:1]), so no
     # one-element view is made per call.
     def quantize(self, x, scale, amax, fmt: str, rowwise: bool = True, transpose: bool = False,
-                 transpose_cols: int = 0):
+                 transpose_cols: int = 0, into=None):
         """fastffn_fp8_quantize_cuda into fp8_c_api.Quantized; the harness's copies are never
-        padded (its token counts are multiples of 16: Fp8FFN and Fp8Linear check)."""
+        padded (its token counts are multiples of 16: Fp8FFN and Fp8Linear check). into: the
+        kernel writes the transposed copy straight into its columns of the storage (a strided
+        view: the kernel takes out_t's row stride)."""
         if transpose_cols and transpose_cols != x.shape[0]:
             raise ValueError(f"TorchFp8Backend.quantize: transpose_cols must be 0 or the row count {x.shape[0]}, "
                              f"got {transpose_cols} (the harness does not pad tokens)")
@@ -59,7 +61,18 @@ class TorchFp8Backend(SharedTensorMethods):
         if not (rowwise or transpose):
             k.quantize(x, TORCH_FORMATS[fmt], None, rowwise=False, transpose=False, amax=amax)
             return None
-        return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax)
+        if into is None:
+            return k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose, amax=amax)
+        storage, first_row = into
+        out_t = storage[:, first_row:first_row + x.shape[0]]
+        q = k.quantize(x, TORCH_FORMATS[fmt], scale, rowwise, transpose=False, amax=amax, out_t=out_t)
+        return fp8.Quantized(q.data, None, q.scale, q.scale_inv, q.amax)
+
+    def transposed_rows(self, rows: int, cols: int, fmt: str, like):
+        return torch.empty((cols, rows), dtype=TORCH_FORMATS[fmt], device=like.device)
+
+    def transposed_rows_value(self, storage, scale_inv, fmt: str):
+        return self.fp8_join(storage, scale_inv, fmt, "transposed")
 
     def quantize_weight(self, weight, state, copies=("rowwise", "transposed"), amax_recorded=False):
         """The named copies of a weight [out, in] (torch's layout): q(W) for the forward, q(W)^T
