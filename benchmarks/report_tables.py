@@ -156,6 +156,38 @@ def like_for_like_step(out, run):
     out.append("")
     out.append("Optimizers (lr 1e-5, no clipping, weight decay 0.01): " + _optimizer_legend(run["step"], "optimizer_used")
                + "\n")
+    gemm_tuning_table(out, run["step"])
+
+
+def gemm_tuning_table(out, step):
+    """The GEMM problems the _tuned contenders tuned (each problem once per process: its first
+    contender's first round), the heuristic's first choice against the winner."""
+    rows = []
+    for config, results in step.items():
+        for name, r in results.items():
+            for t in (r.get("gemm_tuning") or []) if isinstance(r, dict) else []:
+                first, chosen = t.get("first_choice_config"), t.get("chosen_config")  # absent: older records
+                rows.append([config, name, f"{t['m']} x {t['n']} x {t['k']}", " x ".join(t["dtypes"][:2]) + " -> "
+                             + t["dtypes"][2], "yes" if t["fast_accum"] else "", "yes" if t["accumulate"] else "",
+                             f"{t['candidates_timed']}/{t['candidates_asked']}", t["chosen_rank"],
+                             f"{t['first_choice_ms']:.3f}", f"{t['chosen_ms']:.3f}",
+                             f"{t['first_choice_ms'] / t['chosen_ms']:.3f}x" if t["chosen_ms"] else "",
+                             _algo(first), _algo(chosen)])
+    if not rows:
+        return
+    out.append("GEMM tuning (fastffn_gemm_set_tuning): each problem's candidates timed at its first call, in the first "
+               "contender that met it; the heuristic's first choice (rank 0) against the winner, median of 5 rounds. "
+               "Algorithm: cuBLASLt's algorithm id / tile / stages / split-K / cluster shape ids.\n")
+    out.append(table(["config", "first met by", "M x N x K", "dtypes", "fast accum", "accumulate", "timed/asked",
+                      "winner rank", "first choice ms", "winner ms", "speed-up", "first choice algorithm",
+                      "winner algorithm"], rows))
+    out.append("")
+
+
+def _algo(config: dict | None) -> str:
+    if not config:
+        return ""
+    return "/".join(str(config[k]) for k in ("algorithm_id", "tile_id", "stages_id", "split_k", "cluster_shape_id"))
 
 
 def like_for_like_optimizer(out, run):

@@ -296,17 +296,17 @@ GEMM_TUNING = {"ours_fp8_delayed_tuned": 8, "ours_fp8_delayed_fp8_head_cached_tu
 
 @contextlib.contextmanager
 def gemm_tuning(candidates, row):
-    """The GEMM provider's tuning for one contender's round, reset after; the problems it tuned in
+    """The GEMM provider's tuning for one contender's round, restored after; the problems it tuned in
     this round (the first: later rounds reuse the process's cached choices) go into row."""
     from paddle_fastffn.torch.fp8 import c_api as fp8_c_api
 
     kernels = fp8_c_api.kernels()
-    before = len(kernels.gemm_tuning_records())
+    before, saved = len(kernels.gemm_tuning_records()), kernels.gemm_tuning
     kernels.gemm_tuning = candidates
     try:
         yield
     finally:
-        kernels.gemm_tuning = 0
+        kernels.gemm_tuning = saved
         tuned = kernels.gemm_tuning_records()[before:]
         if tuned:
             row["gemm_tuning"] = tuned

@@ -13,7 +13,7 @@ Stack: core op (paddle_fastffn/core/linear_cross_entropy.py, over ops/_backend.p
 
 The GEMMs are ``paddle.matmul`` for the logits and d_hidden: on CPU in fp32 (Paddle CPU has no
 half-precision matmul), on GPU in the inputs' dtype with fp32 accumulation inside cuBLAS, as the
-stock LM head computes them. d_weight is summed over chunks by one fp32-output GEMM per chunk: on
+stock LM head computes them. d_weight (16-bit head) is summed over chunks by one fp32-output GEMM per chunk: on
 CPU Paddle's fp32 matmul (addmm_ in place), on GPU the project's cuBLASLt provider
 (fastffn_gemm_accumulate: bf16 inputs, fp32 output accumulated in place), the call the GPU
 harness makes. The GPU path of this file cannot run here (no Paddle GPU build reaches sm_90).

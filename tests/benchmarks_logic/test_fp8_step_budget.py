@@ -66,7 +66,7 @@ def test_the_cast_model_follows_the_shape():
 def test_what_is_left_comes_out_of_the_measured_step(budget):
     head = budget["profiled_steps_7b"]["ours_fp8_delayed_fp8_head"]
     left = budget["left_to_win_ms"]
-    # every cast pass but the LM head's (current-scaled per chunk) and the amax passes, each kernel's time shared
+    # every cast pass but the LM head's (current-scaled per chunk in run 21) and the amax passes, each kernel's time shared
     # between its parts by bytes
     casts = sum(c["ms"] * (1 - c["bytes"].get("lm_head", 0) / sum(c["bytes"].values()))
                 for kind, c in head["casts"].items() if kind != "amax")

@@ -133,7 +133,7 @@ def check_against_reference(tokens, width, vocab, chunk, transpose_weight, dtype
 
 # (tokens, hidden, vocab, chunk): several chunks with a padded last one; LLaMA-2's vocabulary at 7B
 # width in one chunk; LLaMA-3's vocabulary in the default chunks (2080 rows: about 3000 of the 4000
-# tokens are labelled, so two chunks, the second accumulating d_W into the first's in the GEMM).
+# tokens are labelled, so two chunks, both writing their rows of the one d_W GEMM's operands).
 SHAPES = [(300, 128, 512, 100), (1024, 4096, 32000, None), (4000, 256, 128256, None)]
 
 
@@ -157,6 +157,27 @@ def test_fp8_head_of_a_frozen_weight_gives_d_hidden_alone():
         assert (w.grad is not None) == trained
         grads.append(h.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def check_frozen_hidden_gives_the_same_d_weight(device="cuda"):
+    """Frozen hidden states over several chunks: no d_h GEMM and no row-wise q(d_logits) (each
+    chunk's quantisation writes its transposed copy alone, into the call's storage); the same d_W
+    as when both are trained."""
+    torch.manual_seed(2)
+    hidden = torch.randn(300, 128, device=device, dtype=torch.bfloat16)
+    weight = (torch.randn(128, 512, device=device) / 11).to(torch.bfloat16)
+    labels = torch.randint(0, 512, (300,), device=device)
+    grads = []
+    for hidden_trained in (True, False):
+        h, w = hidden.clone().requires_grad_(hidden_trained), weight.clone().requires_grad_()
+        ops.linear_cross_entropy(h, w, labels, chunk_tokens=100, fp8_recipe=RECIPE).backward()
+        assert (h.grad is not None) == hidden_trained
+        grads.append(w.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_fp8_head_of_frozen_hidden_states_gives_d_weight_alone():
+    check_frozen_hidden_gives_the_same_d_weight()
 
 
 def check_rejections(device="cuda"):

@@ -6,7 +6,8 @@ the product's core/fp8/lm_head.py composition, run by the harness before any GPU
 import pytest
 import torch
 
-from tests.gpu.test_fp8_lm_head import check_against_reference, check_rejections
+from tests.gpu.test_fp8_lm_head import (check_against_reference, check_frozen_hidden_gives_the_same_d_weight,
+                                        check_rejections)
 
 # (tokens, hidden, vocab, chunk): several chunks with a padded last one; one chunk of a token count
 # that is not a multiple of 16.
@@ -22,3 +23,7 @@ def test_fp8_head_on_the_cpu_harness_matches_the_reference(tokens, width, vocab,
 
 def test_fp8_head_argument_errors_on_the_cpu_harness():
     check_rejections(device="cpu")
+
+
+def test_fp8_head_of_frozen_hidden_states_on_the_cpu_harness():
+    check_frozen_hidden_gives_the_same_d_weight(device="cpu")

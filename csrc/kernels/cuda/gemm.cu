@@ -417,9 +417,14 @@ std::atomic<int>& tuning_setting() {
 constexpr int kAlgoConfigFields = 5;
 using AlgoConfig = std::array<int64_t, kAlgoConfigFields>;
 
-AlgoConfig algo_config(const CublasLt& lt, const cublasLtMatmulAlgo_t& algo) {
+AlgoConfig unstated() {
   AlgoConfig config;
   config.fill(-1);
+  return config;
+}
+
+AlgoConfig algo_config(const CublasLt& lt, const cublasLtMatmulAlgo_t& algo) {
+  AlgoConfig config = unstated();
   if (lt.algo_get == nullptr) return config;
   const cublasLtMatmulAlgoConfigAttributes_t attributes[kAlgoConfigFields] = {
       CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
@@ -440,7 +445,7 @@ AlgoConfig algo_config(const CublasLt& lt, const cublasLtMatmulAlgo_t& algo) {
 
 struct TuningRecord {
   AlgoKey key;
-  AlgoConfig first_config{}, chosen_config{};
+  AlgoConfig first_config = unstated(), chosen_config = unstated();
   int timed = 0;        // candidates that ran (a candidate cuBLASLt refuses at launch is skipped)
   int chosen = 0;       // the winner's rank in the heuristic's order (0: its first choice)
   float first_ms = 0;   // median time of the heuristic's first choice
@@ -479,6 +484,7 @@ void time_candidates(const TuningCall& call, Descriptors* desc,
   const CublasLt& lt = desc->lt;
   *chosen = 0;
   const int count = static_cast<int>(candidates.size());
+  if (count == 0) return;
   void* out = call.d.data;
   bool scratch = false;
   if (call.beta != 0.f) {
@@ -510,6 +516,9 @@ void time_candidates(const TuningCall& call, Descriptors* desc,
       cudaEventRecord(pair[1], call.stream);
     }
   }
+  // Freed before the wait, so the pool can release it at that synchronisation: the scratch (up to
+  // D's size, 2 GiB for an fp32 [4096, 128256]) is held outside the framework's allocator.
+  if (scratch) cudaFreeAsync(out, call.stream);
   std::vector<float> medians(count, -1.f);
   if (ok && cudaStreamSynchronize(call.stream) == cudaSuccess) {
     for (int i = 0; i < count; ++i) {
@@ -527,8 +536,7 @@ void time_candidates(const TuningCall& call, Descriptors* desc,
   }
   for (cudaEvent_t event : events)
     if (event != nullptr) cudaEventDestroy(event);
-  if (scratch) cudaFreeAsync(out, call.stream);
-  cudaGetLastError();
+  cudaGetLastError();  // tuning started with no error pending (find_algorithm): this one is its own
   if (medians[0] < 0.f) return;  // the first choice did not run: keep it, as untuned calls do
   for (int i = 1; i < count; ++i)
     if (medians[i] >= 0.f && medians[i] < medians[*chosen]) *chosen = i;
@@ -545,13 +553,17 @@ void time_candidates(const TuningCall& call, Descriptors* desc,
 fastffn_status find_algorithm(const AlgoKey& key, const TuningCall& call, Descriptors* desc,
                               cublasLtMatmulAlgo_t* algo) {
   static std::mutex mutex;
-  static std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache;
+  // Untuned choices (cleared when full: dynamic shapes keep adding keys) and tuned winners (never
+  // cleared: at most kMaxTunedProblems, each paid for with timing runs and a synchronisation).
+  static std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache, tuned;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto found = cache.find(key);
-    if (found != cache.end()) {
-      *algo = found->second;
-      return FASTFFN_STATUS_OK;
+    for (const auto* map : {&tuned, &cache}) {
+      auto found = map->find(key);
+      if (found != map->end()) {
+        *algo = found->second;
+        return FASTFFN_STATUS_OK;
+      }
     }
   }
   const CublasLt& lt = desc->lt;
@@ -584,32 +596,48 @@ fastffn_status find_algorithm(const AlgoKey& key, const TuningCall& call, Descri
                 (long long)key[8], (long long)key[9], (long long)key[10], (long long)key[11],
                 (long long)key[12], (long long)key[13]);
   int chosen = 0;
+  bool was_tuned = false;
   if (wanted > 1) {
     bool room = false;
     {
       std::lock_guard<std::mutex> lock(tuning_mutex());
       room = tuning_records().size() < kMaxTunedProblems;
     }
+    // A CUDA error left pending by earlier work is the caller's to see: tuning neither clears it
+    // nor runs over it (the problem then takes the first choice, uncached, and tunes later).
+    const bool error_pending = cudaPeekAtLastError() != cudaSuccess;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     // Timing needs a host wait on the stream, which a stream being captured into a graph forbids.
-    const bool capturing = cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
-                           capture != cudaStreamCaptureStatusNone;
-    cudaGetLastError();
-    if (room && !capturing) {
+    bool capturing = false;
+    if (!error_pending) {
+      capturing = cudaStreamIsCapturing(call.stream, &capture) != cudaSuccess ||
+                  capture != cudaStreamCaptureStatusNone;
+      cudaGetLastError();  // no error was pending: any now is the query's own
+    }
+    if (error_pending || capturing) {
+      *algo = candidates[0].algo;  // not cached: a later call tunes the problem
+      return FASTFFN_STATUS_OK;
+    }
+    if (room) {
       TuningRecord record;
       record.key = key;
       if (candidates.size() > 1) {
         time_candidates(call, desc, candidates, &record, &chosen);
+      } else {  // one candidate: nothing to time, its configuration recorded as both
+        record.first_config = record.chosen_config = algo_config(lt, candidates[0].algo);
       }
       std::lock_guard<std::mutex> lock(tuning_mutex());
       tuning_records().push_back(record);
-    } else if (capturing) {
-      *algo = candidates[0].algo;  // not cached: a later uncaptured call tunes the problem
-      return FASTFFN_STATUS_OK;
+      was_tuned = true;
     }
   }
   *algo = candidates[chosen].algo;
   std::lock_guard<std::mutex> lock(mutex);
+  if (was_tuned) {
+    tuned.emplace(key, *algo);
+    return FASTFFN_STATUS_OK;
+  }
+  // Past kMaxTunedProblems a tuned key holds the untimed first choice, in the cache that clears.
   if (cache.size() >= kMaxCachedAlgos) cache.clear();
   cache.emplace(key, *algo);
   return FASTFFN_STATUS_OK;

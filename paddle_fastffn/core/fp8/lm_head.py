@@ -12,8 +12,10 @@ Each chunk writes its rows of q(h)^T and q(d_logits)^T into storage for the whol
 K = its rows only (2080 at a 128256 vocabulary) and reads and writes the whole fp32 [H, V] sum (2 GiB
 each way at H 4096), which then needs a cast to W's dtype: on an H100 the four chunks of an 8192-token
 Llama-3 batch took 12.5 ms against about 6 ms for the one GEMM's FLOPs (run 24's GEMM records). The
-storage holds rows x (V + H) bytes (1.08 GiB at 8192 tokens, V 128256, H 4096), less than the fp32 sum
-it replaces (2 GiB).
+storage holds rows x (V + H) bytes (1.08 GB at 8192 tokens, V 128256, H 4096), half the fp32 sum it
+replaces (2.1 GB) where the kernel writes each block in place (the torch harness); on Paddle, which
+has no kernel writing an FP8 tensor into part of another, the blocks are concatenated at the end
+(fp8/emulated.py RowBlocks), holding both for that moment.
 
 One GEMM needs one scale per operand for the whole call:
 - h: current scaling over every row (one amax pass over h, then each chunk's quantisation reads that
@@ -21,7 +23,8 @@ One GEMM needs one scale per operand for the whole call:
 - d_logits: bounded scaling. The kernel writes (softmax - onehot) * g with g = 1 / n (the mean over
   the n labelled rows) and every softmax entry in [0, 1], so |d_logits| <= g exactly: the scale is
   fmt_max / g, the bound's, for every chunk and no amax pass (a d_logits value rounded to the logits'
-  dtype above g by half an ulp saturates to fmt_max, within e5m2's own rounding). Its amax is the
+  dtype above g by half an ulp saturates to fmt_max, within e5m2's own rounding). The recipe's
+  margin, headroom for an amax that may grow, does not apply to a bound that cannot be exceeded. Its amax is the
   bound's, not the data's: current scaling would use the data's amax, which a batch's confident rows
   can put below g; e5m2's normal range spans 30 binades below its max, so only entries 2^-30 g and
   smaller flush to zero (gradients of probabilities below 1e-9), where per-chunk current scaling
@@ -47,7 +50,7 @@ from __future__ import annotations
 from .linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, weight_gradient
 from .recipe import FAST_ACCUM_FORWARD
 
-ROW_MULTIPLE = 16  # cuBLASLt's FP8 alignment of a GEMM's K (d_W's K is the chunk's rows)
+ROW_MULTIPLE = 16  # cuBLASLt's FP8 alignment of a GEMM's K (d_W's K is the call's rows, each chunk's block of them)
 
 
 def sizes_error(width: int, vocab: int) -> str | None:
@@ -106,7 +109,7 @@ class Fp8HeadGemms:
         vocab = be.shape(weight)[0] if transpose_weight else be.shape(weight)[1]
         self.h_rows = be.transposed_rows(rows, width, h.fmt, hidden) if need_d_weight else None
         self.grad_rows = be.transposed_rows(rows, vocab, g.fmt, hidden) if need_d_weight else None
-        self.first_row = 0
+        self.rows, self.first_row = rows, 0
 
     def logits(self, h, out_dtype):
         """q(h) of the chunk (its transposed copy into the call's storage for d_W), then the
@@ -136,6 +139,9 @@ class Fp8HeadGemms:
     def weight_gradient(self, dtype):
         """d_W over every row of the call, in dtype (W's), once every chunk's gradients ran."""
         be, h, g = self.be, self.states.input, self.states.grad_output
+        if self.first_row != self.rows:
+            raise ValueError(f"Fp8HeadGemms.weight_gradient: the chunks' gradients covered {self.first_row} of "
+                             f"{self.rows} rows")
         q_hidden = be.transposed_rows_value(self.h_rows, h.scale_inv, h.fmt)
         q_grad = be.transposed_rows_value(self.grad_rows, self.grad_scale_inv, g.fmt)
         self.h_rows = self.grad_rows = None

@@ -103,7 +103,8 @@ class Fp8Recipe:
     weight_copies: str = "per_use"
     # The LM head + loss (the fused linear cross-entropy's three GEMMs): "bf16", the activation
     # dtype, as Transformer Engine's and NeMo's recipes and DeepSeek-V3 keep the output head; or
-    # "fp8", its GEMMs in FP8 with every operand current-scaled per chunk (core/fp8/lm_head.py). The
+    # "fp8", its GEMMs in FP8 (h and W current-scaled over the call, d_logits by its bound; d_W one GEMM
+    # over every chunk: core/fp8/lm_head.py). The
     # head is the largest GEMM left in 16 bits, and grows with the vocabulary; "bf16" stays the
     # default until the convergence harness shows "fp8" within its bound.
     lm_head: str = "bf16"
@@ -177,7 +178,8 @@ class Fp8Recipe:
 
     def lm_head_states(self, backend=None) -> "LinearScalingStates":
         """The LM head's states under lm_head "fp8": h and W in the forward format, d_logits in the
-        backward format, all current-scaled whatever the recipe's scaling (core/fp8/lm_head.py)."""
+        backward format, none delayed whatever the recipe's scaling: h and W current-scaled over the
+        call, d_logits scaled by its bound (core/fp8/lm_head.py)."""
         from .scaling import LinearScalingStates
 
         return LinearScalingStates(input=self.new_state(self.forward_format, "current", backend),

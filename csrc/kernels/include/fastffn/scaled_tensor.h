@@ -111,11 +111,14 @@ fastffn_status fastffn_gemm_init_cuda(size_t* cublaslt_version);
 // is cached for the problem. A call that accumulates (beta 1) times into a scratch D allocated
 // stream-ordered (cudaMallocAsync), so D keeps its value; when that allocation fails, or any CUDA
 // call of the timing does, the problem keeps the heuristic's first choice. A stream being captured
-// into a CUDA graph is never timed. After 512 tuned problems (variable sequence lengths add one
-// per new token count) new problems take the heuristic's first choice untimed. The choice depends
-// on timings, so two processes may run different algorithms for one problem (results may differ
-// in the last bits). FASTFFN_GEMM_TUNING=<candidates> in the environment sets it at the first
-// GEMM of the process. INVALID_ARGUMENT outside 0..32.
+// into a CUDA graph is never timed, nor a call made while a CUDA error is pending (both run the
+// first choice and leave the problem to a later call). After 512 tuned problems (variable sequence
+// lengths add one per new token count) new problems take the heuristic's first choice untimed.
+// Each round times one launch per candidate, so a GEMM shorter than a kernel launch is timed with
+// the launch in it. The choice depends on timings, so two processes may run different algorithms
+// for one problem (results may differ in the last bits). FASTFFN_GEMM_TUNING=<candidates> in the
+// environment sets it at the first GEMM of the process (above 32: 32; below 2: off).
+// INVALID_ARGUMENT outside 0..32.
 fastffn_status fastffn_gemm_set_tuning(int candidates);
 int fastffn_gemm_get_tuning(void);
 
