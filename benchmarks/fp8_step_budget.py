@@ -80,7 +80,8 @@ def cast_model(shape: dict, head: str) -> dict:
     2, write 1); backward's transposed copy of each (read 2, write 1); the inputs of qkv, o_proj and gate_up with
     their transposed copies (read 2, write 1 + 1); the output gradients of o_proj, qkv and the FFN likewise in e5m2
     (gate_up's comes out of the SwiGLU backward kernel). An FP8 head adds h and W (both copies) and d_logits (both
-    copies, one chunk at these shapes), each current-scaled: an amax pass over each first. L2 hits are not modelled
+    copies, one chunk at these shapes), each current-scaled in the profiled code (run 21): an amax pass over each
+    first. L2 hits are not modelled
     (a weight of under 50 MB quantised twice in a row may be read from L2 the second time)."""
     t, h, i, v, layers = shape["tokens"], shape["hidden"], shape["inter"], shape["vocab"], shape["layers"]
     qkv = h + 2 * h * shape["kv_heads"] // shape["heads"]

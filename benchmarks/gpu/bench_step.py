@@ -86,8 +86,8 @@ def loss_contenders(vocab, tokens, width, liger, device="cuda"):
              "hf_torch_compile": (lambda h, w: compiled_hf_loss(h, w, labels), [hidden, w_vh]),
              "ours": (lambda h, w: ops.linear_cross_entropy(h, w, labels), [hidden, w_hv]),
              # the same op with its three GEMMs in FP8 (Fp8Recipe.lm_head "fp8"): the default chunks
-             # (1 GiB counted in fp32; at vocab 128256 2080 rows, each re-reading and re-writing the
-             # fp32 d_W), and 4096-row chunks (half the passes over d_W, twice the transient logits)
+             # (1 GiB counted in fp32; at vocab 128256 2080 rows), and 4096-row chunks (twice the
+             # transient logits); d_W one GEMM over every chunk's rows either way
              "ours_fp8": (lambda h, w: ops.linear_cross_entropy(h, w, labels, fp8_recipe=FP8_HEAD_RECIPE),
                           [hidden, w_hv]),
              "ours_fp8_chunk4096": (lambda h, w: ops.linear_cross_entropy(h, w, labels, chunk_tokens=4096,

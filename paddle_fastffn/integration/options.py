@@ -119,9 +119,10 @@ class FastFFNOptions:
         "gradient accumulation quantises each weight once a step). Same numerics."))
     fp8_lm_head: str = option("bf16", (
         "The LM head + loss under fast_ffn_precision=fp8: \"bf16\" (the activation dtype, as Transformer Engine's "
-        "and NeMo's FP8 recipes keep it) or \"fp8\" (its three GEMMs in FP8, every operand current-scaled per "
-        "chunk of tokens; needs fast_ffn_fused_cross_entropy, hidden and vocabulary sizes multiples of 16, else "
-        "one warning and the 16-bit head)."))
+        "and NeMo's FP8 recipes keep it) or \"fp8\" (its three GEMMs in FP8: h and W current-scaled over the "
+        "call, the logits' gradient by its bound 1/n, the weight gradient one GEMM over every chunk; needs "
+        "fast_ffn_fused_cross_entropy, hidden and vocabulary sizes multiples of 16, else one warning and the "
+        "16-bit head)."))
     # Without it (or fp8_fallback), FP8 on CPU is an error.
     fp8_emulate: bool = option(False, (
         "Run fast_ffn_precision=fp8 emulated (FP8 rounding and scaling, fp32 GEMMs; no speed-up) where FP8 GEMMs "

@@ -121,19 +121,22 @@ def linear_cross_entropy(hidden: paddle.Tensor, weight: paddle.Tensor, labels: p
     (ignored tokens have loss 0; NaN when every label is ignored, with zero gradients).
     Precision: logits fp32 on CPU, hidden.dtype on GPU (fp32 accumulation in the GEMM, as the stock
     head); max, log-sum-exp and gradient in fp32; d_hidden stored in hidden's dtype (each row is one
-    GEMM with fp32 accumulation), d_weight summed over chunks in fp32; returned in the inputs' dtypes.
+    GEMM with fp32 accumulation), d_weight summed over chunks in fp32 (the FP8 head: one GEMM over
+    every chunk, in W's dtype); returned in the inputs' dtypes.
     Memory: one [chunk_tokens, V] logits chunk at a time; chunk_tokens None bounds it at
     core.linear_cross_entropy's GPU_CHUNK_BYTES (GPU_FROZEN_HEAD_CHUNK_BYTES for a frozen head) /
     CPU_CHUNK_BYTES of fp32. The gradients are computed in forward (so the
-    backward needs no second pass): d_hidden [T, H] and the fp32 d_weight are held until backward.
+    backward needs no second pass): d_hidden [T, H] and d_weight (fp32; the FP8 head's in W's
+    dtype) are held until backward.
     Labels outside [0, V) that are not ignore_index raise ValueError: on CPU at once; on GPU, where
     the kernel flags them on the device, when backward reads its one value per step back (in the
     forward when no gradient is needed), so the forward synchronises only to count the labels.
     One difference from stock on CPU: Paddle's CPU softmax clips logits more than 64 below the
     row's max (phi SoftmaxEigen's ValueClip), so stock reports about 64 for a token whose loss is
     larger; this op computes the loss itself (the gradients agree).
-    fp8_recipe: an Fp8Recipe; the three GEMMs then run in FP8 (core/fp8/lm_head.py: every operand
-    current-scaled per chunk, the recipe's formats and margin), cuBLASLt's on an sm_90 GPU with the
+    fp8_recipe: an Fp8Recipe; the three GEMMs then run in FP8 (core/fp8/lm_head.py: the recipe's
+    formats, h and W current-scaled over the call with its margin, d_logits by its bound 1/n, d_W
+    one GEMM over every chunk), cuBLASLt's on an sm_90 GPU with the
     CUDA operators, emulated elsewhere; bf16 or fp32 `hidden`, H and V multiples of 16.
     """
     _check_inputs(hidden, weight, labels, transpose_weight, chunk_tokens)
