@@ -206,3 +206,32 @@ def test_threads_each_get_their_own_scaling_states():
         t.join()
     for i in range(2):
         assert results[i] == [alone[i]] * 20, (i, alone[i], results[i])
+
+
+@pytest.mark.parametrize("axis", [0, 1], ids=["emulated_rows", "cuda_transposed_columns"])
+def test_row_blocks_join_in_row_order_and_refuse_a_gap(axis):
+    """RowBlocks (the Paddle backends' transposed_rows storage): FP8 blocks added in any order come
+    back concatenated in row order along their row axis (0: the emulated copies [r, C]; 1: the CUDA
+    backend's transposed copies [C, r]); blocks that leave a gap or miss rows are an error."""
+    from paddle_fastffn.fp8.emulated import RowBlocks
+
+    def block(first, rows):
+        values = np.arange(first, first + rows, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)
+        data = paddle.to_tensor(values if axis == 0 else values.T).astype(FP8_DTYPES["e4m3"])
+        return first, data
+
+    storage = RowBlocks(7)
+    for first, rows in ((4, 3), (0, 4)):
+        storage.add(*block(first, rows))
+    joined = storage.joined(axis).astype(paddle.float32).numpy()
+    rows_first = joined if axis == 0 else joined.T
+    assert np.array_equal(rows_first[:, 0], np.arange(7, dtype=np.float32))
+    gap = RowBlocks(7)
+    gap.add(*block(0, 3))
+    gap.add(*block(4, 3))
+    with pytest.raises(ValueError, match="a block starts at row 4, expected 3"):
+        gap.joined(axis)
+    short = RowBlocks(7)
+    short.add(*block(0, 4))
+    with pytest.raises(ValueError, match="the blocks hold 4 rows of 7"):
+        short.joined(axis)
