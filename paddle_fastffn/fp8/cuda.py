@@ -63,7 +63,7 @@ import paddle
 
 from ..core.fp8.linear import ROWWISE, TRANSPOSED, WEIGHT_COPIES, Fp8LinearOp
 from ._autograd import pylayer
-from .emulated import PaddleFp8Tensors, RowBlocks
+from .emulated import PaddleFp8Tensors
 from .recipe import LinearScalingStates, ScalingState
 
 # Every K and every FP8 row stride of the three GEMMs must be a multiple of 16 bytes (1-byte FP8).
@@ -233,8 +233,6 @@ class CudaFp8Backend(PaddleFp8Tensors):
             data_t = None
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
-    def transposed_rows(self, rows: int, cols: int, fmt: str, like):
-        return RowBlocks(rows)
 
     def transposed_rows_value(self, storage, scale_inv, fmt: str):
         """The blocks' transposed copies [C, r] side by side: the [C, rows] copy."""

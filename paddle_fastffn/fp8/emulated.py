@@ -124,6 +124,12 @@ class PaddleFp8Tensors(SharedTensorMethods):
         """Sum over the rows in fp32, in `dtype` (a bias gradient, unquantised)."""
         return t.astype(paddle.float32).sum(axis=0).astype(dtype)
 
+    @staticmethod
+    def transposed_rows(rows: int, cols: int, fmt: str, like):
+        """Blocks joined when every one is written (RowBlocks): each backend's transposed_rows_value
+        says along which axis its copies hold their rows."""
+        return RowBlocks(rows)
+
 
 class EmulatedFp8Backend(PaddleFp8Tensors):
     name = "paddle-emulated"
@@ -166,9 +172,6 @@ class EmulatedFp8Backend(PaddleFp8Tensors):
                 storage, first_row = into
                 storage.add(first_row, q.data)
             return q
-
-    def transposed_rows(self, rows: int, cols: int, fmt: str, like):
-        return RowBlocks(rows)
 
     def transposed_rows_value(self, storage, scale_inv, fmt: str):
         """The blocks in row order as one [rows, cols] copy (it serves as the transposed one, as

@@ -9,9 +9,10 @@ and once, after the last chunk, over every row of the call:
 
 Each chunk writes its rows of q(h)^T and q(d_logits)^T into storage for the whole call
 (Fp8Backend.transposed_rows), so d_W is one GEMM. Summed per chunk instead, each chunk's GEMM has
-K = its rows only (2080 at a 128256 vocabulary) and reads and writes the whole fp32 [H, V] sum (2 GiB
+K = its rows only (2080 at a 128256 vocabulary) and reads and writes the whole fp32 [H, V] sum (2.1 GB
 each way at H 4096), which then needs a cast to W's dtype: on an H100 the four chunks of an 8192-token
-Llama-3 batch took 12.5 ms against about 6 ms for the one GEMM's FLOPs (run 24's GEMM records). The
+Llama-3 batch took 12.5 ms against about 6 ms for the one GEMM's FLOPs (the step benchmark's GEMM
+records, benchmarks/results/run24/README.md). The
 storage holds rows x (V + H) bytes (1.08 GB at 8192 tokens, V 128256, H 4096), half the fp32 sum it
 replaces (2.1 GB) where the kernel writes each block in place (the torch harness); on Paddle, which
 has no kernel writing an FP8 tensor into part of another, the blocks are concatenated at the end
@@ -96,11 +97,8 @@ class Fp8HeadGemms:
         self.copies = WEIGHT_COPIES[self.layout]
         wanted = (self.copies["forward"],) + ((self.copies["dgrad"],) if need_d_hidden else ())
         self.q_weight = be.quantize_weight(weight, states.weight, copies=wanted)
-        # h's scale from every row's amax (current scaling over the call).
         h = states.input
-        be.zero_(h.amax_history)
-        be.quantize(hidden, h.scale, h.amax_history, h.fmt, rowwise=False, transpose=False)
-        be.compute_scale(h.amax_history, h.scale, h.scale_inv, h.fmt_max, h.margin)
+        h.scale_from(hidden, backend=be)  # current scaling over every row of the call
         g = states.grad_output
         self.grad_scale = be.fp32_full(1, g.fmt_max / grad_bound, like=hidden)
         be.zero_(g.amax_history)  # the data's amax, recorded by the quantisations (not used for scaling)

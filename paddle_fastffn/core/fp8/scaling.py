@@ -109,6 +109,17 @@ class ScalingState:
         return self.mode == "current" or (self.warm_start and not self.seeded)
 
     # --- quantising ------------------------------------------------------------------------------
+    def scale_from(self, x, backend=None) -> None:
+        """Current scaling of a tensor quantised block by block under one scale (the FP8 LM head's h,
+        a chunk of rows per quantisation): scale and scale_inv from x's amax (recorded in the
+        history), x itself not quantised; each block's backend.quantize then reads `scale`."""
+        if self.mode != "current":
+            raise ValueError(f"ScalingState.scale_from: a {self.mode}-scaled state takes no scale from one tensor")
+        be = backend or self.backend
+        be.zero_(self.amax_history)
+        be.quantize(x, self.scale, self.amax_history, self.fmt, rowwise=False, transpose=False)
+        be.compute_scale(self.amax_history, self.scale, self.scale_inv, self.fmt_max, self.margin)
+
     def quantize(self, x, end_step: bool = True, backend=None, amax_recorded: bool = False, **copies):
         """x quantised under this state with `backend`'s quantize kernel (default: the state's own
         backend), its amax recorded; `copies` (rowwise, transpose, transpose_cols) say which FP8

@@ -35,8 +35,14 @@ DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 DTYPE_NAMES = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPES.items()}
 GEMM_TUNING_FIELDS = header_constant("FASTFFN_GEMM_TUNING_FIELDS")
-# A tuning record's algorithm configuration (scaled_tensor.h, fastffn_gemm_tuning_records).
+# A tuning record (scaled_tensor.h, fastffn_gemm_tuning_records): its scalars, then the first choice's
+# and the winner's algorithm configuration.
+GEMM_TUNING_SCALARS = ("m", "n", "k", "a_dtype", "b_dtype", "d_dtype", "flags", "asked", "timed", "chosen",
+                       "first_ms", "chosen_ms")
 ALGO_CONFIG_FIELDS = ("algorithm_id", "tile_id", "stages_id", "split_k", "cluster_shape_id")
+if GEMM_TUNING_FIELDS != len(GEMM_TUNING_SCALARS) + 2 * len(ALGO_CONFIG_FIELDS):
+    raise ImportError(f"scaled_tensor.h's FASTFFN_GEMM_TUNING_FIELDS ({GEMM_TUNING_FIELDS}) is not the record this "
+                      f"binding reads ({len(GEMM_TUNING_SCALARS)} scalars and two algorithm configurations)")
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 FP8_NAN_BYTE = 0x7F  # NaN in both formats: what poisoned FP8 outputs start as
 
@@ -212,8 +218,10 @@ class Fp8Kernels:
         records = []
         for i in range(count):
             row = rows[i * GEMM_TUNING_FIELDS:(i + 1) * GEMM_TUNING_FIELDS]
-            m, n, k, a_dtype, b_dtype, d_dtype, flags, asked, timed, chosen, first_ms, chosen_ms = row[:12]
-            configs = [dict(zip(ALGO_CONFIG_FIELDS, map(int, part))) for part in (row[12:17], row[17:22])]
+            scalars, width = len(GEMM_TUNING_SCALARS), len(ALGO_CONFIG_FIELDS)
+            m, n, k, a_dtype, b_dtype, d_dtype, flags, asked, timed, chosen, first_ms, chosen_ms = row[:scalars]
+            configs = [dict(zip(ALGO_CONFIG_FIELDS, map(int, row[start:start + width])))
+                       for start in (scalars, scalars + width)]
             records.append({"m": int(m), "n": int(n), "k": int(k),
                             "dtypes": [DTYPE_NAMES.get(int(t), int(t)) for t in (a_dtype, b_dtype, d_dtype)],
                             "accumulate": bool(int(flags) & 4), "fast_accum": bool(int(flags) & 8),
