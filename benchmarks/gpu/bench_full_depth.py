@@ -263,8 +263,9 @@ def memory_by_category(model, peak_bytes, make_optimizer=None) -> dict:
     return categories
 
 
-def run_once(build, context, recompute, steps, warmup):
-    """Build, measure and free one contender: bench_step.measure_training's row, or an OOM report."""
+def run_once(build, context, recompute, steps, warmup, accumulation=1):
+    """Build, measure and free one contender: bench_step.measure_training's row (`accumulation`
+    micro-batches per optimizer step), or an OOM report."""
     torch.cuda.reset_peak_memory_stats()
     phase = "build"
     try:
@@ -272,7 +273,8 @@ def run_once(build, context, recompute, steps, warmup):
             model, forward, *optimizer = build(recompute)
             phase = "step"
             make_optimizer = optimizer[0] if optimizer else fused_master_adamw
-            row = measure_training(forward, model, make_optimizer, steps=steps, warmup=warmup)
+            row = measure_training(forward, model, make_optimizer, steps=steps, warmup=warmup,
+                                   accumulation=accumulation)
             row["optimizer_name"] = make_optimizer.__name__
         row["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         row["parameters"] = sum(p.numel() for p in model.parameters())
@@ -317,15 +319,22 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
 
 
 def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None,
-                     fp8_lm_head="bf16"):
+                     fp8_lm_head="bf16", accumulation=1, only=None):
     """round_robin_rebuilt over the workload's contenders on `data` (a StepData) but those in not_run
-    ({contender: why}, whose rows say why). A workload whose persistent state exceeds the device's
+    ({contender: why}, whose rows say why), or only those named in `only`. A step is `accumulation`
+    forward+backward passes over the data, then one optimizer step: its tokens and FLOPs are that many
+    times the data's. A workload whose persistent state exceeds the device's
     memory is not built (every row says by how much). Each contender first runs without layer
     recompute; an OOM there is recorded and, where the contender can, it is rebuilt with full
     recompute per layer for this and every later round. A contender that does not fit at all keeps
     its OOM row (not rebuilt in later rounds)."""
     not_run = dict(not_run or {})
     names = plan.contenders(workload, data.packed_data)
+    if only is not None:
+        unknown = [name for name in only if name not in names]
+        if unknown:
+            raise ValueError(f"--contenders: {unknown} are not {workload} contenders on this data ({', '.join(names)})")
+        names = tuple(name for name in names if name in only)
     fit = plan.fits(workload, torch.cuda.get_device_properties(0).total_memory, **shape)
     if not fit["fits"]:
         why = (f"does not fit: persistent state {plan.gib(fit['persistent_state_bytes'])} (weights, gradients, fp32 "
@@ -335,7 +344,7 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
         return {"contenders": {name: {"does_not_fit": True, **fit, "error": why} for name in names},
                 "data": data.summary}
     contenders = {n: b for n, b in builders(workload, shape, data, model_name, fp8_lm_head).items()
-                  if n not in not_run}
+                  if n in names and n not in not_run}
     decided = {}  # contender -> {"recompute": bool, "oom_without_recompute": row} or {"oom": row}
     progress = []
 
@@ -346,11 +355,11 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
             if "oom" in decided.get(name, {}):
                 return {**decided[name]["oom"], "note": "not rebuilt: it ran out of memory in an earlier round"}
             choice = decided.setdefault(name, {"recompute": False})
-            row = run_once(build, context, choice["recompute"], steps, warmup)
+            row = run_once(build, context, choice["recompute"], steps, warmup, accumulation)
             if row.get("oom") and not choice["recompute"] and can_recompute(name):
                 log(f"{workload} {name}: {plan.describe_oom(row)}; rebuilding with full recompute per layer")
                 choice.update(recompute=True, oom_without_recompute=row)
-                row = run_once(build, context, True, steps, warmup)
+                row = run_once(build, context, True, steps, warmup, accumulation)
             row["layer_recompute"] = choice["recompute"]
             if row.get("oom"):  # with recompute, or where there is none: it does not fit
                 decided[name] = {"oom": row}
@@ -372,20 +381,20 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
     started = time.time()
     runs = {name: measured(name, build, context) for name, (build, context) in contenders.items()}
     results = round_robin_rebuilt(runs, rounds, on_round)
-    tokens = data.tokens
+    tokens, labelled_tokens = accumulation * data.tokens, accumulation * data.labelled_tokens
     if data.packed_data:
-        flops = plan.packed_model_flops(data.segment_lengths, **shape)
+        flops = accumulation * plan.packed_model_flops(data.segment_lengths, **shape)
         executed = nemo = None
     else:
-        flops = plan.model_flops(**shape)
-        executed = plan.lora_executed_flops(**shape) if workload == "lora" else flops
-        nemo = plan.nemo_model_flops(**shape)
+        flops = accumulation * plan.model_flops(**shape)
+        executed = accumulation * plan.lora_executed_flops(**shape) if workload == "lora" else flops
+        nemo = accumulation * plan.nemo_model_flops(**shape)
     results.update({name: {"error": why} for name, why in not_run.items() if name in names})
     for row in results.values():
         if isinstance(row.get("step"), dict):
             row.update({k: row["step"][k] for k in ("p50_ms", "p20_ms", "p80_ms", "spread_ms", "repeats")})
             seconds = row["p50_ms"] * 1e-3
-            row.update(tokens_per_s=tokens / seconds, labelled_tokens_per_s=data.labelled_tokens / seconds,
+            row.update(tokens_per_s=tokens / seconds, labelled_tokens_per_s=labelled_tokens / seconds,
                        model_tflops=flops / seconds / 1e12,
                        executed_tflops=None if executed is None else executed / seconds / 1e12,
                        nemo_model_tflops=None if nemo is None else nemo / seconds / 1e12)
@@ -394,7 +403,8 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
             "first_step_losses": first,
             "first_step_loss_max_relative_difference":
                 (max(first.values()) - min(first.values())) / abs(min(first.values())) if len(first) > 1 else None,
-            "model_flops_per_step": flops, "executed_flops_per_step": executed, "nemo_model_flops_per_step": nemo}
+            "accumulation": accumulation, "model_flops_per_step": flops, "executed_flops_per_step": executed,
+            "nemo_model_flops_per_step": nemo}
 
 
 def compare_to_peers(results: dict, workload: str) -> dict:
@@ -434,6 +444,12 @@ def main():
     parser.add_argument("--fp8-lm-head", default="bf16", choices=("bf16", "fp8"),
                         help="the FP8 contenders' LM head + loss (Fp8Recipe.lm_head): bf16, the default, or its GEMMs "
                              "in FP8 too")
+    parser.add_argument("--accumulation", type=int, default=1,
+                        help="micro-batches per optimizer step (the Trainer's gradient_accumulation_steps; PaddleNLP's "
+                             "llm/llama/sft_argument.json sets 4): each step is this many forward+backward passes over "
+                             "the step's data, then one optimizer step; tokens and FLOPs count every pass")
+    parser.add_argument("--contenders", default=None,
+                        help="comma-separated: time only these of each workload's contenders (default: all)")
     parser.add_argument("--allow-missing-peers", action="store_true",
                         help="run without a peer whose packages are missing (its rows say so) instead of stopping")
     args = parser.parse_args()
@@ -443,6 +459,9 @@ def main():
         parser.error(str(error))
     if args.steps < 3 or args.warmup < 1:
         parser.error("--steps must be at least 3 and --warmup at least 1")
+    if args.accumulation < 1:
+        parser.error(f"--accumulation: expected micro-batches per optimizer step >= 1, got {args.accumulation}")
+    only = None if args.contenders is None else [n.strip() for n in args.contenders.split(",") if n.strip()]
     model = plan.MODELS[args.model]
     shape = {**model, "layers": args.layers or model["layers"]}
 
@@ -471,6 +490,7 @@ def main():
               "command": "python3 -m benchmarks.gpu.bench_full_depth " + " ".join(sys.argv[1:]),
               "model": args.model,
               "fp8_lm_head": args.fp8_lm_head,
+              "accumulation": args.accumulation,
               "shape": {**shape, "tokens": shape["batch"] * shape["seq"], "parameters": plan.parameter_count(**shape),
                         "lora_parameters": plan.lora_parameter_count(**shape), "lora_rank": plan.LORA_RANK,
                         "lora_alpha": plan.LORA_ALPHA, "lora_targets": list(plan.LORA_TARGETS)},
@@ -494,6 +514,9 @@ def main():
                   "optimizer": "paddle_fastffn.torch.llama.FusedMasterAdamW for every contender (fp32 masters and moments of the "
                                "trainable parameters), lr 1e-5, weight decay 0.01, no clipping; full_low_memory: each "
                                "contender's own (its rows' optimizer_name)",
+                  "accumulation": "a step is --accumulation forward+backward passes over the step's data (the loss "
+                                  "divided by their count), then one optimizer step; tokens/s and TFLOP/s count "
+                                  "every pass",
                   "timing": f"round-robin over rebuilt contenders, {max(args.rounds, MIN_REPEATS)} rounds of "
                             f"{args.warmup} warm-up + {args.steps} timed steps; median of round medians (spread)"},
               "workloads": {}}
@@ -524,7 +547,7 @@ def main():
                 hf_varlen_attention.CALLS.clear()
                 result = measure_workload(workload, shape, data, args.model, args.rounds, args.steps, args.warmup,
                                           lambda progress, k=key: save(progress, k), stop_at, log, not_run,
-                                          args.fp8_lm_head)
+                                          args.fp8_lm_head, args.accumulation, only)
                 result["hf_varlen_attention_calls"] = dict(hf_varlen_attention.CALLS)
                 report["workloads"][key] = result
             except Exception as error:  # noqa: BLE001

@@ -154,14 +154,15 @@ def new_hf_model(config, device="cuda"):
     return model.to(DT).train()
 
 
-def training_step(forward, model, optimizer):
-    """One training step as every contender runs it: forward() -> loss, backward, the optimizer's
-    step, zero_grad, and for FP8 models the weight cache invalidated (the weights changed)."""
+def training_step(forward, model, optimizer, accumulation=1):
+    """One training step as every contender runs it: `accumulation` micro-batches of forward() ->
+    loss and its backward (the loss divided by their count, as PaddleNLP's and Hugging Face's
+    Trainers divide it under gradient_accumulation_steps), then the optimizer's step, zero_grad, and
+    for FP8 models the weight cache invalidated (the weights changed). Returns the last loss."""
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
 
     def step():
-        loss = forward()
-        loss.backward()
+        loss = accumulated_backward(forward, accumulation)
         optimizer.step()
         optimizer.zero_grad()
         invalidate()
@@ -169,14 +170,24 @@ def training_step(forward, model, optimizer):
     return step
 
 
-def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
-    """forward() -> loss; make_optimizer(params) -> the optimizer stepped after each backward.
-    Returns one round's row: the medians over `steps` timed steps of the whole step, its
-    forward+backward and its optimizer part (ms, CUDA events inside each step), the warm-up losses
-    and memory."""
+def accumulated_backward(forward, accumulation):
+    """forward() and backward `accumulation` times into the same gradients; the last (unscaled) loss."""
+    if accumulation < 1:
+        raise ValueError(f"accumulation: expected micro-batches per optimizer step >= 1, got {accumulation}")
+    for _ in range(accumulation):
+        loss = forward()
+        (loss / accumulation if accumulation > 1 else loss).backward()
+    return loss
+
+
+def measure_training(forward, model, make_optimizer, steps=8, warmup=3, accumulation=1):
+    """forward() -> loss; make_optimizer(params) -> the optimizer stepped after every `accumulation`
+    forward+backward passes (training_step). Returns one round's row: the medians over `steps` timed
+    steps of the whole step, its forward+backward part (every micro-batch) and its optimizer part (ms,
+    CUDA events inside each step), the warm-up losses and memory."""
     optimizer = make_optimizer(model.parameters())
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
-    step = training_step(forward, model, optimizer)
+    step = training_step(forward, model, optimizer, accumulation)
 
     losses = []
     started = time.time()
@@ -191,8 +202,7 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
         start, after_backward, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
         issued = time.perf_counter()
-        loss = forward()
-        loss.backward()
+        accumulated_backward(forward, accumulation)
         after_backward.record()
         optimizer.step()
         optimizer.zero_grad()
@@ -213,7 +223,8 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3):
             "forward_backward_ms": percentiles([fb for _, fb, _ in timed])["p50_ms"],
             "optimizer_ms": percentiles([total - fb for total, fb, _ in timed])["p50_ms"],
             "host_issue_ms": percentiles([host for _, _, host in timed])["p50_ms"],
-            "steps_per_round": steps, "first_losses": losses, "warmup_s": warmup_s, "peak_bytes": peak,
+            "steps_per_round": steps, "accumulation": accumulation, "first_losses": losses, "warmup_s": warmup_s,
+            "peak_bytes": peak,
             "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 

@@ -173,6 +173,10 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
     fp8_head = []
     full_depth_section(fp8_head, {**run, "fp8_lm_head": "fp8"})
     assert "LM head + loss run in FP8 too (`--fp8-lm-head fp8`)" in "\n".join(fp8_head)
+    assert "--accumulation" not in text
+    accumulated = []
+    full_depth_section(accumulated, {**run, "accumulation": 4})
+    assert "A step is 4 forward+backward passes over the row (`--accumulation`" in "\n".join(accumulated)
     assert "120.00" in text and "125.00" in text
     # a workload no contender fits is one line rather than a table of identical rows
     assert "full:gsm8k: no contender fits (ours): state 100.41 GiB > 79.18 GiB (short by 21.23 GiB)." in text

@@ -133,3 +133,44 @@ def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
     with pytest.raises(SystemExit, match="'nobody' is not a full_low_memory contender"):
         bench_full_depth.profile_contenders(["nobody"], "full_low_memory", shape, data, "llama2_7b", {}, lambda: None,
                                             lambda line: None)
+
+
+@pytest.mark.parametrize("contender", ["ours", "ours_fp8_delayed"])
+def test_accumulated_step_trains_the_mean_of_its_micro_batches(monkeypatch, contender):
+    """--accumulation: a step of two micro-batches over the same data leaves the gradients of one
+    (the loss divided by their count, as the Trainers divide it), not twice them; bf16 and FP8 (the
+    peers run the same accumulated_backward; Liger needs a GPU)."""
+    from benchmarks.gpu import bench_full_depth
+
+    monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    data = bench_full_depth.StepData("uniform", shape, full_depth_args(), device="cpu")
+    build, context = bench_full_depth.builders("full", shape, data, "llama2_7b")[contender]
+    gradients = {}
+    for accumulation in (1, 2):
+        with context():
+            model, forward = build(False)
+            loss = bench_step.accumulated_backward(forward, accumulation)
+        assert torch.isfinite(loss), loss
+        gradients[accumulation] = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert gradients[1] and set(gradients[1]) == set(gradients[2])
+    # FP8 delayed scaling: the second micro-batch quantises with the first one's amax, so its
+    # gradients are not bit for bit the first's; twice the gradients would be 1.0 away
+    bound = 0.1 if "fp8" in contender else 1e-2
+    for name, one in gradients[1].items():
+        distance = float((gradients[2][name] - one).norm() / one.norm().clamp_min(1e-30))
+        assert distance <= bound, f"{contender} {name}: relative distance {distance:.3g} > {bound}"
+    with pytest.raises(ValueError, match="accumulation: expected micro-batches per optimizer step >= 1, got 0"):
+        bench_step.accumulated_backward(forward, 0)
+
+
+def test_full_depth_contenders_option_names_the_unknown(monkeypatch):
+    """--contenders: a name that is not one of the workload's contenders is refused by name, before
+    anything is built."""
+    from benchmarks.gpu import bench_full_depth
+
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    data = bench_full_depth.StepData("uniform", shape, full_depth_args(), device="cpu")
+    with pytest.raises(ValueError, match=r"--contenders: \['nobody'\] are not full contenders"):
+        bench_full_depth.measure_workload("full", shape, data, "llama2_7b", 3, 3, 1, lambda progress: None, 0.0,
+                                          lambda line: None, only=["ours", "nobody"])
