@@ -320,20 +320,17 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
 
 def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, save, stop_at, log, not_run=None,
                      fp8_lm_head="bf16", accumulation=1, only=None):
-    """round_robin_rebuilt over the workload's contenders on `data` (a StepData) but those in not_run
-    ({contender: why}, whose rows say why), or only those named in `only`. A step is `accumulation`
-    forward+backward passes over the data, then one optimizer step: its tokens and FLOPs are that many
-    times the data's. A workload whose persistent state exceeds the device's
-    memory is not built (every row says by how much). Each contender first runs without layer
+    """round_robin_rebuilt over the workload's contenders on `data` (a StepData), those named in `only`
+    if given, but those in not_run ({contender: why}, whose rows say why). A step is `accumulation`
+    forward+backward passes over the data, then one optimizer step: its tokens and FLOPs are that
+    many times the data's. A workload whose persistent state exceeds the device's memory is not
+    built (every row says by how much). Each contender first runs without layer
     recompute; an OOM there is recorded and, where the contender can, it is rebuilt with full
     recompute per layer for this and every later round. A contender that does not fit at all keeps
     its OOM row (not rebuilt in later rounds)."""
     not_run = dict(not_run or {})
     names = plan.contenders(workload, data.packed_data)
     if only is not None:
-        unknown = [name for name in only if name not in names]
-        if unknown:
-            raise ValueError(f"--contenders: {unknown} are not {workload} contenders on this data ({', '.join(names)})")
         names = tuple(name for name in names if name in only)
     fit = plan.fits(workload, torch.cuda.get_device_properties(0).total_memory, **shape)
     if not fit["fits"]:
@@ -449,19 +446,20 @@ def main():
                              "llm/llama/sft_argument.json sets 4): each step is this many forward+backward passes over "
                              "the step's data, then one optimizer step; tokens and FLOPs count every pass")
     parser.add_argument("--contenders", default=None,
-                        help="comma-separated: time only these of each workload's contenders (default: all)")
+                        help="comma-separated: time only these of the workloads' contenders (default: all)")
     parser.add_argument("--allow-missing-peers", action="store_true",
                         help="run without a peer whose packages are missing (its rows say so) instead of stopping")
     args = parser.parse_args()
     try:
         workloads, datasets = plan.workloads_from(args.workloads), plan.data_from(args.data)
+        only = None if args.contenders is None else plan.contenders_from(args.contenders, workloads, datasets)
     except ValueError as error:
         parser.error(str(error))
     if args.steps < 3 or args.warmup < 1:
         parser.error("--steps must be at least 3 and --warmup at least 1")
     if args.accumulation < 1:
         parser.error(f"--accumulation: expected micro-batches per optimizer step >= 1, got {args.accumulation}")
-    only = None if args.contenders is None else [n.strip() for n in args.contenders.split(",") if n.strip()]
+
     model = plan.MODELS[args.model]
     shape = {**model, "layers": args.layers or model["layers"]}
 

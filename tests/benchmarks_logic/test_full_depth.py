@@ -90,6 +90,13 @@ def test_workloads_and_their_contenders():
     for bad in ("", "alpaca", "gsm8k,,x"):
         with pytest.raises(ValueError, match="data must be"):
             plan.data_from(bad)
+    # --contenders: any workload's contender on any of the data; a name that is none is refused by name
+    assert plan.contenders_from("ours_fp8_delayed, hf_liger", ["full"], ["uniform"]) == ["ours_fp8_delayed", "hf_liger"]
+    assert plan.contenders_from("hf_liger_padded", ["full"], ["uniform", "gsm8k"]) == ["hf_liger_padded"]
+    with pytest.raises(ValueError, match=r"--contenders: \['hf_liger_padded'\] are not contenders of full on uniform"):
+        plan.contenders_from("ours,hf_liger_padded", ["full"], ["uniform"])
+    with pytest.raises(ValueError, match="--contenders"):
+        plan.contenders_from(" , ", ["full"], ["uniform"])
 
 
 def test_packed_model_flops_count_attention_within_each_example():

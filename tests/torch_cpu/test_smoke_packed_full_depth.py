@@ -163,14 +163,3 @@ def test_accumulated_step_trains_the_mean_of_its_micro_batches(monkeypatch, cont
     with pytest.raises(ValueError, match="accumulation: expected micro-batches per optimizer step >= 1, got 0"):
         bench_step.accumulated_backward(forward, 0)
 
-
-def test_full_depth_contenders_option_names_the_unknown(monkeypatch):
-    """--contenders: a name that is not one of the workload's contenders is refused by name, before
-    anything is built."""
-    from benchmarks.gpu import bench_full_depth
-
-    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
-    data = bench_full_depth.StepData("uniform", shape, full_depth_args(), device="cpu")
-    with pytest.raises(ValueError, match=r"--contenders: \['nobody'\] are not full contenders"):
-        bench_full_depth.measure_workload("full", shape, data, "llama2_7b", 3, 3, 1, lambda progress: None, 0.0,
-                                          lambda line: None, only=["ours", "nobody"])
