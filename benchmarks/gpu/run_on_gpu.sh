@@ -28,7 +28,8 @@
 #                FP8 (delayed, current) against HF + Liger (+ PEFT) padding-free and padded (bench_full_depth)
 #                -> full_depth.json/.log. A workload whose state exceeds the card's memory is reported, not built.
 #                FASTFFN_FULL_DEPTH_WORKLOADS=lora or =full runs one workload (default lora,full);
-#                FASTFFN_FULL_DEPTH_ARGS adds arguments (--data uniform, --model llama3_8b, ...). The HF LoRA peer
+#                FASTFFN_FULL_DEPTH_ARGS adds arguments (--data uniform, --model llama3_8b, --accumulation 4: the
+#                micro-batches per optimizer step of PaddleNLP's sft_argument.json, --contenders ...). The HF LoRA peer
 #                needs peft and what it imports where the machine lacks them: their wheels in .whl/full_depth/
 #                (peft==0.21.2, accelerate==1.15.0, psutil==7.2.2, downloaded as shared/gpu.md says), installed for
 #                this section only; bench_full_depth names what is missing and stops
