@@ -142,6 +142,21 @@ def model_flops(batch, seq, hidden, vocab, layers, **shape) -> float:
     return 6 * gemm_weights * tokens + 6 * layers * batch * seq * seq * hidden
 
 
+def step_work(workload: str, shape: dict, tokens: int, labelled_tokens: int, segment_lengths=None,
+              accumulation: int = 1) -> dict:
+    """What one timed step of bench_full_depth computes: `accumulation` forward+backward passes over
+    the step's data (packed: its examples' segment_lengths; uniform rows: None), so every count is
+    that many times one pass's. executed_flops and nemo_model_flops are None on packed data."""
+    if segment_lengths is not None:
+        flops, executed, nemo = packed_model_flops(segment_lengths, **shape), None, None
+    else:
+        flops, nemo = model_flops(**shape), nemo_model_flops(**shape)
+        executed = lora_executed_flops(**shape) if workload == "lora" else flops
+    per_pass = {"tokens": tokens, "labelled_tokens": labelled_tokens, "model_flops": flops,
+                "executed_flops": executed, "nemo_model_flops": nemo}
+    return {key: None if value is None else accumulation * value for key, value in per_pass.items()}
+
+
 def nemo_model_flops(batch, seq, hidden, vocab, layers, heads, kv_heads, inter, **_) -> float:
     """Model FLOPs of one step as NeMo's performance tables count them (NeMo's flops formula for the
     llama2 and llama3 families, nemo/utils/flops_formulas.py):

@@ -303,9 +303,9 @@ def full_depth_section(out, run, conventions=True):
     if run.get("fp8_lm_head") == "fp8":
         out.append("The FP8 contenders' LM head + loss run in FP8 too (`--fp8-lm-head fp8`); the bf16 ones' in bf16.\n")
     if run.get("accumulation", 1) > 1:
-        out.append(f"A step is {run['accumulation']} forward+backward passes over the row (`--accumulation`, the "
-                   "Trainer's gradient_accumulation_steps), then one optimizer step; step time, tokens/s and TFLOP/s "
-                   "count every pass.\n")
+        out.append(f"A step is {run['accumulation']} forward+backward passes over the step's data (`--accumulation`, "
+                   "the Trainer's gradient_accumulation_steps), then one optimizer step; step time, tokens/s and "
+                   "TFLOP/s count every pass.\n")
     for workload, result in run["workloads"].items():
         if workload.startswith("full_low_memory"):
             optimizers = {n: r.get("optimizer_name") for n, r in result.get("contenders", {}).items()}

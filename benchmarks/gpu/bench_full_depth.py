@@ -5,6 +5,7 @@ without torch):
 
     python3 -m benchmarks.gpu.bench_full_depth --out full_depth.json [--workloads lora,full]
         [--data gsm8k,oasst1_zh,uniform] [--model llama2_7b|llama3_8b] [--rows-per-step 1]
+        [--accumulation 1] [--contenders ours,ours_fp8_delayed,...]
 
 Data (--data):
   gsm8k, oasst1_zh  a step is the examples of the first --rows-per-step rows of 4096 tokens that
@@ -134,9 +135,11 @@ def seeded_hf_model(config):
     return new_hf_model(config)
 
 
-def builders(workload, shape, data: StepData, model_name: str, fp8_lm_head: str = "bf16"):
+def builders(workload, shape, data: StepData, model_name: str, fp8_lm_head: str = "bf16", accumulation: int = 1):
     """{contender: (build(recompute) -> (model, forward() -> loss), context manager factory)}; the
-    model's trainable parameters are what the optimizer steps."""
+    model's trainable parameters are what the optimizer steps. accumulation: the forwards the
+    training step runs before each optimizer step (the padded peer's forward runs backwards inside
+    and scales them by it)."""
     from benchmarks.gpu import hf_varlen_attention
     from benchmarks.gpu.bench_packed_sft import accumulating_forward, hf_padding_free_loss
     from paddle_fastffn.torch.fp8.ffn import Fp8Recipe
@@ -182,7 +185,7 @@ def builders(workload, shape, data: StepData, model_name: str, fp8_lm_head: str 
             if layout == "padding_free":
                 return model, lambda: hf_padding_free_loss(model, data.flat)
             if layout == "padded":
-                return model, accumulating_forward(model, data.padded, data.labelled_tokens)
+                return model, accumulating_forward(model, data.padded, data.labelled_tokens, accumulation)
             return model, lambda: model(input_ids=data.ids, labels=data.ids).loss
         return build, lambda: liger_patched(fused_linear_cross_entropy=True)
 
@@ -290,12 +293,14 @@ def run_once(build, context, recompute, steps, warmup, accumulation=1):
     return plan.oom_report(message, phase, allocated, peak)
 
 
-def profile_contenders(names, workload, shape, data, model_name, report, save, log, fp8_lm_head="bf16") -> None:
+def profile_contenders(names, workload, shape, data, model_name, report, save, log, fp8_lm_head="bf16",
+                       accumulation=1) -> None:
     """report["profiles"][contender]: profile_step.profile_training of each named contender, built as
-    the timed rows build it (no recompute where the rows use none), on one step's data."""
+    the timed rows build it (no recompute where the rows use none), on one step's data, `accumulation`
+    forward+backward passes per optimizer step."""
     from benchmarks.gpu.profile_step import profile_training
 
-    table = builders(workload, shape, data, model_name, fp8_lm_head)
+    table = builders(workload, shape, data, model_name, fp8_lm_head, accumulation)
     report["profiles"] = {"workload": workload, "data": data.summary}
     for name in names:
         if name not in table:
@@ -304,7 +309,7 @@ def profile_contenders(names, workload, shape, data, model_name, report, save, l
         with context():
             model, forward, *optimizer = build(False)
             report["profiles"][name] = profile_training(forward, model, optimizer[0] if optimizer else fused_master_adamw,
-                                                        steps=2)
+                                                        steps=2, accumulation=accumulation)
         log(f"profiled {name}: " + json.dumps(report["profiles"][name]["gpu_only"]["kernel_ms_by_category"]))
         host = report["profiles"][name].get("host_python")
         if host:
@@ -332,6 +337,8 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
     names = plan.contenders(workload, data.packed_data)
     if only is not None:
         names = tuple(name for name in names if name in only)
+        if not names:
+            return {"error": f"none of --contenders is a {workload} contender on this data", "data": data.summary}
     fit = plan.fits(workload, torch.cuda.get_device_properties(0).total_memory, **shape)
     if not fit["fits"]:
         why = (f"does not fit: persistent state {plan.gib(fit['persistent_state_bytes'])} (weights, gradients, fp32 "
@@ -340,7 +347,7 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
         log(f"{workload} {data.name}: {why}")
         return {"contenders": {name: {"does_not_fit": True, **fit, "error": why} for name in names},
                 "data": data.summary}
-    contenders = {n: b for n, b in builders(workload, shape, data, model_name, fp8_lm_head).items()
+    contenders = {n: b for n, b in builders(workload, shape, data, model_name, fp8_lm_head, accumulation).items()
                   if n in names and n not in not_run}
     decided = {}  # contender -> {"recompute": bool, "oom_without_recompute": row} or {"oom": row}
     progress = []
@@ -378,14 +385,10 @@ def measure_workload(workload, shape, data, model_name, rounds, steps, warmup, s
     started = time.time()
     runs = {name: measured(name, build, context) for name, (build, context) in contenders.items()}
     results = round_robin_rebuilt(runs, rounds, on_round)
-    tokens, labelled_tokens = accumulation * data.tokens, accumulation * data.labelled_tokens
-    if data.packed_data:
-        flops = accumulation * plan.packed_model_flops(data.segment_lengths, **shape)
-        executed = nemo = None
-    else:
-        flops = accumulation * plan.model_flops(**shape)
-        executed = accumulation * plan.lora_executed_flops(**shape) if workload == "lora" else flops
-        nemo = accumulation * plan.nemo_model_flops(**shape)
+    work = plan.step_work(workload, shape, data.tokens, data.labelled_tokens,
+                          data.segment_lengths if data.packed_data else None, accumulation)
+    tokens, labelled_tokens = work["tokens"], work["labelled_tokens"]
+    flops, executed, nemo = work["model_flops"], work["executed_flops"], work["nemo_model_flops"]
     results.update({name: {"error": why} for name, why in not_run.items() if name in names})
     for row in results.values():
         if isinstance(row.get("step"), dict):
@@ -463,12 +466,14 @@ def main():
     model = plan.MODELS[args.model]
     shape = {**model, "layers": args.layers or model["layers"]}
 
-    missing = plan.missing_packages(workloads, importable)
+    missing = {contender: names for contender, names in plan.missing_packages(workloads, importable).items()
+               if only is None or contender in only}
     for contender, names in missing.items():
         print(f"MISSING for {contender}: {', '.join(names)} (carry their wheels in .whl: see run_on_gpu.sh)")
     not_run = {contender: f"not run: cannot be imported here (missing {', '.join(names)})"
                for contender, names in missing.items()}
-    if "lora" in workloads and "hf_liger_peft" not in not_run:
+    if "lora" in workloads and "hf_liger_peft" not in not_run and (
+            only is None or any(name.startswith("hf_liger_peft") for name in only)):
         try:  # present is not enough: peft must import against this transformers
             import peft
             print(f"peft {peft.__version__} imports")
@@ -533,7 +538,7 @@ def main():
 
     if args.profile:
         profile_contenders(args.profile.split(","), workloads[0], shape, StepData(datasets[0], shape, args),
-                           args.model, report, save, log, args.fp8_lm_head)
+                           args.model, report, save, log, args.fp8_lm_head, args.accumulation)
         return
 
     for name in datasets:

@@ -106,16 +106,19 @@ def hf_padded_loss(model, batch, labelled_tokens):
                  shift_labels=batch["labels"], num_items_in_batch=labelled_tokens, use_cache=False).loss
 
 
-def accumulating_forward(model, micro_batches, labelled_tokens):
+def accumulating_forward(model, micro_batches, labelled_tokens, accumulation=1):
     """forward() over padded micro-batches with gradient accumulation: every micro-batch but the
     last runs its backward inside; the returned loss is the last one's (whose backward the
     training step runs) plus the earlier ones' values, so it is the step's loss. Each micro-batch's
-    loss is its sum over labelled tokens / the step's labelled tokens (hf_padded_loss)."""
+    loss is its sum over labelled tokens / the step's labelled tokens (hf_padded_loss).
+    accumulation: how many times the training step runs this forward before its optimizer step
+    (bench_step.accumulated_backward, which divides the returned loss by it): the backwards run
+    here are divided by it too, so every micro-batch weighs the same."""
     def forward():
         earlier = None
         for batch in micro_batches[:-1]:
             loss = hf_padded_loss(model, batch, labelled_tokens)
-            loss.backward()
+            (loss / accumulation if accumulation > 1 else loss).backward()
             earlier = loss.detach() if earlier is None else earlier + loss.detach()
         loss = hf_padded_loss(model, micro_batches[-1], labelled_tokens)
         return loss if earlier is None else loss + earlier

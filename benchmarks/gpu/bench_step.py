@@ -156,9 +156,10 @@ def new_hf_model(config, device="cuda"):
 
 def training_step(forward, model, optimizer, accumulation=1):
     """One training step as every contender runs it: `accumulation` micro-batches of forward() ->
-    loss and its backward (the loss divided by their count, as PaddleNLP's and Hugging Face's
-    Trainers divide it under gradient_accumulation_steps), then the optimizer's step, zero_grad, and
-    for FP8 models the weight cache invalidated (the weights changed). Returns the last loss."""
+    loss and its backward, each loss divided by their count (PaddleNLP's Trainer under
+    gradient_accumulation_steps; the micro-batches here are alike, so Hugging Face's count of the
+    step's labelled tokens gives the same), then the optimizer's step, zero_grad, and for FP8
+    models the weight cache invalidated (the weights changed). Returns the last loss."""
     invalidate = getattr(model, "invalidate_fp8_weights", lambda: None)
 
     def step():

@@ -176,12 +176,12 @@ def host_python_profile(step, steps: int, top: int = 40) -> dict:
             "by_cumulative_time": sorted(rows, key=lambda r: -r["cumulative_ms_per_step"])[:top]}
 
 
-def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3) -> dict:
-    """Three profiles of `steps` steps: the GPU alone (idle as the GPU sees it, the profiler's host
-    overhead kept small), the GPU with the host's operators (what the host did in each gap; its
-    gaps are wider by the profiler's own overhead) and the host's Python functions
-    (host_python_profile)."""
-    step = training_step(forward, model, make_optimizer(model.parameters()))
+def profile_training(forward, model, make_optimizer, steps: int, warmup: int = 3, accumulation: int = 1) -> dict:
+    """Three profiles of `steps` steps (each `accumulation` forward+backward passes, then the
+    optimizer): the GPU alone (idle as the GPU sees it, the profiler's host overhead kept small), the
+    GPU with the host's operators (what the host did in each gap; its gaps are wider by the
+    profiler's own overhead) and the host's Python functions (host_python_profile)."""
+    step = training_step(forward, model, make_optimizer(model.parameters()), accumulation)
     for _ in range(warmup):
         step()
     return {"gpu_only": kernel_timeline(step, steps), "with_host": kernel_timeline(step, steps, with_host=True),

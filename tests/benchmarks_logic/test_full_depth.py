@@ -99,6 +99,20 @@ def test_workloads_and_their_contenders():
         plan.contenders_from(" , ", ["full"], ["uniform"])
 
 
+def test_an_accumulated_step_counts_every_pass():
+    for workload in ("lora", "full"):
+        one = plan.step_work(workload, SHAPE, 4096, 4095)
+        assert one == {"tokens": 4096, "labelled_tokens": 4095, "model_flops": plan.model_flops(**SHAPE),
+                       "executed_flops": (plan.lora_executed_flops(**SHAPE) if workload == "lora"
+                                          else plan.model_flops(**SHAPE)),
+                       "nemo_model_flops": plan.nemo_model_flops(**SHAPE)}
+        assert plan.step_work(workload, SHAPE, 4096, 4095, accumulation=4) == {k: 4 * v for k, v in one.items()}
+    packed = plan.step_work("full", SHAPE, 100, 60, segment_lengths=[60, 40], accumulation=3)
+    assert packed == {"tokens": 300, "labelled_tokens": 180,
+                      "model_flops": 3 * plan.packed_model_flops([60, 40], **SHAPE), "executed_flops": None,
+                      "nemo_model_flops": None}
+
+
 def test_packed_model_flops_count_attention_within_each_example():
     one_row = plan.model_flops(**SHAPE)
     assert plan.packed_model_flops([SHAPE["seq"]], **SHAPE) == one_row  # one example filling the row
@@ -183,7 +197,7 @@ def test_report_section_renders_rows_ooms_and_missing_peers():
     assert "--accumulation" not in text
     accumulated = []
     full_depth_section(accumulated, {**run, "accumulation": 4})
-    assert "A step is 4 forward+backward passes over the row (`--accumulation`" in "\n".join(accumulated)
+    assert "A step is 4 forward+backward passes over the step's data (`--accumulation`" in "\n".join(accumulated)
     assert "120.00" in text and "125.00" in text
     # a workload no contender fits is one line rather than a table of identical rows
     assert "full:gsm8k: no contender fits (ours): state 100.41 GiB > 79.18 GiB (short by 21.23 GiB)." in text

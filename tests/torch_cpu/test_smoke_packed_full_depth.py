@@ -113,8 +113,9 @@ def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
     monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
     profiled = {}
 
-    def one_step(forward, model, make_optimizer, steps):
-        step = bench_step.training_step(forward, model, make_optimizer(model.parameters()))
+    def one_step(forward, model, make_optimizer, steps, accumulation):
+        assert accumulation == 2  # --accumulation reaches the profiled steps
+        step = bench_step.training_step(forward, model, make_optimizer(model.parameters()), accumulation)
         host = profile_step.host_python_profile(step, steps=1)  # the host's profile runs on the CPU as it is
         assert host["python_calls_per_step"] > 0 and host["by_own_time"], host
         assert any("fp8/linear.py" in row["function"] or "llama.py" in row["function"]
@@ -127,7 +128,7 @@ def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
     data = bench_full_depth.StepData("gsm8k", shape, full_depth_args(), device="cpu")
     report = {}
     bench_full_depth.profile_contenders(["ours_int8_compensated", "ours_bf16_adamw"], "full_low_memory", shape,
-                                        data, "llama2_7b", report, lambda: None, lambda line: None)
+                                        data, "llama2_7b", report, lambda: None, lambda line: None, accumulation=2)
     assert set(report["profiles"]) == {"workload", "data", "ours_int8_compensated", "ours_bf16_adamw"}
     assert set(profiled) == {"int8_compensated_adamw", "fused_torch_adamw"}
     with pytest.raises(SystemExit, match="'nobody' is not a full_low_memory contender"):
@@ -138,8 +139,8 @@ def test_full_depth_profile_mode(monkeypatch, tiny_profiles):
 @pytest.mark.parametrize("contender", ["ours", "ours_fp8_delayed"])
 def test_accumulated_step_trains_the_mean_of_its_micro_batches(monkeypatch, contender):
     """--accumulation: a step of two micro-batches over the same data leaves the gradients of one
-    (the loss divided by their count, as the Trainers divide it), not twice them; bf16 and FP8 (the
-    peers run the same accumulated_backward; Liger needs a GPU)."""
+    (the loss divided by their count, as the Trainers divide it), not twice them; bf16 and FP8 (Liger's
+    peers need a GPU; the padded one, whose forward runs backwards itself, has its own test below)."""
     from benchmarks.gpu import bench_full_depth
 
     monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
@@ -163,3 +164,26 @@ def test_accumulated_step_trains_the_mean_of_its_micro_batches(monkeypatch, cont
     with pytest.raises(ValueError, match="accumulation: expected micro-batches per optimizer step >= 1, got 0"):
         bench_step.accumulated_backward(forward, 0)
 
+
+
+def test_accumulated_padded_peer_weighs_every_micro_batch_alike(monkeypatch, tiny_profiles):
+    """The padded peer's forward runs the backward of every padded micro-batch but the last inside
+    (accumulating_forward): under --accumulation those are divided by the count too, so two passes
+    over the step leave the gradients of one. Hugging Face's model without Liger's patch (Liger
+    needs a GPU): the accumulation is the bench's, not the library's."""
+    from benchmarks.gpu import bench_full_depth
+    from benchmarks.gpu.bench_packed_sft import accumulating_forward
+
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    data = bench_full_depth.StepData("gsm8k", shape, full_depth_args(), device="cpu")
+    assert len(data.padded) > 1  # micro-batches whose backward runs inside the forward
+    gradients = {}
+    for accumulation in (1, 2):
+        torch.manual_seed(0)
+        model = bench_step.new_hf_model(bench_step.hf_config(shape), "cpu")
+        bench_step.accumulated_backward(accumulating_forward(model, data.padded, data.labelled_tokens, accumulation),
+                                        accumulation)
+        gradients[accumulation] = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, one in gradients[1].items():
+        distance = float((gradients[2][name] - one).norm() / one.norm().clamp_min(1e-30))
+        assert distance <= 1e-2, f"{name}: relative distance {distance:.3g}"
