@@ -29,8 +29,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # step and the loss table (with the FP8 LM head) and trains the FP8 head on the convergence harness; run 22 re-times
 # the 7B-width step on main with the host-overhead and frozen-head-chunks branches merged (its LoRA file is one cut
 # round, not rendered); run 23 re-times the 7B GSM8K LoRA row on the code with the one-node LoRA projection (its
-# files from the code before it, c1 and c5's 9e2d895, and from 2d46436, c3, are in its README, not rendered).
-CURRENT_GPU_RUNS = (("run24", ("step.json",)),
+# files from the code before it, c1 and c5's 9e2d895, and from 2d46436, c3, are in its README, not rendered); run 25
+# times the full-depth full fine-tune under gradient accumulation on an H100 (the low-memory optimizer state).
+CURRENT_GPU_RUNS = (("run25", ("full_depth.json",)), ("run24", ("step.json",)),
                     ("run23", ("full_depth_lora_gsm8k_c4_e1180fb.json", "full_depth_lora_gsm8k_2rows_c4_e1180fb.json",
                                "full_depth_lora_gsm8k_c5_e1180fb.json")),
                     ("run22", ("step.json",)), ("run21", None),
