@@ -462,7 +462,6 @@ def main():
         parser.error("--steps must be at least 3 and --warmup at least 1")
     if args.accumulation < 1:
         parser.error(f"--accumulation: expected micro-batches per optimizer step >= 1, got {args.accumulation}")
-
     model = plan.MODELS[args.model]
     shape = {**model, "layers": args.layers or model["layers"]}
 

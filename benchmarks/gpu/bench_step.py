@@ -225,8 +225,7 @@ def measure_training(forward, model, make_optimizer, steps=8, warmup=3, accumula
             "optimizer_ms": percentiles([total - fb for total, fb, _ in timed])["p50_ms"],
             "host_issue_ms": percentiles([host for _, _, host in timed])["p50_ms"],
             "steps_per_round": steps, "accumulation": accumulation, "first_losses": losses, "warmup_s": warmup_s,
-            "peak_bytes": peak,
-            "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
+            "peak_bytes": peak, "resident_bytes": resident, "peak_above_resident_bytes": peak - resident}
 
 
 def fused_master_adamw(params):
