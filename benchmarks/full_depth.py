@@ -77,7 +77,7 @@ def contenders_from(text: str, workloads, data) -> list[str]:
     """'ours,hf_liger' -> ['ours', 'hf_liger'] (bench_full_depth --contenders): each must be a contender of
     one of the workloads on one of the data (the others' rows are not run)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = {c for w in workloads for d in data for c in contenders(w, d != "uniform")}
+    known = {c for w in workloads for d in data for c in contenders(w, d in PACKED_DATA)}
     unknown = [n for n in names if n not in known]
     if not names or unknown:
         raise ValueError(f"--contenders: {unknown or text!r} are not contenders of {', '.join(workloads)} on "

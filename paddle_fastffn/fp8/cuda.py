@@ -233,7 +233,6 @@ class CudaFp8Backend(PaddleFp8Tensors):
             data_t = None
         return CudaQuantized(data if rowwise else None, data_t if transpose else None, scale_inv, fmt)
 
-
     def transposed_rows_value(self, storage, scale_inv, fmt: str):
         """The blocks' transposed copies [C, r] side by side: the [C, rows] copy."""
         return CudaQuantized(None, storage.joined(axis=1), scale_inv, fmt)

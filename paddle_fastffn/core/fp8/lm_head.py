@@ -12,11 +12,11 @@ Each chunk writes its rows of q(h)^T and q(d_logits)^T into storage for the whol
 K = its rows only (2080 at a 128256 vocabulary) and reads and writes the whole fp32 [H, V] sum (2.1 GB
 each way at H 4096), which then needs a cast to W's dtype: on an H100 the four chunks of an 8192-token
 Llama-3 batch took 12.5 ms against about 6 ms for the one GEMM's FLOPs (the step benchmark's GEMM
-records, benchmarks/results/run24/README.md). The
-storage holds rows x (V + H) bytes (1.08 GB at 8192 tokens, V 128256, H 4096), half the fp32 sum it
-replaces (2.1 GB) where the kernel writes each block in place (the torch harness); on Paddle, which
-has no kernel writing an FP8 tensor into part of another, the blocks are concatenated at the end
-(fp8/emulated.py RowBlocks), holding both for that moment.
+records, benchmarks/results/run24/README.md). The storage holds rows x (V + H) bytes (1.08 GB at
+8192 tokens, V 128256, H 4096), half the fp32 sum it replaces (2.1 GB) where the kernel writes each
+block in place (the torch harness); on Paddle, which has no kernel writing an FP8 tensor into part
+of another, the blocks are concatenated at the end (fp8/emulated.py RowBlocks), holding both for
+that moment.
 
 One GEMM needs one scale per operand for the whole call:
 - h: current scaling over every row (one amax pass over h, then each chunk's quantisation reads that
@@ -25,11 +25,11 @@ One GEMM needs one scale per operand for the whole call:
   the n labelled rows) and every softmax entry in [0, 1], so |d_logits| <= g exactly: the scale is
   fmt_max / g, the bound's, for every chunk and no amax pass (a d_logits value rounded to the logits'
   dtype above g by half an ulp saturates to fmt_max, within e5m2's own rounding). The recipe's
-  margin, headroom for an amax that may grow, does not apply to a bound that cannot be exceeded. Its amax is the
-  bound's, not the data's: current scaling would use the data's amax, which a batch's confident rows
-  can put below g; e5m2's normal range spans 30 binades below its max, so only entries 2^-30 g and
-  smaller flush to zero (gradients of probabilities below 1e-9), where per-chunk current scaling
-  would keep them.
+  margin, headroom for an amax that may grow, does not apply to a bound that cannot be exceeded.
+  Its amax is the bound's, not the data's: current scaling would use the data's amax, which a
+  batch's confident rows can put below g; e5m2's normal range spans 30 binades below its max, so
+  only entries 2^-30 g and smaller flush to zero (gradients of probabilities below 1e-9), where
+  per-chunk current scaling would keep them.
 - W: current, once per call (both of its stored copies, from one amax).
 Nothing carries from one step to the next, so the head has no scaling state to checkpoint, resume
 or replay under recompute. Why not delayed: the head's gradient is scaled by 1 / (labelled tokens),
@@ -90,8 +90,7 @@ class Fp8HeadGemms:
 
     def __init__(self, head: Fp8LmHead, weight, transpose_weight: bool, need_d_hidden: bool, need_d_weight: bool,
                  hidden, grad_bound: float):
-        self.be, self.states = head.backend, head.states
-        be, states = self.be, self.states
+        self.be, self.states = be, states = head.backend, head.states
         self.need_d_hidden, self.need_d_weight = need_d_hidden, need_d_weight
         self.layout = "out_in" if transpose_weight else "in_out"
         self.copies = WEIGHT_COPIES[self.layout]

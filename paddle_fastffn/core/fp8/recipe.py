@@ -103,10 +103,10 @@ class Fp8Recipe:
     weight_copies: str = "per_use"
     # The LM head + loss (the fused linear cross-entropy's three GEMMs): "bf16", the activation
     # dtype, as Transformer Engine's and NeMo's recipes and DeepSeek-V3 keep the output head; or
-    # "fp8", its GEMMs in FP8 (h and W current-scaled over the call, d_logits by its bound; d_W one GEMM
-    # over every chunk: core/fp8/lm_head.py). The
-    # head is the largest GEMM left in 16 bits, and grows with the vocabulary; "bf16" stays the
-    # default until the convergence harness shows "fp8" within its bound.
+    # "fp8", its GEMMs in FP8 (h and W current-scaled over the call, d_logits by its bound; d_W one
+    # GEMM over every chunk: core/fp8/lm_head.py). The head is the largest GEMM left in 16 bits, and
+    # grows with the vocabulary; "bf16" stays the default until the convergence harness shows "fp8"
+    # within its bound.
     lm_head: str = "bf16"
 
     def __post_init__(self):
