@@ -187,3 +187,43 @@ def test_accumulated_padded_peer_weighs_every_micro_batch_alike(monkeypatch, tin
     for name, one in gradients[1].items():
         distance = float((gradients[2][name] - one).norm() / one.norm().clamp_min(1e-30))
         assert distance <= 1e-2, f"{name}: relative distance {distance:.3g}"
+
+
+def test_measure_workload_times_accumulated_steps_of_the_named_contenders(monkeypatch):
+    """measure_workload as the GPU run calls it, on the CPU: --contenders keeps the named rows only,
+    --accumulation reaches every timed step (each one the real training step of that many passes)
+    and the rows' rates count every pass. run_once, the one CUDA-timed call, is replaced by the same
+    training step on the CPU with a fixed time; the card's memory is a stand-in's."""
+    import types
+
+    from benchmarks.gpu import bench_full_depth
+
+    monkeypatch.setattr(bench_full_depth, "new_hf_model", functools.partial(bench_step.new_hf_model, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(total_memory=80 << 30))
+    accumulations = []
+
+    def cpu_run_once(build, context, recompute, steps, warmup, accumulation=1):
+        accumulations.append(accumulation)
+        with context():
+            model, forward = build(recompute)
+            step = bench_step.training_step(forward, model, bench_step.fused_master_adamw(model.parameters()),
+                                            accumulation)
+            loss = finite_loss("full_depth", "measure_workload", step())
+        return {"step_ms": 100.0, "forward_backward_ms": 90.0, "optimizer_ms": 10.0, "first_losses": [loss],
+                "peak_bytes": 1}
+
+    monkeypatch.setattr(bench_full_depth, "run_once", cpu_run_once)
+    shape = dict(SHAPE, batch=1, seq=ROW_TOKENS)
+    data = bench_full_depth.StepData("uniform", shape, full_depth_args(), device="cpu")
+    result = bench_full_depth.measure_workload("full", shape, data, "llama2_7b", 3, 3, 1, lambda progress: None,
+                                               float("inf"), lambda line: None, accumulation=3,
+                                               only=["ours_fp8_delayed", "ours"])
+    assert set(result["contenders"]) == {"ours", "ours_fp8_delayed"} and accumulations == [3] * 6, accumulations
+    work = plan.step_work("full", shape, data.tokens, data.labelled_tokens, None, 3)
+    assert result["accumulation"] == 3 and result["model_flops_per_step"] == work["model_flops"]
+    for name, row in result["contenders"].items():
+        assert row["tokens_per_s"] == pytest.approx(3 * data.tokens / 0.1), name
+        assert row["model_tflops"] == pytest.approx(work["model_flops"] / 0.1 / 1e12), name
+    emptied = bench_full_depth.measure_workload("full", shape, data, "llama2_7b", 3, 3, 1, lambda progress: None,
+                                                float("inf"), lambda line: None, only=["hf_liger_padded"])
+    assert "contenders" not in emptied and "none of --contenders" in emptied["error"]
